@@ -1,0 +1,163 @@
+//! Errors of the lock backends.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::key::KeyError;
+
+/// Why a lock operation did not succeed.
+///
+/// Every variant says what the caller can do next; the HTTP layer maps each one to a
+/// response (see [`LockLayer`](crate::LockLayer)).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another holder has the lock.
+    ///
+    /// `retry_after` is how long until the holder's lease runs out on enough nodes for a
+    /// quorum to be free again, from the holders' remaining TTL (`PTTL`). It is an upper
+    /// bound: the holder may release earlier. The HTTP layer sends it as `Retry-After`.
+    #[error("the lock is held by another holder; it frees in at most {retry_after:?}")]
+    Taken {
+        /// Time until the holder's lease expires.
+        retry_after: Duration,
+    },
+
+    /// Fewer than a quorum of nodes answered in time, so nothing can be said about the
+    /// lock. Retry later; check the listed nodes.
+    #[error("no quorum: {} of {nodes} nodes failed, {quorum} needed to answer ({})", failures.len(), DisplayFailures(failures))]
+    NoQuorum {
+        /// How many nodes must agree.
+        quorum: usize,
+        /// How many nodes there are.
+        nodes: usize,
+        /// The nodes that failed, and why.
+        failures: Vec<NodeFailure>,
+    },
+
+    /// A quorum agreed, but so late that no validity was left (`ttl - elapsed - drift` was
+    /// not positive), so the keys were released again. Raise the TTL or lower the node
+    /// timeout; it means the nodes or the network are slow.
+    #[error("acquiring took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout")]
+    TooSlow {
+        /// How long the attempt took.
+        elapsed: Duration,
+    },
+
+    /// The lease is no longer held: its TTL ran out before it was released or extended.
+    ///
+    /// `taken_over` is true when another holder has the key now. Work done under the
+    /// lease after its validity ended was not protected.
+    #[error("the lease had already expired{}", if *taken_over { " and another holder has the key now" } else { "" })]
+    Expired {
+        /// Whether another holder now has the key.
+        taken_over: bool,
+    },
+
+    /// The key cannot be used; see [`KeyError`].
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+}
+
+impl LockError {
+    /// The time after which a retry may succeed, for a `Retry-After` header: the holder's
+    /// remaining TTL when the lock is taken, `None` otherwise.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LockError::Taken { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// One node that did not answer a lock operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct NodeFailure {
+    /// The node's address (`host:port`), without credentials.
+    pub node: String,
+    /// What went wrong.
+    pub reason: NodeFailureReason,
+}
+
+/// Why a node did not answer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum NodeFailureReason {
+    /// No answer within the node timeout.
+    Timeout(Duration),
+    /// The connection or the command failed.
+    Redis(redis::RedisError),
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
+            NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
+        }
+    }
+}
+
+struct DisplayFailures<'a>(&'a [NodeFailure]);
+
+impl fmt::Display for DisplayFailures<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            fmt::Display::fmt(failure, f)?;
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a [`RedlockBuilder`](crate::RedlockBuilder) or
+/// [`MemoryLocks`](crate::MemoryLocks) configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No node was given: pass at least one Redis URL (1, 3 or 5 independent masters).
+    #[error("no Redis nodes were given: pass at least one redis:// URL")]
+    NoNodes,
+    /// A Redis URL could not be parsed.
+    #[error("invalid Redis URL for node {index}: {source}")]
+    InvalidUrl {
+        /// Position of the URL in the list, from 0.
+        index: usize,
+        /// What redis-rs reported.
+        source: redis::RedisError,
+    },
+    /// The TTL is zero, too short to leave any validity after clock drift, or longer than
+    /// the supported maximum.
+    #[error("invalid TTL {ttl:?}: {reason}")]
+    InvalidTtl {
+        /// The TTL given.
+        ttl: Duration,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The node timeout is zero or not shorter than the TTL.
+    #[error("invalid node timeout {timeout:?}: it must be above zero and shorter than the TTL {ttl:?}")]
+    InvalidNodeTimeout {
+        /// The timeout given.
+        timeout: Duration,
+        /// The TTL it was checked against.
+        ttl: Duration,
+    },
+    /// The clock drift factor is not a finite number in `[0, 0.5)`.
+    #[error("invalid clock drift factor {0}: use a finite number from 0 up to (not including) 0.5, such as 0.01")]
+    InvalidDriftFactor(f64),
+    /// The retry delay range is empty (minimum above maximum).
+    #[error("invalid retry delay: minimum {min:?} is above maximum {max:?}")]
+    InvalidRetryDelay {
+        /// Smallest delay.
+        min: Duration,
+        /// Largest delay.
+        max: Duration,
+    },
+    /// The key prefix contains control bytes or is longer than 128 bytes.
+    #[error("invalid key prefix: {0}")]
+    InvalidPrefix(KeyError),
+}

@@ -1,0 +1,326 @@
+//! Lock keys: how a request becomes a key, and what a valid key is.
+//!
+//! A key reaches Redis as `{prefix}{scope}:{value}`:
+//! - the *prefix* belongs to the backend ([`RedlockBuilder::prefix`](crate::RedlockBuilder::prefix),
+//!   default `"tower-redlock:"`), so that one Redis can serve several applications;
+//! - the *scope* belongs to the layer or extractor, so that `/items/{id}` and `/users/{id}`
+//!   with the same id never share a lock;
+//! - the *value* comes from the request: a header, a path parameter, or your function.
+//!
+//! Keys travel to Redis as `KEYS` arguments of commands and scripts, never spliced into
+//! Lua source, so any byte is safe there; values are still checked (see [`validate_value`])
+//! so that a client cannot make the server store unbounded or unprintable keys.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use http::HeaderName;
+use http::request::Parts;
+
+/// The longest key value accepted from a request, in bytes: 256.
+///
+/// The Idempotency-Key draft suggests UUIDs (36 bytes); 256 leaves room for composite keys
+/// while keeping every Redis key small.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// Why a key value was refused. The HTTP layer answers `400 Bad Request` for each.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The value is empty.
+    #[error("the lock key is empty")]
+    Empty,
+    /// The value is longer than [`MAX_KEY_LEN`] bytes.
+    #[error("the lock key is {len} bytes long; at most {max} are accepted")]
+    TooLong {
+        /// Length of the value, in bytes.
+        len: usize,
+        /// The bound, in bytes.
+        max: usize,
+    },
+    /// The value contains a control character (such as NUL, CR, LF or DEL).
+    #[error("the lock key contains a control character")]
+    ControlCharacter,
+    /// A header value is not visible ASCII, or a quoted string (RFC 8941) is malformed.
+    #[error("the {0} header is not a valid string: use a bare token or an RFC 8941 quoted string")]
+    MalformedHeader(HeaderName),
+}
+
+/// Checks a key value: not empty, at most [`MAX_KEY_LEN`] bytes, no control characters.
+///
+/// # Errors
+///
+/// [`KeyError::Empty`], [`KeyError::TooLong`] or [`KeyError::ControlCharacter`].
+///
+/// ```
+/// use tower_redlock::key::{validate_value, KeyError};
+/// assert!(validate_value("order-42").is_ok());
+/// assert_eq!(validate_value(""), Err(KeyError::Empty));
+/// assert_eq!(validate_value("a\nb"), Err(KeyError::ControlCharacter));
+/// ```
+pub fn validate_value(value: &str) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if value.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong {
+            len: value.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(KeyError::ControlCharacter);
+    }
+    Ok(())
+}
+
+/// Takes a lock key from a request.
+///
+/// Ready implementations: [`HeaderKey`] (`LockLayer::by_header`), [`PathParamKey`]
+/// (`LockLayer::by_path_param`, feature `axum`) and [`FnKey`] (`LockLayer::by_fn`, a
+/// closure). Implement it for anything else; the value is validated by the caller with
+/// [`validate_value`], so an implementation only has to find it.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key value of this request: `Ok(None)` when the request has none (the layer then
+    /// answers 400, or lets the request through when the key is optional).
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyError`] when the request carries a key that cannot be read; the layer
+    /// answers 400.
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError>;
+
+    /// The scope of this request's key, which keeps keys of different resources apart.
+    /// The default is empty: the value alone names the lock.
+    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
+        let _ = parts;
+        Cow::Borrowed("")
+    }
+}
+
+/// The key is a request header's value, such as `Idempotency-Key`.
+///
+/// The value may be an RFC 8941 string (`"8e03978e-40d5"`, as the IETF draft "The
+/// Idempotency-Key HTTP Header Field" defines it) or a bare token (`8e03978e-40d5`); the
+/// quotes are not part of the key. The scope is the header name, the method and the route
+/// (axum's `MatchedPath` when present, else the URI path), so the same key sent to two
+/// endpoints takes two locks.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// Reads the header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+
+    /// The header read.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        let Some(raw) = parts.headers.get(&self.name) else {
+            return Ok(None);
+        };
+        let malformed = || KeyError::MalformedHeader(self.name.clone());
+        let text = raw.to_str().map_err(|_| malformed())?;
+        let text = text.trim_matches([' ', '\t']);
+        if text.starts_with('"') {
+            parse_sf_string(text).ok_or_else(malformed).map(Some)
+        } else {
+            Ok(Some(text.to_owned()))
+        }
+    }
+
+    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
+        Cow::Owned(format!(
+            "{} {} {}",
+            self.name,
+            parts.method,
+            route_of(parts)
+        ))
+    }
+}
+
+/// Parses an RFC 8941 sf-string (section 3.3.3): `"` ... `"` with `\"` and `\\` escapes,
+/// printable ASCII only, nothing after the closing quote.
+fn parse_sf_string(text: &str) -> Option<String> {
+    let inner = text.strip_prefix('"')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                c @ ('"' | '\\') => out.push(c),
+                _ => return None,
+            },
+            '"' => return chars.next().is_none().then_some(out),
+            ' '..='~' => out.push(c),
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(feature = "axum")]
+fn route_of(parts: &Parts) -> &str {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| parts.uri.path(), |m| m.as_str())
+}
+
+#[cfg(not(feature = "axum"))]
+fn route_of(parts: &Parts) -> &str {
+    parts.uri.path()
+}
+
+/// The key is a path parameter of an axum route, such as `item_id` in
+/// `/items/{item_id}/buy`.
+///
+/// The scope is the route template up to and including the parameter (`/items/{item_id}`),
+/// so `/items/{item_id}/buy` and `/items/{item_id}` lock the same item while
+/// `/users/{user_id}` never shares a lock with it. Path parameters exist once axum has
+/// routed the request, so use the layer with `Router::route_layer`, `Router::layer` or
+/// `MethodRouter::layer`, not around the whole `Router` from outside.
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone)]
+pub struct PathParamKey {
+    name: Cow<'static, str>,
+    brace: String,
+}
+
+#[cfg(feature = "axum")]
+impl PathParamKey {
+    /// Reads the path parameter `name`.
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        let name = name.into();
+        let brace = format!("{{{name}}}");
+        Self { name, brace }
+    }
+
+    /// The parameter read.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for PathParamKey {
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        use axum::extract::{FromRequestParts, RawPathParams};
+        use futures_util::FutureExt;
+        // RawPathParams reads what the router stored; its future is ready at once.
+        let Some(Ok(params)) = RawPathParams::from_request_parts(parts, &()).now_or_never() else {
+            return Ok(None);
+        };
+        Ok(params
+            .iter()
+            .find(|(name, _)| *name == self.name)
+            .map(|(_, value)| value.to_owned()))
+    }
+
+    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
+        match parts.extensions.get::<axum::extract::MatchedPath>() {
+            Some(matched) => {
+                let route = matched.as_str();
+                match route.find(&self.brace) {
+                    Some(at) => Cow::Owned(route[..at + self.brace.len()].to_owned()),
+                    None => Cow::Owned(route.to_owned()),
+                }
+            }
+            None => Cow::Borrowed(&self.brace),
+        }
+    }
+}
+
+/// The key is what a function returns for the request; `None` means the request has no key.
+///
+/// The scope is empty unless the layer sets one, so the function's value names the lock.
+#[derive(Clone)]
+pub struct FnKey<F> {
+    f: F,
+}
+
+impl<F> FnKey<F> {
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self { f }
+    }
+}
+
+impl<F> fmt::Debug for FnKey<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnKey").finish_non_exhaustive()
+    }
+}
+
+impl<F> KeyExtractor for FnKey<F>
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        Ok((self.f)(parts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(header: &str) -> Parts {
+        let req = http::Request::builder()
+            .uri("/orders")
+            .header("idempotency-key", header)
+            .body(())
+            .unwrap();
+        req.into_parts().0
+    }
+
+    #[test]
+    fn header_accepts_bare_token_and_sf_string() {
+        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
+        assert_eq!(key.extract(&mut parts("abc-1")).unwrap().as_deref(), Some("abc-1"));
+        assert_eq!(key.extract(&mut parts("\"abc-1\"")).unwrap().as_deref(), Some("abc-1"));
+        assert_eq!(
+            key.extract(&mut parts(r#""a\"b\\c""#)).unwrap().as_deref(),
+            Some(r#"a"b\c"#)
+        );
+    }
+
+    #[test]
+    fn header_rejects_malformed_sf_string() {
+        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
+        for bad in ["\"open", "\"a\"b", r#""a\nb""#] {
+            assert!(
+                matches!(key.extract(&mut parts(bad)), Err(KeyError::MalformedHeader(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_scope_separates_routes_and_methods() {
+        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
+        let p = parts("x");
+        assert_eq!(key.scope(&p), "idempotency-key GET /orders");
+    }
+
+    #[test]
+    fn validate_bounds_length_and_control_bytes() {
+        assert!(validate_value(&"a".repeat(MAX_KEY_LEN)).is_ok());
+        assert_eq!(
+            validate_value(&"a".repeat(MAX_KEY_LEN + 1)),
+            Err(KeyError::TooLong {
+                len: MAX_KEY_LEN + 1,
+                max: MAX_KEY_LEN
+            })
+        );
+        assert_eq!(validate_value("a\u{7f}"), Err(KeyError::ControlCharacter));
+    }
+}

@@ -1,0 +1,119 @@
+//! Leases: what a successful acquisition hands back.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A random value that names one acquisition: 128 bits from the operating system's random
+/// source (`getrandom`), stored as the lock key's value and shown as 32 lowercase hex digits.
+///
+/// Only the holder of the token can extend or release the lock, so a holder whose lease
+/// ran out cannot delete the lock of the next holder.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token([u8; 32]);
+
+impl Token {
+    /// Draws a new token.
+    ///
+    /// # Panics
+    ///
+    /// When the operating system's random source fails, which `getrandom` reports only on
+    /// broken systems; a lock token must never be guessable, so there is no fallback.
+    pub fn random() -> Self {
+        let mut raw = [0u8; 16];
+        getrandom::fill(&mut raw).expect("the OS random source failed; cannot draw a lock token");
+        let mut hex = [0u8; 32];
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for (i, byte) in raw.iter().enumerate() {
+            hex[2 * i] = DIGITS[usize::from(byte >> 4)];
+            hex[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        Token(hex)
+    }
+
+    /// The token as 32 lowercase hex digits, as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", self.as_str())
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A held lock: its key, its token, and the instant its validity ends.
+///
+/// Validity is measured on the monotonic clock of this process from the moment the
+/// acquisition started: `ttl - elapsed - drift` (see [`Redlock`](crate::Redlock)). Past
+/// [`valid_until`](Lease::valid_until), mutual exclusion is no longer guaranteed even if the
+/// keys still exist in Redis.
+///
+/// Cloning a lease copies its description; only [`Locks::unlock`](crate::Locks::unlock)
+/// (or dropping the layer's or extractor's guard) releases it. The [`LockLayer`](crate::LockLayer)
+/// puts a clone in the request extensions, where a handler can read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+    pub(crate) valid_until: Instant,
+}
+
+impl Lease {
+    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The token that proves ownership.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The TTL the keys were set with.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The instant the validity ends (monotonic clock).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The validity left now; zero once it has ended.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity has not ended yet.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_hex_and_distinct() {
+        let a = Token::random();
+        let b = Token::random();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+}

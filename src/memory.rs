@@ -1,0 +1,239 @@
+//! The in-process backend: the same contract as [`Redlock`](crate::Redlock), in one
+//! process, without Redis.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::error::{ConfigError, LockError};
+use crate::lease::{Lease, Token};
+use crate::policy::{Policy, policy_setters};
+
+/// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
+/// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
+/// lease runs out, and "expired" answers on release and extension.
+///
+/// It is the embedded default ([`Locks::default`](crate::Locks::default)): for examples, for
+/// a service with a single replica, and for testing an application without Redis. It does
+/// not lock across processes.
+///
+/// Cloning is cheap and shares the same locks.
+///
+/// ```
+/// # async fn demo() -> Result<(), tower_redlock::LockError> {
+/// use tower_redlock::{LockError, MemoryLocks};
+///
+/// let locks = MemoryLocks::new();
+/// let lease = locks.try_lock("order:42")?;
+/// assert!(matches!(locks.try_lock("order:42"), Err(LockError::Taken { .. })));
+/// locks.unlock(lease)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryLocks {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    policy: Policy,
+    state: Mutex<State>,
+}
+
+struct State {
+    held: HashMap<Arc<str>, Held>,
+    /// Expired entries are swept when the map grows past this size.
+    sweep_at: usize,
+}
+
+struct Held {
+    token: Token,
+    expires_at: Instant,
+}
+
+const MIN_SWEEP: usize = 1024;
+
+impl fmt::Debug for MemoryLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLocks")
+            .field("ttl", &self.inner.policy.ttl)
+            .field("prefix", &self.inner.policy.prefix)
+            .field("held", &self.state().held.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryLocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds [`MemoryLocks`]; see [`MemoryLocks::builder`].
+#[derive(Debug, Default)]
+#[must_use]
+pub struct MemoryLocksBuilder {
+    policy: Policy,
+}
+
+impl MemoryLocksBuilder {
+    policy_setters!();
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a zero or too long TTL, an empty retry delay range, or a bad
+    /// prefix.
+    pub fn build(self) -> Result<MemoryLocks, ConfigError> {
+        self.policy.validate()?;
+        Ok(MemoryLocks::with_policy(self.policy))
+    }
+}
+
+impl MemoryLocks {
+    /// New, empty locks with the defaults: 10 s TTL, 3 retries 50 to 250 ms apart, prefix
+    /// `"tower-redlock:"`.
+    pub fn new() -> Self {
+        Self::with_policy(Policy::default())
+    }
+
+    /// A builder to set the TTL, the retries and the prefix.
+    pub fn builder() -> MemoryLocksBuilder {
+        MemoryLocksBuilder::default()
+    }
+
+    fn with_policy(policy: Policy) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                policy,
+                state: Mutex::new(State {
+                    held: HashMap::new(),
+                    sweep_at: MIN_SWEEP,
+                }),
+            }),
+        }
+    }
+
+    /// The prefix put before every key.
+    pub fn prefix(&self) -> &str {
+        &self.inner.policy.prefix
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> std::time::Duration {
+        self.inner.policy.ttl
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock; recover the map if a panic ever did.
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`). The lease is
+    /// valid for exactly the TTL: there is no clock drift inside one process.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] with the holder's remaining TTL, or [`LockError::InvalidKey`].
+    pub fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.acquire(key)
+    }
+
+    pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        let token = Token::random();
+        let ttl = self.inner.policy.ttl;
+        let now = Instant::now();
+        let expires_at = now + ttl;
+        let mut state = self.state();
+        if let Some(held) = state.held.get_mut(&key) {
+            if held.expires_at > now {
+                return Err(LockError::Taken {
+                    retry_after: held.expires_at - now,
+                });
+            }
+            *held = Held { token, expires_at };
+        } else {
+            if state.held.len() >= state.sweep_at {
+                state.held.retain(|_, held| held.expires_at > now);
+                state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
+            }
+            state.held.insert(key.clone(), Held { token, expires_at });
+        }
+        Ok(Lease {
+            key,
+            token,
+            ttl,
+            valid_until: expires_at,
+        })
+    }
+
+    /// Like [`try_lock`](Self::try_lock), retrying up to the retry count after a random
+    /// delay while the lock is taken.
+    ///
+    /// # Errors
+    ///
+    /// The error of the last attempt.
+    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        let mut attempt = 0;
+        loop {
+            match self.acquire(key.clone()) {
+                Err(LockError::Taken { .. }) if attempt < self.inner.policy.retry_count => {
+                    attempt += 1;
+                    tokio::time::sleep(self.inner.policy.retry_delay()).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Extends the lease to a full TTL from now, if it is still held.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
+    /// the key now); the lease is then left as it was.
+    pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.held.get_mut(&lease.key) {
+            Some(held) if held.token == lease.token && held.expires_at > now => {
+                held.expires_at = now + self.inner.policy.ttl;
+                lease.valid_until = held.expires_at;
+                Ok(())
+            }
+            Some(held) => Err(LockError::Expired {
+                taken_over: held.token != lease.token && held.expires_at > now,
+            }),
+            None => Err(LockError::Expired { taken_over: false }),
+        }
+    }
+
+    /// Releases the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
+    /// holds the key now). Another holder's lock is never touched.
+    pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(held) = state.held.get(&lease.key) else {
+            return Err(LockError::Expired { taken_over: false });
+        };
+        if held.token != lease.token {
+            return Err(LockError::Expired {
+                taken_over: held.expires_at > now,
+            });
+        }
+        let expired = held.expires_at <= now;
+        state.held.remove(&lease.key);
+        if expired {
+            Err(LockError::Expired { taken_over: false })
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Settings shared by both backends: TTL, retries, key prefix.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::key::KeyError;
+
+/// Default lease TTL: 10 s.
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default retries of [`Locks::lock`](crate::Locks::lock) after the first attempt: 3.
+pub(crate) const DEFAULT_RETRY_COUNT: u32 = 3;
+/// Default random delay between retries: 50 to 250 ms, as go-redsync.
+pub(crate) const DEFAULT_RETRY_DELAY: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_millis(250));
+/// Default key prefix.
+pub(crate) const DEFAULT_PREFIX: &str = "tower-redlock:";
+/// Longest TTL accepted: 2^32 - 1 ms (about 49.7 days).
+pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+/// Longest key (prefix excluded) accepted by the backends, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 1024;
+const MAX_PREFIX_LEN: usize = 128;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Policy {
+    pub(crate) ttl: Duration,
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: (Duration, Duration),
+    pub(crate) prefix: Arc<str>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_TTL,
+            retry_count: DEFAULT_RETRY_COUNT,
+            retry_delay: DEFAULT_RETRY_DELAY,
+            prefix: Arc::from(DEFAULT_PREFIX),
+        }
+    }
+}
+
+impl Policy {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.ttl.is_zero() {
+            return Err(ConfigError::InvalidTtl {
+                ttl: self.ttl,
+                reason: "it must be above zero",
+            });
+        }
+        if self.ttl > MAX_TTL {
+            return Err(ConfigError::InvalidTtl {
+                ttl: self.ttl,
+                reason: "it must be at most 4294967295 ms (about 49 days)",
+            });
+        }
+        let (min, max) = self.retry_delay;
+        if min > max {
+            return Err(ConfigError::InvalidRetryDelay { min, max });
+        }
+        if self.prefix.len() > MAX_PREFIX_LEN {
+            return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
+                len: self.prefix.len(),
+                max: MAX_PREFIX_LEN,
+            }));
+        }
+        if self.prefix.chars().any(char::is_control) {
+            return Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter));
+        }
+        Ok(())
+    }
+
+    /// `{prefix}{resource}`, after checking the resource.
+    pub(crate) fn full_key(&self, resource: &str) -> Result<Arc<str>, KeyError> {
+        if resource.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if resource.len() > MAX_RESOURCE_LEN {
+            return Err(KeyError::TooLong {
+                len: resource.len(),
+                max: MAX_RESOURCE_LEN,
+            });
+        }
+        if resource.chars().any(char::is_control) {
+            return Err(KeyError::ControlCharacter);
+        }
+        let mut key = String::with_capacity(self.prefix.len() + resource.len());
+        key.push_str(&self.prefix);
+        key.push_str(resource);
+        Ok(Arc::from(key))
+    }
+
+    /// A random delay in `retry_delay`, uniformly, in whole milliseconds.
+    pub(crate) fn retry_delay(&self) -> Duration {
+        let (min, max) = self.retry_delay;
+        let span = u64::try_from(max.saturating_sub(min).as_millis()).unwrap_or(u64::MAX);
+        let jitter = match span.checked_add(1) {
+            Some(n) => getrandom::u64().unwrap_or(0) % n,
+            None => getrandom::u64().unwrap_or(0),
+        };
+        min.saturating_add(Duration::from_millis(jitter))
+    }
+
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        // Bounded by MAX_TTL in validate().
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::from(u32::MAX))
+    }
+}
+
+/// Setters shared by [`RedlockBuilder`](crate::RedlockBuilder) and
+/// [`MemoryLocksBuilder`](crate::MemoryLocksBuilder).
+macro_rules! policy_setters {
+    () => {
+        /// The lease TTL: how long a lock lives if it is neither released nor extended.
+        /// Default 10 s; at most 2^32 - 1 ms.
+        pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+            self.policy.ttl = ttl;
+            self
+        }
+
+        /// How many times [`lock`](crate::Locks::lock) retries after a failed first
+        /// attempt. Default 3; 0 makes it the same as `try_lock`.
+        pub fn retry_count(mut self, retries: u32) -> Self {
+            self.policy.retry_count = retries;
+            self
+        }
+
+        /// The range of the random delay before each retry, so that contending clients
+        /// spread out (the Redis docs' advice). Default 50 to 250 ms.
+        pub fn retry_delay(mut self, min: std::time::Duration, max: std::time::Duration) -> Self {
+            self.policy.retry_delay = (min, max);
+            self
+        }
+
+        /// The prefix put before every key, so that several applications can share Redis.
+        /// Default `"tower-redlock:"`; at most 128 bytes, no control characters.
+        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.policy.prefix = std::sync::Arc::from(prefix.into());
+            self
+        }
+    };
+}
+pub(crate) use policy_setters;

@@ -1,0 +1,545 @@
+//! The Redlock client: one lock over N independent Redis masters.
+//!
+//! The algorithm is the one of the Redis documentation page "Distributed Locks with Redis"
+//! (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>), with the
+//! defaults of go-redsync where the page leaves a choice:
+//!
+//! 1. Draw a 128-bit token from the OS random source.
+//! 2. Send `SET key token NX PX ttl` to every node at once, each bounded by the node timeout.
+//! 3. Succeed only if at least `N/2 + 1` nodes said OK and the validity left,
+//!    `ttl - elapsed - (ttl * drift_factor + 2 ms)`, measured on the monotonic clock, is
+//!    above zero.
+//! 4. Otherwise delete the key on every node where it holds our token (also when the
+//!    caller's future is dropped mid-acquire: the release is spawned), and retry after a
+//!    random delay if retries are left.
+//!
+//! Release and extension are Lua scripts that act only if the key still holds our token.
+
+mod scripts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Value};
+
+use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
+use crate::lease::{Lease, Token};
+use crate::policy::{Policy, policy_setters};
+
+/// Default node timeout: 50 ms, the upper end of the Redis docs' example for a 10 s TTL.
+const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default clock drift factor, as the Redis docs and go-redsync: 0.01.
+const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// The fixed part of the drift allowance: 2 ms.
+const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
+///
+/// Cloning is cheap and shares the connections. Connections are multiplexed and reconnect
+/// by themselves (redis-rs `ConnectionManager`); a node that is down at start or goes down
+/// later is retried on later operations.
+///
+/// Use it through [`Locks`](crate::Locks) (`Locks::from(redlock)`) with the layer and the
+/// extractor, or on its own:
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::Redlock;
+///
+/// let redlock = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .ttl(Duration::from_secs(10))
+///     .build()
+///     .await?;
+/// let lease = redlock.lock("report:2026-11").await?;
+/// // ... work while lease.remaining() > 0 ...
+/// redlock.unlock(lease).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    quorum: usize,
+    node_timeout: Duration,
+    drift: Duration,
+    policy: Policy,
+}
+
+struct Node {
+    label: String,
+    conn: ConnectionManager,
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("nodes", &self.inner.nodes.iter().map(|n| &n.label).collect::<Vec<_>>())
+            .field("quorum", &self.inner.quorum)
+            .field("ttl", &self.inner.policy.ttl)
+            .field("node_timeout", &self.inner.node_timeout)
+            .field("drift", &self.inner.drift)
+            .field("prefix", &self.inner.policy.prefix)
+            .finish()
+    }
+}
+
+/// Builds a [`Redlock`]; see [`Redlock::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedlockBuilder {
+    nodes: Vec<Result<Client, ConfigError>>,
+    node_timeout: Duration,
+    drift_factor: f64,
+    policy: Policy,
+}
+
+impl Redlock {
+    /// Starts a builder from Redis URLs (`redis://[:password@]host:port[/db]`), one per
+    /// independent master. Use 1 (the single-instance algorithm), 3 or 5.
+    pub fn builder<I>(urls: I) -> RedlockBuilder
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let nodes = urls
+            .into_iter()
+            .enumerate()
+            .map(|(index, url)| {
+                Client::open(url.as_ref()).map_err(|source| ConfigError::InvalidUrl { index, source })
+            })
+            .collect();
+        RedlockBuilder::new(nodes)
+    }
+
+    /// Starts a builder from ready redis-rs clients, one per independent master.
+    pub fn from_clients<I>(clients: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = Client>,
+    {
+        RedlockBuilder::new(clients.into_iter().map(Ok).collect())
+    }
+
+    /// The number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// The number of nodes that must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The prefix put before every key.
+    pub fn prefix(&self) -> &str {
+        &self.inner.policy.prefix
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.inner.policy.ttl
+    }
+
+    /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`).
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Taken`] when another holder has it, with how long until it frees;
+    /// - [`LockError::NoQuorum`] when too few nodes answered within the node timeout;
+    /// - [`LockError::TooSlow`] when a quorum agreed but too late to leave any validity;
+    /// - [`LockError::InvalidKey`] for an empty key, one over
+    ///   [`MAX_RESOURCE_LEN`](crate::policy::MAX_RESOURCE_LEN) bytes, or one with control
+    ///   characters.
+    pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.acquire(key).await
+    }
+
+    /// Like [`try_lock`](Self::try_lock), retrying up to the retry count after a random
+    /// delay when the lock is taken or no quorum answered.
+    ///
+    /// # Errors
+    ///
+    /// The error of the last attempt, as [`try_lock`](Self::try_lock).
+    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        let mut attempt = 0;
+        loop {
+            match self.acquire(key.clone()).await {
+                Err(LockError::InvalidKey(e)) => return Err(LockError::InvalidKey(e)),
+                Err(_) if attempt < self.inner.policy.retry_count => {
+                    attempt += 1;
+                    tokio::time::sleep(self.inner.policy.retry_delay()).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Extends the lease to a full TTL from now on every node where it still holds the
+    /// token; succeeds with a quorum and a positive recomputed validity, and then moves
+    /// `lease.valid_until()`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Expired`] when too few nodes still hold the token (the lease is lost),
+    /// [`LockError::NoQuorum`] when too few nodes answered, [`LockError::TooSlow`] when
+    /// the answers came too late. On error the lease is left as it was.
+    pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let start = Instant::now();
+        let ttl_ms = self.inner.policy.ttl_ms();
+        let results = self
+            .on_all_nodes(|mut conn| {
+                let key = lease.key.clone();
+                let token = lease.token;
+                async move {
+                    let reply: i64 = scripts::EXTEND
+                        .key(&*key)
+                        .arg(token.as_bytes())
+                        .arg(ttl_ms)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    Ok(reply)
+                }
+            })
+            .await;
+        let mut extended = 0;
+        let mut taken_over = false;
+        let mut failures = Vec::new();
+        for (node, result) in self.inner.nodes.iter().zip(results) {
+            match result {
+                Ok(1) => extended += 1,
+                Ok(-1) => taken_over = true,
+                Ok(_) => {}
+                Err(reason) => failures.push(node.failure(reason)),
+            }
+        }
+        if extended >= self.inner.quorum {
+            let elapsed = start.elapsed();
+            return match self.validity(elapsed) {
+                Some(validity) => {
+                    lease.valid_until = start + validity;
+                    Ok(())
+                }
+                None => Err(LockError::TooSlow { elapsed }),
+            };
+        }
+        Err(self.no_quorum(failures).unwrap_or(LockError::Expired { taken_over }))
+    }
+
+    /// Releases the lease: deletes the key on every node where it still holds the token.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Expired`] when fewer than a quorum of nodes still held the token (it
+    /// had run out; `taken_over` says whether another holder has it now), or
+    /// [`LockError::NoQuorum`] when too few nodes answered (the keys expire by their TTL).
+    pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let outcomes = self.release_all(&lease.key, lease.token).await;
+        let mut deleted = 0;
+        let mut taken_over = false;
+        let mut failures = Vec::new();
+        for (node, outcome) in self.inner.nodes.iter().zip(outcomes) {
+            match outcome {
+                Ok(Release::Deleted) => deleted += 1,
+                Ok(Release::HeldByOther { .. }) => taken_over = true,
+                Ok(Release::Absent) => {}
+                Err(reason) => failures.push(node.failure(reason)),
+            }
+        }
+        if deleted >= self.inner.quorum {
+            return Ok(());
+        }
+        Err(self.no_quorum(failures).unwrap_or(LockError::Expired { taken_over }))
+    }
+
+    async fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        let token = Token::random();
+        let start = Instant::now();
+        // Releases whatever was set if this future is dropped before the verdict.
+        let mut guard = AcquireGuard {
+            redlock: self,
+            key: &key,
+            token,
+            armed: true,
+        };
+        let ttl_ms = self.inner.policy.ttl_ms();
+        let results = self
+            .on_all_nodes(|mut conn| {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&*key).arg(token.as_bytes()).arg("NX").arg("PX").arg(ttl_ms);
+                async move { cmd.query_async::<Value>(&mut conn).await }
+            })
+            .await;
+        let elapsed = start.elapsed();
+        let mut acquired = 0;
+        let mut failures = Vec::new();
+        for (node, result) in self.inner.nodes.iter().zip(results) {
+            match result {
+                Ok(Value::Okay) => acquired += 1,
+                Ok(_) => {}
+                Err(reason) => failures.push(node.failure(reason)),
+            }
+        }
+        if acquired >= self.inner.quorum {
+            if let Some(validity) = self.validity(elapsed) {
+                guard.armed = false;
+                return Ok(Lease {
+                    key: key.clone(),
+                    token,
+                    ttl: self.inner.policy.ttl,
+                    valid_until: start + validity,
+                });
+            }
+        }
+        guard.armed = false;
+        let outcomes = self.release_all(&key, token).await;
+        if acquired >= self.inner.quorum {
+            return Err(LockError::TooSlow { elapsed });
+        }
+        if let Some(no_quorum) = self.no_quorum(failures) {
+            return Err(no_quorum);
+        }
+        Err(LockError::Taken {
+            retry_after: self.retry_after(&outcomes),
+        })
+    }
+
+    /// How long until enough holders' keys expire for a quorum to be free.
+    fn retry_after(&self, outcomes: &[Result<Release, NodeFailureReason>]) -> Duration {
+        let ttl = self.inner.policy.ttl;
+        let mut held: Vec<Duration> = Vec::with_capacity(outcomes.len());
+        let mut free = 0usize;
+        for outcome in outcomes {
+            match outcome {
+                Ok(Release::Deleted | Release::Absent) => free += 1,
+                Ok(Release::HeldByOther { pttl_ms }) => match u64::try_from(*pttl_ms) {
+                    Ok(ms) => held.push(Duration::from_millis(ms)),
+                    // -1: no expiry set (not one of ours); -2: gone meanwhile.
+                    Err(_) if *pttl_ms == -2 => free += 1,
+                    Err(_) => held.push(ttl),
+                },
+                Err(_) => {}
+            }
+        }
+        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
+            return Duration::ZERO;
+        };
+        held.sort_unstable();
+        held.get(needed - 1).copied().unwrap_or(ttl)
+    }
+
+    /// `Some(NoQuorum)` when so many nodes failed that no quorum could have answered.
+    fn no_quorum(&self, failures: Vec<NodeFailure>) -> Option<LockError> {
+        let nodes = self.inner.nodes.len();
+        (failures.len() > nodes - self.inner.quorum).then_some(LockError::NoQuorum {
+            quorum: self.inner.quorum,
+            nodes,
+            failures,
+        })
+    }
+
+    fn validity(&self, elapsed: Duration) -> Option<Duration> {
+        self.inner
+            .policy
+            .ttl
+            .checked_sub(elapsed)?
+            .checked_sub(self.inner.drift)
+            .filter(|v| !v.is_zero())
+    }
+
+    async fn release_all(&self, key: &Arc<str>, token: Token) -> Vec<Result<Release, NodeFailureReason>> {
+        self.on_all_nodes(|mut conn| {
+            let key = key.clone();
+            async move {
+                let (code, pttl_ms): (i64, i64) = scripts::RELEASE
+                    .key(&*key)
+                    .arg(token.as_bytes())
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok(match code {
+                    1 => Release::Deleted,
+                    0 => Release::Absent,
+                    _ => Release::HeldByOther { pttl_ms },
+                })
+            }
+        })
+        .await
+    }
+
+    /// Runs `op` on every node at once, each bounded by the node timeout; results in node
+    /// order.
+    async fn on_all_nodes<F, Fut, T>(&self, op: F) -> Vec<Result<T, NodeFailureReason>>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let timeout = self.inner.node_timeout;
+        let bounded = |node: &Node| {
+            let fut = op(node.conn.clone());
+            async move {
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(e)) => Err(NodeFailureReason::Redis(e)),
+                    Err(_) => Err(NodeFailureReason::Timeout(timeout)),
+                }
+            }
+        };
+        if let [node] = self.inner.nodes.as_slice() {
+            return vec![bounded(node).await];
+        }
+        join_all(self.inner.nodes.iter().map(bounded)).await
+    }
+
+    /// Releases in the background: for guards dropped outside an async context.
+    pub(crate) fn release_detached(&self, key: Arc<str>, token: Token) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let redlock = self.clone();
+                handle.spawn(async move {
+                    redlock.release_all(&key, token).await;
+                });
+            }
+            Err(_) => tracing::warn!(
+                key = &*key,
+                "no Tokio runtime to release the lock on; it expires by its TTL"
+            ),
+        }
+    }
+}
+
+enum Release {
+    Deleted,
+    Absent,
+    HeldByOther { pttl_ms: i64 },
+}
+
+impl Node {
+    fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
+        NodeFailure {
+            node: self.label.clone(),
+            reason,
+        }
+    }
+}
+
+struct AcquireGuard<'a> {
+    redlock: &'a Redlock,
+    key: &'a Arc<str>,
+    token: Token,
+    armed: bool,
+}
+
+impl Drop for AcquireGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.redlock.release_detached(self.key.clone(), self.token);
+        }
+    }
+}
+
+impl RedlockBuilder {
+    fn new(nodes: Vec<Result<Client, ConfigError>>) -> Self {
+        Self {
+            nodes,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            policy: Policy::default(),
+        }
+    }
+
+    policy_setters!();
+
+    /// How long to wait for one node's answer before counting it as failed. Default 50 ms;
+    /// it must be shorter than the TTL, and should be much shorter (the Redis docs suggest
+    /// 5 to 50 ms for a 10 s TTL), so that a dead node cannot eat the validity.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift factor: the validity is reduced by `ttl * factor + 2 ms` to allow for
+    /// clocks that run at different rates. Default 0.01 (the Redis docs, go-redsync); a
+    /// finite number in `[0, 0.5)`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Checks the configuration and opens a connection to every node, each bounded by the
+    /// node timeout. A node that cannot be reached now is not an error: it is retried on
+    /// every later operation, and locks are granted while a quorum answers.
+    ///
+    /// Needs a Tokio runtime with the time driver.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`]: no nodes, an invalid URL, a zero or too long TTL, a TTL too short
+    /// to leave validity after the drift allowance, a node timeout not shorter than the
+    /// TTL, a drift factor out of range, an empty retry delay range, or a bad prefix.
+    pub async fn build(self) -> Result<Redlock, ConfigError> {
+        self.policy.validate()?;
+        if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {
+            return Err(ConfigError::InvalidDriftFactor(self.drift_factor));
+        }
+        let ttl = self.policy.ttl;
+        let drift = ttl.mul_f64(self.drift_factor).saturating_add(DRIFT_FLOOR);
+        if ttl <= drift {
+            return Err(ConfigError::InvalidTtl {
+                ttl,
+                reason: "it leaves no validity after the clock drift allowance (ttl * drift_factor + 2 ms)",
+            });
+        }
+        if self.node_timeout.is_zero() || self.node_timeout >= ttl {
+            return Err(ConfigError::InvalidNodeTimeout {
+                timeout: self.node_timeout,
+                ttl,
+            });
+        }
+        if self.nodes.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.node_timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(None)
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(500));
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        for client in self.nodes {
+            let client = client?;
+            let label = client.get_connection_info().addr().to_string();
+            let conn = ConnectionManager::new_lazy_with_config(client, config.clone())
+                .map_err(|source| ConfigError::InvalidUrl {
+                    index: nodes.len(),
+                    source,
+                })?;
+            nodes.push(Node { label, conn });
+        }
+        let quorum = nodes.len() / 2 + 1;
+        let redlock = Redlock {
+            inner: Arc::new(Inner {
+                nodes,
+                quorum,
+                node_timeout: self.node_timeout,
+                drift,
+                policy: self.policy,
+            }),
+        };
+        let pings = redlock
+            .on_all_nodes(|mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+            .await;
+        for (node, ping) in redlock.inner.nodes.iter().zip(pings) {
+            if let Err(reason) = ping {
+                tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
+            }
+        }
+        Ok(redlock)
+    }
+}
