@@ -1,1 +1,246 @@
-fn main() {}
+//! A flash sale: many buyers, one stock counter, and the locks that keep it honest.
+//!
+//! ```text
+//! cargo run --example flash_sale                      # in-process locks and data
+//! REDIS_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
+//!   LISTEN_ADDR=127.0.0.1:3001 cargo run --example flash_sale
+//! ```
+//!
+//! Environment:
+//! - `LISTEN_ADDR`: where to listen (default `127.0.0.1:3000`);
+//! - `REDIS_URLS`: comma-separated `redis://` URLs of the lock nodes; the stock lives in the
+//!   first one. Unset: in-process locks and data;
+//! - `WORK_MS`: simulated work inside each locked handler (default 50);
+//! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents.
+//!
+//! Routes:
+//! - `GET /healthz`
+//! - `PUT /items/{item_id}` with `{"stock": N}`: sets the stock, sold to 0;
+//! - `GET /items/{item_id}`: `{"item_id", "stock", "sold"}`;
+//! - `POST /items/{item_id}/buy`: locked on the item (423 while another buy runs); reads
+//!   the stock, works, writes stock - 1 (not atomically, on purpose); 410 when sold out;
+//! - `POST /orders`: locked on the `Idempotency-Key` header (400 without, 409 while the same
+//!   key is in flight); answers 201;
+//! - `POST /orders/{order_id}/pay`: locked by the `Locked<OrderId>` extractor (423 while
+//!   another pay of the same order runs).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{FromRef, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::Deserialize;
+use serde_json::json;
+use tower_redlock::{LockKey, LockLayer, Locked, Locks, Problem, Redlock};
+
+#[derive(Clone)]
+struct AppState {
+    locks: Locks,
+    store: Store,
+    work: Duration,
+}
+
+impl FromRef<AppState> for Locks {
+    fn from_ref(state: &AppState) -> Locks {
+        state.locks.clone()
+    }
+}
+
+/// Stock and sold counts, per item.
+#[derive(Clone)]
+enum Store {
+    Memory(Arc<Mutex<HashMap<String, (i64, i64)>>>),
+    Redis(ConnectionManager),
+}
+
+impl Store {
+    async fn get(&self, item: &str) -> Result<Option<(i64, i64)>, redis::RedisError> {
+        match self {
+            Store::Memory(map) => Ok(map.lock().unwrap().get(item).copied()),
+            Store::Redis(conn) => {
+                let mut conn = conn.clone();
+                let stock: Option<i64> = conn.get(format!("flash_sale:{item}:stock")).await?;
+                let sold: Option<i64> = conn.get(format!("flash_sale:{item}:sold")).await?;
+                Ok(stock.map(|stock| (stock, sold.unwrap_or(0))))
+            }
+        }
+    }
+
+    async fn set(&self, item: &str, stock: i64, sold: i64) -> Result<(), redis::RedisError> {
+        match self {
+            Store::Memory(map) => {
+                map.lock().unwrap().insert(item.to_owned(), (stock, sold));
+                Ok(())
+            }
+            Store::Redis(conn) => {
+                let mut conn = conn.clone();
+                let () = conn.set(format!("flash_sale:{item}:stock"), stock).await?;
+                let () = conn.set(format!("flash_sale:{item}:sold"), sold).await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An order id from the path; its lock key is `order:{id}`.
+#[derive(Deserialize)]
+struct OrderId(String);
+
+impl LockKey for OrderId {
+    const SCOPE: &'static str = "order";
+    fn lock_key(&self) -> Cow<'_, str> {
+        Cow::Borrowed(&self.0)
+    }
+}
+
+#[derive(Deserialize)]
+struct SetStock {
+    stock: i64,
+}
+
+fn store_error(e: redis::RedisError) -> Response {
+    tracing::error!(error = %e, "store unavailable");
+    Problem::new(StatusCode::SERVICE_UNAVAILABLE, "The stock store is unavailable.").into_response()
+}
+
+fn not_found(item: &str) -> Response {
+    Problem::new(StatusCode::NOT_FOUND, format!("No item {item}; create it with PUT /items/{item}.")).into_response()
+}
+
+async fn set_stock(State(app): State<AppState>, Path(item): Path<String>, Json(body): Json<SetStock>) -> Response {
+    if body.stock < 0 {
+        return Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "stock must be 0 or more").into_response();
+    }
+    match app.store.set(&item, body.stock, 0).await {
+        Ok(()) => Json(json!({"item_id": item, "stock": body.stock, "sold": 0})).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn get_item(State(app): State<AppState>, Path(item): Path<String>) -> Response {
+    match app.store.get(&item).await {
+        Ok(Some((stock, sold))) => Json(json!({"item_id": item, "stock": stock, "sold": sold})).into_response(),
+        Ok(None) => not_found(&item),
+        Err(e) => store_error(e),
+    }
+}
+
+/// Read, work, write: safe only because the lock lets one buyer per item in at a time.
+async fn buy(State(app): State<AppState>, Path(item): Path<String>) -> Response {
+    let (stock, sold) = match app.store.get(&item).await {
+        Ok(Some(counts)) => counts,
+        Ok(None) => return not_found(&item),
+        Err(e) => return store_error(e),
+    };
+    tokio::time::sleep(app.work).await;
+    if stock <= 0 {
+        return Problem::new(StatusCode::GONE, format!("Item {item} is sold out.")).into_response();
+    }
+    match app.store.set(&item, stock - 1, sold + 1).await {
+        Ok(()) => Json(json!({"item_id": item, "remaining": stock - 1})).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn create_order(State(app): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    tokio::time::sleep(app.work).await;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_owned();
+    let order_id = format!("ord_{:016x}", getrandom::u64().unwrap_or_default());
+    (StatusCode::CREATED, Json(json!({"order_id": order_id, "idempotency_key": key}))).into_response()
+}
+
+async fn pay(State(app): State<AppState>, order: Locked<Path<OrderId>>) -> Response {
+    tokio::time::sleep(app.work).await;
+    Json(json!({"order_id": order.0.0, "paid": true})).into_response()
+}
+
+async fn pay_unlocked(State(app): State<AppState>, Path(order): Path<OrderId>) -> Response {
+    tokio::time::sleep(app.work).await;
+    Json(json!({"order_id": order.0, "paid": true})).into_response()
+}
+
+fn app(state: AppState, locking: bool) -> Router {
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/items/{item_id}", put(set_stock).get(get_item));
+    let router = if locking {
+        let locks = state.locks.clone();
+        router
+            .route(
+                "/items/{item_id}/buy",
+                post(buy).layer(LockLayer::by_path_param("item_id").backend(locks.clone())),
+            )
+            .route(
+                "/orders",
+                post(create_order).layer(LockLayer::by_header("Idempotency-Key").backend(locks)),
+            )
+            .route("/orders/{order_id}/pay", post(pay))
+    } else {
+        router
+            .route("/items/{item_id}/buy", post(buy))
+            .route("/orders", post(create_order))
+            .route("/orders/{order_id}/pay", post(pay_unlocked))
+    };
+    router.with_state(state)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+
+    let addr: SocketAddr = std::env::var("LISTEN_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3000".into())
+        .parse()
+        .map_err(|e| format!("LISTEN_ADDR must be host:port: {e}"))?;
+    let work = Duration::from_millis(match std::env::var("WORK_MS") {
+        Ok(ms) => ms.parse().map_err(|e| format!("WORK_MS must be a whole number of milliseconds: {e}"))?,
+        Err(_) => 50,
+    });
+    let locking = !matches!(std::env::var("LOCKING").as_deref(), Ok("off"));
+    let urls: Vec<String> = std::env::var("REDIS_URLS")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+
+    let (locks, store) = if urls.is_empty() {
+        (Locks::default(), Store::Memory(Arc::default()))
+    } else {
+        let redlock = Redlock::builder(&urls).build().await?;
+        let data = redis::Client::open(urls[0].as_str())?.get_connection_manager().await?;
+        (Locks::from(redlock), Store::Redis(data))
+    };
+    let backend = if urls.is_empty() {
+        "in-process locks and data".to_owned()
+    } else {
+        format!("Redlock over {} node(s), stock in {}", urls.len(), urls[0])
+    };
+    tracing::info!(%addr, backend, locking, work_ms = work.as_millis() as u64, "flash sale listening");
+
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(
+        listener,
+        app(AppState { locks, store, work }, locking).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
