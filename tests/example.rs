@@ -1,0 +1,146 @@
+//! The flash-sale example, end to end: two example processes sharing three real Redis
+//! nodes, driven over HTTP.
+
+mod support;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::{RedisNode, eventually, nodes, urls};
+
+struct Example {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn example_binary() -> PathBuf {
+    // target/<profile>/deps/example-<hash> -> target/<profile>/examples/flash_sale
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("examples").join("flash_sale");
+    assert!(
+        path.exists(),
+        "{} is missing: cargo test builds it; run `cargo build --example flash_sale`",
+        path.display()
+    );
+    path
+}
+
+async fn start_example(nodes: &[RedisNode], work_ms: u64, locking: bool) -> Example {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(example_binary())
+        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("REDIS_URLS", urls(nodes).join(","))
+        .env("WORK_MS", work_ms.to_string())
+        .env("LOCKING", if locking { "on" } else { "off" })
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    let example = Example {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let url = format!("{}/healthz", example.base);
+    let up = eventually(Duration::from_secs(20), || async {
+        reqwest::get(&url).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(up, "example did not answer /healthz");
+    example
+}
+
+/// Buyers spread over the processes; each retries on 423 until it buys or the item is gone.
+/// Returns how many purchases succeeded.
+async fn run_sale(examples: &[Example], item: &str, buyers: usize) -> usize {
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..buyers {
+        let url = format!("{}/items/{item}/buy", examples[i % examples.len()].base);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2000 {
+                let resp = client.post(&url).send().await.unwrap();
+                match resp.status().as_u16() {
+                    200 => return true,
+                    410 => return false,
+                    423 => tokio::time::sleep(Duration::from_millis(5)).await,
+                    other => panic!("unexpected {other}: {}", resp.text().await.unwrap()),
+                }
+            }
+            panic!("buyer never got an answer other than 423");
+        }));
+    }
+    let mut bought = 0;
+    for t in tasks {
+        bought += usize::from(t.await.unwrap());
+    }
+    bought
+}
+
+async fn put_stock(example: &Example, item: &str, stock: i64) {
+    let resp = reqwest::Client::new()
+        .put(format!("{}/items/{item}", example.base))
+        .json(&serde_json::json!({"stock": stock}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+async fn item(example: &Example, item: &str) -> serde_json::Value {
+    reqwest::get(format!("{}/items/{item}", example.base)).await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flash_sale_two_processes_sell_exactly_the_stock() {
+    let nodes = nodes(3);
+    let examples = [start_example(&nodes, 10, true).await, start_example(&nodes, 10, true).await];
+    put_stock(&examples[0], "tv", 10).await;
+    let bought = run_sale(&examples, "tv", 30).await;
+    assert_eq!(bought, 10);
+    let counts = item(&examples[1], "tv").await;
+    assert_eq!(counts["stock"], 0, "{counts}");
+    assert_eq!(counts["sold"], 10, "{counts}");
+}
+
+#[tokio::test]
+async fn flash_sale_without_locking_oversells() {
+    // The control for the test above: the same sale without the lock sells more than the stock.
+    let nodes = nodes(1);
+    let examples = [start_example(&nodes, 300, false).await, start_example(&nodes, 300, false).await];
+    put_stock(&examples[0], "tv", 3).await;
+    let bought = run_sale(&examples, "tv", 10).await;
+    assert!(bought > 3, "sold {bought} of 3 without a lock");
+}
+
+#[tokio::test]
+async fn example_orders_and_pay() {
+    let nodes = nodes(3);
+    let example = start_example(&nodes, 300, true).await;
+    let client = reqwest::Client::new();
+    let orders = format!("{}/orders", example.base);
+    assert_eq!(client.post(&orders).send().await.unwrap().status(), 400);
+    let send = || client.post(&orders).header("Idempotency-Key", "k-1").send();
+    let (a, b) = tokio::join!(send(), send());
+    let mut statuses = [a.unwrap().status().as_u16(), b.unwrap().status().as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, [201, 409]);
+
+    let pay = format!("{}/orders/o-1/pay", example.base);
+    let (a, b) = tokio::join!(client.post(&pay).send(), client.post(&pay).send());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut statuses = [a.status().as_u16(), b.status().as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, [200, 423]);
+    let paid: serde_json::Value = if a.status() == 200 { a.json().await } else { b.json().await }.unwrap();
+    assert_eq!(paid, serde_json::json!({"order_id": "o-1", "paid": true}));
+}
