@@ -122,6 +122,7 @@ impl Locks {
     }
 
     /// Whether `lease` is the lock on `resource` in this backend (same prefixed key).
+    #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
         let prefix: &str = match &self.backend {
             Backend::Redlock(r) => r.prefix(),

@@ -41,7 +41,10 @@ impl Gate {
     }
 
     async fn wait_entered(&self, n: usize) {
-        let entered = eventually(Duration::from_secs(5), || async { self.entered.load(Ordering::SeqCst) >= n }).await;
+        let entered = eventually(Duration::from_secs(5), || async {
+            self.entered.load(Ordering::SeqCst) >= n
+        })
+        .await;
         assert!(entered, "handler not entered");
     }
 }
@@ -65,7 +68,12 @@ async fn same_key_exactly_one_201(locks: Locks) {
     let gate = Gate::default();
     let base = serve(orders_app(locks, gate.clone())).await;
     let client = reqwest::Client::new();
-    let send = || client.post(format!("{base}/orders")).header("Idempotency-Key", "\"order-7\"").send();
+    let send = || {
+        client
+            .post(format!("{base}/orders"))
+            .header("Idempotency-Key", "\"order-7\"")
+            .send()
+    };
 
     let first = tokio::spawn(send());
     gate.wait_entered(1).await;
@@ -73,7 +81,11 @@ async fn same_key_exactly_one_201(locks: Locks) {
     let others = futures_util::future::join_all((0..20).map(|_| send())).await;
     for resp in others {
         let resp = resp.unwrap();
-        let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        let retry_after: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(retry_after >= 1);
         assert_problem(resp, 409).await;
     }
@@ -104,18 +116,53 @@ async fn missing_oversized_and_malformed_keys_are_400() {
     let url = format!("{base}/orders");
     assert_problem(client.post(&url).send().await.unwrap(), 400).await;
     let long = "k".repeat(tower_redlock::key::MAX_KEY_LEN + 1);
-    let body = assert_problem(client.post(&url).header("Idempotency-Key", long).send().await.unwrap(), 400).await;
+    let body = assert_problem(
+        client
+            .post(&url)
+            .header("Idempotency-Key", long)
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
     assert!(body["detail"].as_str().unwrap().contains("256"), "{body}");
-    assert_problem(client.post(&url).header("Idempotency-Key", "\"unterminated").send().await.unwrap(), 400).await;
-    assert_problem(client.post(&url).header("Idempotency-Key", "\"\"").send().await.unwrap(), 400).await;
-    assert_eq!(gate.entered.load(Ordering::SeqCst), 0, "the handler ran for a bad key");
+    assert_problem(
+        client
+            .post(&url)
+            .header("Idempotency-Key", "\"unterminated")
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    assert_problem(
+        client
+            .post(&url)
+            .header("Idempotency-Key", "\"\"")
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    assert_eq!(
+        gate.entered.load(Ordering::SeqCst),
+        0,
+        "the handler ran for a bad key"
+    );
 }
 
 #[tokio::test]
 async fn all_nodes_down_is_503_with_retry_after() {
     let mut nodes = nodes(3);
     let gate = Gate::default();
-    let base = serve(orders_app(redlock(&nodes, Duration::from_secs(10)).await, gate.clone())).await;
+    let base = serve(orders_app(
+        redlock(&nodes, Duration::from_secs(10)).await,
+        gate.clone(),
+    ))
+    .await;
     for node in &mut nodes {
         node.kill();
     }
@@ -126,10 +173,17 @@ async fn all_nodes_down_is_503_with_retry_after() {
         .send()
         .await
         .unwrap();
-    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(resp.headers()["retry-after"], "1");
     let body = assert_problem(resp, 503).await;
-    assert!(!body.to_string().contains("127.0.0.1"), "internal details leaked: {body}");
+    assert!(
+        !body.to_string().contains("127.0.0.1"),
+        "internal details leaked: {body}"
+    );
     assert_eq!(gate.entered.load(Ordering::SeqCst), 0);
 }
 
@@ -138,11 +192,29 @@ async fn fail_open_runs_unlocked_when_nodes_are_down() {
     let mut nodes = nodes(1);
     let locks = redlock(&nodes, Duration::from_secs(10)).await;
     let app = Router::new()
-        .route("/orders", post(|lease: Option<Extension<Lease>>| async move { if lease.is_some() { "locked" } else { "unlocked" } }))
-        .layer(LockLayer::by_header("Idempotency-Key").backend(locks).fail_open(true));
+        .route(
+            "/orders",
+            post(|lease: Option<Extension<Lease>>| async move {
+                if lease.is_some() {
+                    "locked"
+                } else {
+                    "unlocked"
+                }
+            }),
+        )
+        .layer(
+            LockLayer::by_header("Idempotency-Key")
+                .backend(locks)
+                .fail_open(true),
+        );
     let base = serve(app).await;
     let client = reqwest::Client::new();
-    let send = || client.post(format!("{base}/orders")).header("Idempotency-Key", "k").send();
+    let send = || {
+        client
+            .post(format!("{base}/orders"))
+            .header("Idempotency-Key", "k")
+            .send()
+    };
     assert_eq!(send().await.unwrap().text().await.unwrap(), "locked");
     nodes[0].kill();
     let resp = send().await.unwrap();
@@ -160,16 +232,28 @@ async fn client_disconnect_frees_the_lock_long_before_ttl() {
     let key = "tower-redlock:idempotency-key POST /orders:gone";
 
     // The client gives up while the handler is still running.
-    let client = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let url = format!("{base}/orders");
     let abandoned = tokio::spawn({
         let client = client.clone();
         let url = url.clone();
-        async move { client.post(url).header("Idempotency-Key", "gone").send().await }
+        async move {
+            client
+                .post(url)
+                .header("Idempotency-Key", "gone")
+                .send()
+                .await
+        }
     });
     gate.wait_entered(1).await;
     assert!(exists(&nodes[0], key).await, "lock not taken on {key}");
-    assert!(abandoned.await.unwrap().is_err(), "the request should have timed out");
+    assert!(
+        abandoned.await.unwrap().is_err(),
+        "the request should have timed out"
+    );
 
     let start = Instant::now();
     let freed = eventually(Duration::from_secs(5), || async {
@@ -184,7 +268,10 @@ async fn client_disconnect_frees_the_lock_long_before_ttl() {
     assert!(start.elapsed() < ttl / 10);
     // And a new request with the key goes through.
     gate.release.notify_one();
-    let again = reqwest::Client::new().post(&url).header("Idempotency-Key", "gone").send();
+    let again = reqwest::Client::new()
+        .post(&url)
+        .header("Idempotency-Key", "gone")
+        .send();
     let waiter = tokio::spawn(again);
     gate.wait_entered(2).await;
     gate.release.notify_one();
@@ -197,7 +284,10 @@ async fn path_param_scopes_keep_items_and_users_apart() {
     let locks = Locks::from(MemoryLocks::new());
     let held = gate.clone();
     let app = Router::new()
-        .route("/items/{id}", post(move || async move { held.hold().await }))
+        .route(
+            "/items/{id}",
+            post(move || async move { held.hold().await }),
+        )
         .route("/items/{id}/buy", post(|| async { StatusCode::OK }))
         .route("/users/{id}", post(|| async { StatusCode::OK }))
         .route_layer(LockLayer::by_path_param("id").backend(locks));
@@ -206,11 +296,31 @@ async fn path_param_scopes_keep_items_and_users_apart() {
     let holder = tokio::spawn(client.post(format!("{base}/items/1")).send());
     gate.wait_entered(1).await;
     // Same id, other resource: not locked.
-    assert_eq!(client.post(format!("{base}/users/1")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client
+            .post(format!("{base}/users/1"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // Other item: not locked.
-    assert_eq!(client.post(format!("{base}/items/2/buy")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client
+            .post(format!("{base}/items/2/buy"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // Same item through a sub-route: locked, 423 with Retry-After.
-    let resp = client.post(format!("{base}/items/1/buy")).send().await.unwrap();
+    let resp = client
+        .post(format!("{base}/items/1/buy"))
+        .send()
+        .await
+        .unwrap();
     assert!(resp.headers().contains_key("retry-after"));
     assert_problem(resp, 423).await;
     gate.release.notify_one();
@@ -227,9 +337,18 @@ async fn handler_reads_its_lease_from_extensions() {
                 format!("{} {} {}", lease.key(), lease.token(), lease.is_valid())
             }),
         )
-        .layer(LockLayer::by_path_param("job").backend(redlock(&nodes, Duration::from_secs(10)).await));
+        .layer(
+            LockLayer::by_path_param("job").backend(redlock(&nodes, Duration::from_secs(10)).await),
+        );
     let base = serve(app).await;
-    let text = reqwest::Client::new().post(format!("{base}/jobs/nightly")).send().await.unwrap().text().await.unwrap();
+    let text = reqwest::Client::new()
+        .post(format!("{base}/jobs/nightly"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let parts: Vec<&str> = text.split(' ').collect();
     assert_eq!(parts[0], "tower-redlock:/jobs/{job}:nightly");
     assert_eq!(parts[1].len(), 32);
@@ -245,16 +364,33 @@ async fn by_fn_and_optional_key() {
     let app = Router::new()
         .route("/report", post(move || async move { held.hold().await }))
         .layer(
-            LockLayer::by_fn(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned))
-                .scope("report")
-                .backend(MemoryLocks::new())
-                .optional(),
+            LockLayer::by_fn(|parts| {
+                parts
+                    .headers
+                    .get("x-tenant")?
+                    .to_str()
+                    .ok()
+                    .map(str::to_owned)
+            })
+            .scope("report")
+            .backend(MemoryLocks::new())
+            .optional(),
         );
     let base = serve(app).await;
     let client = reqwest::Client::new();
-    let holder = tokio::spawn(client.post(format!("{base}/report")).header("x-tenant", "acme").send());
+    let holder = tokio::spawn(
+        client
+            .post(format!("{base}/report"))
+            .header("x-tenant", "acme")
+            .send(),
+    );
     gate.wait_entered(1).await;
-    let resp = client.post(format!("{base}/report")).header("x-tenant", "acme").send().await.unwrap();
+    let resp = client
+        .post(format!("{base}/report"))
+        .header("x-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
     assert_problem(resp, 423).await;
     // Without a key the request passes, unlocked.
     let unkeyed = tokio::spawn(client.post(format!("{base}/report")).send());
@@ -298,23 +434,38 @@ async fn locked_extractor_423_and_release_on_drop() {
     let app = Router::new()
         .route(
             "/orders/{id}/pay",
-            post(|State(gate): State<Gate>, order: Locked<Path<OrderId>>| async move {
-                assert_eq!(order.lease().key(), format!("tower-redlock:order:{}", order.0.0));
-                gate.hold().await
-            }),
+            post(
+                |State(gate): State<Gate>, order: Locked<Path<OrderId>>| async move {
+                    assert_eq!(
+                        order.lease().key(),
+                        format!("tower-redlock:order:{}", order.0.0)
+                    );
+                    gate.hold().await
+                },
+            ),
         )
-        .with_state(AppState { locks, gate: gate.clone() });
+        .with_state(AppState {
+            locks,
+            gate: gate.clone(),
+        });
     let base = serve(app).await;
     let client = reqwest::Client::new();
     let first = tokio::spawn(client.post(format!("{base}/orders/9/pay")).send());
     gate.wait_entered(1).await;
     assert!(exists(&nodes[1], "tower-redlock:order:9").await);
-    let resp = client.post(format!("{base}/orders/9/pay")).send().await.unwrap();
+    let resp = client
+        .post(format!("{base}/orders/9/pay"))
+        .send()
+        .await
+        .unwrap();
     assert!(resp.headers().contains_key("retry-after"));
     assert_problem(resp, 423).await;
     gate.release.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), 201);
-    let released = eventually(Duration::from_secs(5), || async { !exists(&nodes[1], "tower-redlock:order:9").await }).await;
+    let released = eventually(Duration::from_secs(5), || async {
+        !exists(&nodes[1], "tower-redlock:order:9").await
+    })
+    .await;
     assert!(released, "Locked did not release on drop");
 }
 
@@ -332,10 +483,22 @@ async fn locked_extractor_reuses_the_layer_lease() {
         .route_layer(LockLayer::by_path_param("order_id").scope("order").backend(locks.clone()))
         .with_state(locks.clone());
     let base = serve(app).await;
-    let resp = reqwest::Client::new().post(format!("{base}/orders/5/pay")).send().await.unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/orders/5/pay"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     // Released by the layer afterwards.
-    locks.unlock(locks.try_lock("order:5").await.expect("free after the request")).await.unwrap();
+    locks
+        .unlock(
+            locks
+                .try_lock("order:5")
+                .await
+                .expect("free after the request"),
+        )
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -345,5 +508,8 @@ async fn route_layer_leaves_unmatched_requests_alone() {
         .route_layer(LockLayer::by_header("Idempotency-Key"));
     let base = serve(app).await;
     // route_layer does not run for unmatched routes.
-    assert_eq!(reqwest::get(format!("{base}/nope")).await.unwrap().status(), 404);
+    assert_eq!(
+        reqwest::get(format!("{base}/nope")).await.unwrap().status(),
+        404
+    );
 }

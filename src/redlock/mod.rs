@@ -29,8 +29,8 @@ use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::policy::{Policy, policy_setters};
 
-/// Default node timeout: 50 ms, the upper end of the Redis docs' example for a 10 s TTL.
-const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
+const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
 /// Default clock drift factor, as the Redis docs and go-redsync: 0.01.
 const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 /// The fixed part of the drift allowance: 2 ms.
@@ -80,7 +80,15 @@ struct Node {
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redlock")
-            .field("nodes", &self.inner.nodes.iter().map(|n| &n.label).collect::<Vec<_>>())
+            .field(
+                "nodes",
+                &self
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|n| &n.label)
+                    .collect::<Vec<_>>(),
+            )
             .field("quorum", &self.inner.quorum)
             .field("ttl", &self.inner.policy.ttl)
             .field("node_timeout", &self.inner.node_timeout)
@@ -95,7 +103,7 @@ impl fmt::Debug for Redlock {
 #[must_use]
 pub struct RedlockBuilder {
     nodes: Vec<Result<Client, ConfigError>>,
-    node_timeout: Duration,
+    node_timeout: Option<Duration>,
     drift_factor: f64,
     policy: Policy,
 }
@@ -112,7 +120,8 @@ impl Redlock {
             .into_iter()
             .enumerate()
             .map(|(index, url)| {
-                Client::open(url.as_ref()).map_err(|source| ConfigError::InvalidUrl { index, source })
+                Client::open(url.as_ref())
+                    .map_err(|source| ConfigError::InvalidUrl { index, source })
             })
             .collect();
         RedlockBuilder::new(nodes)
@@ -230,7 +239,9 @@ impl Redlock {
                 None => Err(LockError::TooSlow { elapsed }),
             };
         }
-        Err(self.no_quorum(failures).unwrap_or(LockError::Expired { taken_over }))
+        Err(self
+            .no_quorum(failures)
+            .unwrap_or(LockError::Expired { taken_over }))
     }
 
     /// Releases the lease: deletes the key on every node where it still holds the token.
@@ -256,7 +267,9 @@ impl Redlock {
         if deleted >= self.inner.quorum {
             return Ok(());
         }
-        Err(self.no_quorum(failures).unwrap_or(LockError::Expired { taken_over }))
+        Err(self
+            .no_quorum(failures)
+            .unwrap_or(LockError::Expired { taken_over }))
     }
 
     async fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
@@ -273,7 +286,11 @@ impl Redlock {
         let results = self
             .on_all_nodes(|mut conn| {
                 let mut cmd = redis::cmd("SET");
-                cmd.arg(&*key).arg(token.as_bytes()).arg("NX").arg("PX").arg(ttl_ms);
+                cmd.arg(&*key)
+                    .arg(token.as_bytes())
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms);
                 async move { cmd.query_async::<Value>(&mut conn).await }
             })
             .await;
@@ -354,7 +371,11 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    async fn release_all(&self, key: &Arc<str>, token: Token) -> Vec<Result<Release, NodeFailureReason>> {
+    async fn release_all(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+    ) -> Vec<Result<Release, NodeFailureReason>> {
         self.on_all_nodes(|mut conn| {
             let key = key.clone();
             async move {
@@ -448,7 +469,7 @@ impl RedlockBuilder {
     fn new(nodes: Vec<Result<Client, ConfigError>>) -> Self {
         Self {
             nodes,
-            node_timeout: DEFAULT_NODE_TIMEOUT,
+            node_timeout: None,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             policy: Policy::default(),
         }
@@ -456,11 +477,14 @@ impl RedlockBuilder {
 
     policy_setters!();
 
-    /// How long to wait for one node's answer before counting it as failed. Default 50 ms;
-    /// it must be shorter than the TTL, and should be much shorter (the Redis docs suggest
-    /// 5 to 50 ms for a 10 s TTL), so that a dead node cannot eat the validity.
+    /// How long to wait for one node's answer before counting it as failed. Default 5% of
+    /// the TTL (500 ms for the default 10 s), as go-redsync. It must be shorter than the
+    /// TTL, and should be much shorter so that a dead node cannot eat the validity; it is
+    /// also the latency a hung node adds to each acquisition, so services that want that
+    /// bounded tightly set it lower (the Redis docs suggest 5 to 50 ms for a 10 s TTL on a
+    /// fast network).
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = timeout;
+        self.node_timeout = Some(timeout);
         self
     }
 
@@ -496,9 +520,12 @@ impl RedlockBuilder {
                 reason: "it leaves no validity after the clock drift allowance (ttl * drift_factor + 2 ms)",
             });
         }
-        if self.node_timeout.is_zero() || self.node_timeout >= ttl {
+        let node_timeout = self
+            .node_timeout
+            .unwrap_or(ttl / DEFAULT_NODE_TIMEOUT_FACTOR);
+        if node_timeout.is_zero() || node_timeout >= ttl {
             return Err(ConfigError::InvalidNodeTimeout {
-                timeout: self.node_timeout,
+                timeout: node_timeout,
                 ttl,
             });
         }
@@ -506,7 +533,7 @@ impl RedlockBuilder {
             return Err(ConfigError::NoNodes);
         }
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.node_timeout.max(Duration::from_millis(500))))
+            .set_connection_timeout(Some(node_timeout.max(Duration::from_millis(500))))
             .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
@@ -515,11 +542,12 @@ impl RedlockBuilder {
         for client in self.nodes {
             let client = client?;
             let label = client.get_connection_info().addr().to_string();
-            let conn = ConnectionManager::new_lazy_with_config(client, config.clone())
-                .map_err(|source| ConfigError::InvalidUrl {
+            let conn = ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(
+                |source| ConfigError::InvalidUrl {
                     index: nodes.len(),
                     source,
-                })?;
+                },
+            )?;
             nodes.push(Node { label, conn });
         }
         let quorum = nodes.len() / 2 + 1;
@@ -527,13 +555,15 @@ impl RedlockBuilder {
             inner: Arc::new(Inner {
                 nodes,
                 quorum,
-                node_timeout: self.node_timeout,
+                node_timeout,
                 drift,
                 policy: self.policy,
             }),
         };
         let pings = redlock
-            .on_all_nodes(|mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+            .on_all_nodes(|mut conn| async move {
+                redis::cmd("PING").query_async::<()>(&mut conn).await
+            })
             .await;
         for (node, ping) in redlock.inner.nodes.iter().zip(pings) {
             if let Err(reason) = ping {
