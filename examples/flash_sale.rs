@@ -108,16 +108,29 @@ struct SetStock {
 
 fn store_error(e: redis::RedisError) -> Response {
     tracing::error!(error = %e, "store unavailable");
-    Problem::new(StatusCode::SERVICE_UNAVAILABLE, "The stock store is unavailable.").into_response()
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The stock store is unavailable.",
+    )
+    .into_response()
 }
 
 fn not_found(item: &str) -> Response {
-    Problem::new(StatusCode::NOT_FOUND, format!("No item {item}; create it with PUT /items/{item}.")).into_response()
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        format!("No item {item}; create it with PUT /items/{item}."),
+    )
+    .into_response()
 }
 
-async fn set_stock(State(app): State<AppState>, Path(item): Path<String>, Json(body): Json<SetStock>) -> Response {
+async fn set_stock(
+    State(app): State<AppState>,
+    Path(item): Path<String>,
+    Json(body): Json<SetStock>,
+) -> Response {
     if body.stock < 0 {
-        return Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "stock must be 0 or more").into_response();
+        return Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "stock must be 0 or more")
+            .into_response();
     }
     match app.store.set(&item, body.stock, 0).await {
         Ok(()) => Json(json!({"item_id": item, "stock": body.stock, "sold": 0})).into_response(),
@@ -127,7 +140,9 @@ async fn set_stock(State(app): State<AppState>, Path(item): Path<String>, Json(b
 
 async fn get_item(State(app): State<AppState>, Path(item): Path<String>) -> Response {
     match app.store.get(&item).await {
-        Ok(Some((stock, sold))) => Json(json!({"item_id": item, "stock": stock, "sold": sold})).into_response(),
+        Ok(Some((stock, sold))) => {
+            Json(json!({"item_id": item, "stock": stock, "sold": sold})).into_response()
+        }
         Ok(None) => not_found(&item),
         Err(e) => store_error(e),
     }
@@ -159,7 +174,11 @@ async fn create_order(State(app): State<AppState>, headers: axum::http::HeaderMa
         .trim_matches('"')
         .to_owned();
     let order_id = format!("ord_{:016x}", getrandom::u64().unwrap_or_default());
-    (StatusCode::CREATED, Json(json!({"order_id": order_id, "idempotency_key": key}))).into_response()
+    (
+        StatusCode::CREATED,
+        Json(json!({"order_id": order_id, "idempotency_key": key})),
+    )
+        .into_response()
 }
 
 async fn pay(State(app): State<AppState>, order: Locked<Path<OrderId>>) -> Response {
@@ -210,7 +229,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .parse()
         .map_err(|e| format!("LISTEN_ADDR must be host:port: {e}"))?;
     let work = Duration::from_millis(match std::env::var("WORK_MS") {
-        Ok(ms) => ms.parse().map_err(|e| format!("WORK_MS must be a whole number of milliseconds: {e}"))?,
+        Ok(ms) => ms
+            .parse()
+            .map_err(|e| format!("WORK_MS must be a whole number of milliseconds: {e}"))?,
         Err(_) => 50,
     });
     let locking = !matches!(std::env::var("LOCKING").as_deref(), Ok("off"));
@@ -226,7 +247,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (Locks::default(), Store::Memory(Arc::default()))
     } else {
         let redlock = Redlock::builder(&urls).build().await?;
-        let data = redis::Client::open(urls[0].as_str())?.get_connection_manager().await?;
+        let data = redis::Client::open(urls[0].as_str())?
+            .get_connection_manager()
+            .await?;
         (Locks::from(redlock), Store::Redis(data))
     };
     let backend = if urls.is_empty() {
@@ -239,7 +262,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(
         listener,
-        app(AppState { locks, store, work }, locking).into_make_service_with_connect_info::<SocketAddr>(),
+        app(AppState { locks, store, work }, locking)
+            .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;
     Ok(())

@@ -38,7 +38,9 @@ pub enum LockError {
     /// A quorum agreed, but so late that no validity was left (`ttl - elapsed - drift` was
     /// not positive), so the keys were released again. Raise the TTL or lower the node
     /// timeout; it means the nodes or the network are slow.
-    #[error("acquiring took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout")]
+    #[error(
+        "acquiring took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout"
+    )]
     TooSlow {
         /// How long the attempt took.
         elapsed: Duration,
@@ -139,7 +141,9 @@ pub enum ConfigError {
         reason: &'static str,
     },
     /// The node timeout is zero or not shorter than the TTL.
-    #[error("invalid node timeout {timeout:?}: it must be above zero and shorter than the TTL {ttl:?}")]
+    #[error(
+        "invalid node timeout {timeout:?}: it must be above zero and shorter than the TTL {ttl:?}"
+    )]
     InvalidNodeTimeout {
         /// The timeout given.
         timeout: Duration,
@@ -147,7 +151,9 @@ pub enum ConfigError {
         ttl: Duration,
     },
     /// The clock drift factor is not a finite number in `[0, 0.5)`.
-    #[error("invalid clock drift factor {0}: use a finite number from 0 up to (not including) 0.5, such as 0.01")]
+    #[error(
+        "invalid clock drift factor {0}: use a finite number from 0 up to (not including) 0.5, such as 0.01"
+    )]
     InvalidDriftFactor(f64),
     /// The retry delay range is empty (minimum above maximum).
     #[error("invalid retry delay: minimum {min:?} is above maximum {max:?}")]

@@ -115,7 +115,10 @@ impl<T> Locked<T> {
     /// answered (the keys expire by their TTL). The value is lost with the error only in
     /// the sense that it is dropped; extract it again if needed.
     pub async fn release(mut self) -> Result<T, LockError> {
-        let value = self.value.take().expect("value present until release or drop");
+        let value = self
+            .value
+            .take()
+            .expect("value present until release or drop");
         if let Some(locks) = self.owner.take() {
             locks.unlock(self.lease.clone()).await?;
         }
@@ -127,7 +130,9 @@ impl<T> Deref for Locked<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        self.value.as_ref().expect("value present until release or drop")
+        self.value
+            .as_ref()
+            .expect("value present until release or drop")
     }
 }
 
@@ -162,7 +167,8 @@ where
             .await
             .map_err(LockedRejection::Extract)?;
         let key = value.lock_key();
-        let reject = |e: LockError| LockedRejection::Lock(Problem::from_lock_error(&e, StatusCode::LOCKED));
+        let reject =
+            |e: LockError| LockedRejection::Lock(Problem::from_lock_error(&e, StatusCode::LOCKED));
         validate_value(&key).map_err(|e| reject(e.into()))?;
         let resource = format!("{}:{}", T::SCOPE, key);
         drop(key);

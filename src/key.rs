@@ -285,8 +285,14 @@ mod tests {
     #[test]
     fn header_accepts_bare_token_and_sf_string() {
         let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
-        assert_eq!(key.extract(&mut parts("abc-1")).unwrap().as_deref(), Some("abc-1"));
-        assert_eq!(key.extract(&mut parts("\"abc-1\"")).unwrap().as_deref(), Some("abc-1"));
+        assert_eq!(
+            key.extract(&mut parts("abc-1")).unwrap().as_deref(),
+            Some("abc-1")
+        );
+        assert_eq!(
+            key.extract(&mut parts("\"abc-1\"")).unwrap().as_deref(),
+            Some("abc-1")
+        );
         assert_eq!(
             key.extract(&mut parts(r#""a\"b\\c""#)).unwrap().as_deref(),
             Some(r#"a"b\c"#)
@@ -298,7 +304,10 @@ mod tests {
         let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
         for bad in ["\"open", "\"a\"b", r#""a\nb""#] {
             assert!(
-                matches!(key.extract(&mut parts(bad)), Err(KeyError::MalformedHeader(_))),
+                matches!(
+                    key.extract(&mut parts(bad)),
+                    Err(KeyError::MalformedHeader(_))
+                ),
                 "{bad}"
             );
         }

@@ -127,7 +127,10 @@ impl MemoryLocks {
 
     fn state(&self) -> MutexGuard<'_, State> {
         // No code panics while holding the lock; recover the map if a panic ever did.
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`). The lease is

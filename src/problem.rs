@@ -100,7 +100,9 @@ impl Problem {
 
 /// Whole seconds, rounded up, at least 1.
 pub(crate) fn retry_after_secs(after: Duration) -> u64 {
-    let secs = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
+    let secs = after
+        .as_secs()
+        .saturating_add(u64::from(after.subsec_nanos() > 0));
     secs.max(1)
 }
 

@@ -25,7 +25,13 @@ impl Drop for Example {
 fn example_binary() -> PathBuf {
     // target/<profile>/deps/example-<hash> -> target/<profile>/examples/flash_sale
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join("examples").join("flash_sale");
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("flash_sale");
     assert!(
         path.exists(),
         "{} is missing: cargo test builds it; run `cargo build --example flash_sale`",
@@ -35,7 +41,11 @@ fn example_binary() -> PathBuf {
 }
 
 async fn start_example(nodes: &[RedisNode], work_ms: u64, locking: bool) -> Example {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(example_binary())
         .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
         .env("REDIS_URLS", urls(nodes).join(","))
@@ -97,13 +107,21 @@ async fn put_stock(example: &Example, item: &str, stock: i64) {
 }
 
 async fn item(example: &Example, item: &str) -> serde_json::Value {
-    reqwest::get(format!("{}/items/{item}", example.base)).await.unwrap().json().await.unwrap()
+    reqwest::get(format!("{}/items/{item}", example.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flash_sale_two_processes_sell_exactly_the_stock() {
     let nodes = nodes(3);
-    let examples = [start_example(&nodes, 10, true).await, start_example(&nodes, 10, true).await];
+    let examples = [
+        start_example(&nodes, 10, true).await,
+        start_example(&nodes, 10, true).await,
+    ];
     put_stock(&examples[0], "tv", 10).await;
     let bought = run_sale(&examples, "tv", 30).await;
     assert_eq!(bought, 10);
@@ -116,7 +134,10 @@ async fn flash_sale_two_processes_sell_exactly_the_stock() {
 async fn flash_sale_without_locking_oversells() {
     // The control for the test above: the same sale without the lock sells more than the stock.
     let nodes = nodes(1);
-    let examples = [start_example(&nodes, 300, false).await, start_example(&nodes, 300, false).await];
+    let examples = [
+        start_example(&nodes, 300, false).await,
+        start_example(&nodes, 300, false).await,
+    ];
     put_stock(&examples[0], "tv", 3).await;
     let bought = run_sale(&examples, "tv", 10).await;
     assert!(bought > 3, "sold {bought} of 3 without a lock");
@@ -141,6 +162,11 @@ async fn example_orders_and_pay() {
     let mut statuses = [a.status().as_u16(), b.status().as_u16()];
     statuses.sort();
     assert_eq!(statuses, [200, 423]);
-    let paid: serde_json::Value = if a.status() == 200 { a.json().await } else { b.json().await }.unwrap();
+    let paid: serde_json::Value = if a.status() == 200 {
+        a.json().await
+    } else {
+        b.json().await
+    }
+    .unwrap();
     assert_eq!(paid, serde_json::json!({"order_id": "o-1", "paid": true}));
 }

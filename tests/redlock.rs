@@ -35,7 +35,8 @@ async fn on_nodes(nodes: &[RedisNode], key: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_three_nodes_no_lost_update() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(5), Duration::from_millis(200)).await);
+    let locks =
+        Locks::from(redlock(&nodes, Duration::from_secs(5), Duration::from_millis(200)).await);
     let counter = redis::Client::open(nodes[0].url()).unwrap();
     const TASKS: usize = 16;
     const ROUNDS: usize = 8;
@@ -49,9 +50,17 @@ async fn mutual_exclusion_three_nodes_no_lost_update() {
             let mut conn = counter.get_multiplexed_async_connection().await.unwrap();
             for _ in 0..ROUNDS {
                 let lease = locks.lock("counter").await.expect("lock within retries");
-                assert_eq!(in_section.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                assert_eq!(
+                    in_section.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
                 // Read, yield, write: loses updates unless the lock excludes the others.
-                let n: i64 = conn.get::<_, Option<i64>>("shared-counter").await.unwrap().unwrap_or(0);
+                let n: i64 = conn
+                    .get::<_, Option<i64>>("shared-counter")
+                    .await
+                    .unwrap()
+                    .unwrap_or(0);
                 tokio::task::yield_now().await;
                 let () = conn.set("shared-counter", n + 1).await.unwrap();
                 in_section.fetch_sub(1, Ordering::SeqCst);
@@ -73,8 +82,15 @@ async fn minority_down_still_grants() {
     let r = redlock(&nodes, Duration::from_secs(5), Duration::from_millis(200)).await;
     nodes[0].kill();
     nodes[3].kill();
-    let lease = r.try_lock("minority").await.expect("3 of 5 nodes are a quorum");
-    assert_eq!(on_nodes(&nodes[1..3], lease.key()).await + usize::from(exists(&nodes[4], lease.key()).await), 3);
+    let lease = r
+        .try_lock("minority")
+        .await
+        .expect("3 of 5 nodes are a quorum");
+    assert_eq!(
+        on_nodes(&nodes[1..3], lease.key()).await
+            + usize::from(exists(&nodes[4], lease.key()).await),
+        3
+    );
     r.unlock(lease).await.unwrap();
 }
 
@@ -89,13 +105,20 @@ async fn majority_down_is_no_quorum_within_node_timeout() {
     let err = r.try_lock("majority").await.unwrap_err();
     let elapsed = start.elapsed();
     match err {
-        LockError::NoQuorum { quorum, nodes: n, failures } => {
+        LockError::NoQuorum {
+            quorum,
+            nodes: n,
+            failures,
+        } => {
             assert_eq!((quorum, n, failures.len()), (2, 3, 2));
         }
         other => panic!("expected NoQuorum, got {other:?}"),
     }
     // Acquire, then the release of the partial acquisition: two bounded rounds.
-    assert!(elapsed < timeout * 2 + Duration::from_millis(100), "took {elapsed:?}");
+    assert!(
+        elapsed < timeout * 2 + Duration::from_millis(100),
+        "took {elapsed:?}"
+    );
     // Nothing is left on the live node.
     assert!(!exists(&nodes[0], &format!("{PREFIX}majority")).await);
 }
@@ -113,7 +136,10 @@ async fn majority_paused_is_no_quorum_within_node_timeout() {
     nodes[0].resume();
     nodes[1].resume();
     assert!(matches!(err, LockError::NoQuorum { .. }), "{err:?}");
-    assert!(elapsed < timeout * 2 + Duration::from_millis(150), "took {elapsed:?}");
+    assert!(
+        elapsed < timeout * 2 + Duration::from_millis(150),
+        "took {elapsed:?}"
+    );
 }
 
 #[tokio::test]
@@ -124,15 +150,28 @@ async fn partial_acquisition_is_released() {
     // Another holder has two of three nodes, with 5 s left.
     for node in &nodes[..2] {
         let mut conn = node.conn().await;
-        let () = redis::cmd("SET").arg(&key).arg("other").arg("PX").arg(5000).query_async(&mut conn).await.unwrap();
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("other")
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     }
     let err = r.try_lock("partial").await.unwrap_err();
     let LockError::Taken { retry_after } = err else {
         panic!("expected Taken, got {err:?}");
     };
-    assert!(retry_after <= Duration::from_secs(5) && retry_after > Duration::from_secs(4), "{retry_after:?}");
+    assert!(
+        retry_after <= Duration::from_secs(5) && retry_after > Duration::from_secs(4),
+        "{retry_after:?}"
+    );
     // Our SET succeeded on the third node; it must have been deleted again.
-    assert!(!exists(&nodes[2], &key).await, "stale key left on the node that said OK");
+    assert!(
+        !exists(&nodes[2], &key).await,
+        "stale key left on the node that said OK"
+    );
     // The other holder's keys are untouched.
     assert_eq!(on_nodes(&nodes[..2], &key).await, 2);
 }
@@ -145,9 +184,15 @@ async fn dropped_acquire_is_released() {
     let key = format!("{PREFIX}dropped");
     nodes[2].pause();
     let attempt = tokio::time::timeout(Duration::from_millis(300), r.try_lock("dropped")).await;
-    assert!(attempt.is_err(), "the acquire should still be waiting on the paused node");
+    assert!(
+        attempt.is_err(),
+        "the acquire should still be waiting on the paused node"
+    );
     // The two live nodes had said OK; the dropped future must release them, long before the TTL.
-    let released = eventually(Duration::from_secs(5), || async { on_nodes(&nodes[..2], &key).await == 0 }).await;
+    let released = eventually(Duration::from_secs(5), || async {
+        on_nodes(&nodes[..2], &key).await == 0
+    })
+    .await;
     nodes[2].resume();
     assert!(released, "keys left behind by a dropped acquire");
 }
@@ -162,7 +207,10 @@ async fn slow_node_does_not_delay_acquire_past_timeout() {
     let lease = r.try_lock("slow").await.expect("two of three nodes answer");
     let elapsed = start.elapsed();
     nodes[1].resume();
-    assert!(elapsed < timeout + Duration::from_millis(150), "took {elapsed:?}");
+    assert!(
+        elapsed < timeout + Duration::from_millis(150),
+        "took {elapsed:?}"
+    );
     assert!(lease.remaining() < Duration::from_secs(10) - timeout);
     r.unlock(lease).await.unwrap();
 }
@@ -174,11 +222,16 @@ mod contract {
     pub(super) async fn taken_then_free(locks: &Locks) {
         let a = locks.try_lock("contract:taken").await.unwrap();
         match locks.try_lock("contract:taken").await {
-            Err(LockError::Taken { retry_after }) => assert!(retry_after <= locks.ttl() && retry_after > Duration::ZERO),
+            Err(LockError::Taken { retry_after }) => {
+                assert!(retry_after <= locks.ttl() && retry_after > Duration::ZERO)
+            }
             other => panic!("expected Taken, got {other:?}"),
         }
         locks.unlock(a).await.unwrap();
-        let b = locks.try_lock("contract:taken").await.expect("free after release");
+        let b = locks
+            .try_lock("contract:taken")
+            .await
+            .expect("free after release");
         locks.unlock(b).await.unwrap();
     }
 
@@ -201,7 +254,13 @@ mod contract {
             Err(LockError::Expired { taken_over: true }) => {}
             other => panic!("expected Expired {{ taken_over: true }}, got {other:?}"),
         }
-        assert!(matches!(locks.try_lock("contract:owner").await, Err(LockError::Taken { .. })), "B's lock was removed");
+        assert!(
+            matches!(
+                locks.try_lock("contract:owner").await,
+                Err(LockError::Taken { .. })
+            ),
+            "B's lock was removed"
+        );
         locks.unlock(b).await.unwrap();
     }
 
@@ -228,9 +287,16 @@ mod contract {
             let before = lease.valid_until();
             locks.extend(&mut lease).await.expect("extend while held");
             assert!(lease.valid_until() > before);
-            assert!(lease.remaining() <= ttl, "validity {:?} above TTL {ttl:?}", lease.remaining());
+            assert!(
+                lease.remaining() <= ttl,
+                "validity {:?} above TTL {ttl:?}",
+                lease.remaining()
+            );
         }
-        assert!(matches!(locks.try_lock("contract:extend").await, Err(LockError::Taken { .. })));
+        assert!(matches!(
+            locks.try_lock("contract:extend").await,
+            Err(LockError::Taken { .. })
+        ));
         locks.unlock(lease).await.unwrap();
     }
 
@@ -239,14 +305,24 @@ mod contract {
         let mut a = locks.try_lock("contract:late").await.unwrap();
         let b = wait_for_lock(locks, "contract:late").await;
         let before = a.valid_until();
-        assert!(matches!(locks.extend(&mut a).await, Err(LockError::Expired { taken_over: true })));
-        assert_eq!(a.valid_until(), before, "a failed extend must leave the lease as it was");
+        assert!(matches!(
+            locks.extend(&mut a).await,
+            Err(LockError::Expired { taken_over: true })
+        ));
+        assert_eq!(
+            a.valid_until(),
+            before,
+            "a failed extend must leave the lease as it was"
+        );
         locks.unlock(b).await.unwrap();
     }
 
     pub(super) async fn invalid_keys_are_refused(locks: &Locks) {
         for bad in ["", "a\nb", &"x".repeat(2000)] {
-            assert!(matches!(locks.try_lock(bad).await, Err(LockError::InvalidKey(_))), "{bad:?}");
+            assert!(
+                matches!(locks.try_lock(bad).await, Err(LockError::InvalidKey(_))),
+                "{bad:?}"
+            );
         }
     }
 
@@ -277,23 +353,44 @@ mod contract {
 #[tokio::test]
 async fn contract_in_process() {
     let long = Locks::from(MemoryLocks::new());
-    let short = Locks::from(MemoryLocks::builder().ttl(Duration::from_millis(300)).build().unwrap());
+    let short = Locks::from(
+        MemoryLocks::builder()
+            .ttl(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    );
     contract::all(&long, &short).await;
 }
 
 #[tokio::test]
 async fn contract_one_node() {
     let nodes = nodes(1);
-    let long = Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
-    let short = Locks::from(redlock(&nodes, Duration::from_millis(300), Duration::from_millis(100)).await);
+    let long =
+        Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
+    let short = Locks::from(
+        redlock(
+            &nodes,
+            Duration::from_millis(300),
+            Duration::from_millis(100),
+        )
+        .await,
+    );
     contract::all(&long, &short).await;
 }
 
 #[tokio::test]
 async fn contract_three_nodes() {
     let nodes = nodes(3);
-    let long = Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
-    let short = Locks::from(redlock(&nodes, Duration::from_millis(300), Duration::from_millis(100)).await);
+    let long =
+        Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
+    let short = Locks::from(
+        redlock(
+            &nodes,
+            Duration::from_millis(300),
+            Duration::from_millis(100),
+        )
+        .await,
+    );
     contract::all(&long, &short).await;
 }
 
@@ -307,26 +404,47 @@ async fn release_on_one_node_of_three_reports_expired() {
         let mut conn = node.conn().await;
         let () = conn.del(lease.key()).await.unwrap();
     }
-    assert!(matches!(r.unlock(lease).await, Err(LockError::Expired { taken_over: false })));
+    assert!(matches!(
+        r.unlock(lease).await,
+        Err(LockError::Expired { taken_over: false })
+    ));
 }
 
 #[tokio::test]
 async fn builder_rejects_bad_configuration() {
     let ok = ["redis://127.0.0.1:1"];
     let none: [&str; 0] = [];
-    assert!(matches!(Redlock::builder(none).build().await, Err(ConfigError::NoNodes)));
-    assert!(matches!(Redlock::builder(["not a url"]).build().await, Err(ConfigError::InvalidUrl { index: 0, .. })));
-    assert!(matches!(Redlock::builder(ok).ttl(Duration::ZERO).build().await, Err(ConfigError::InvalidTtl { .. })));
     assert!(matches!(
-        Redlock::builder(ok).ttl(Duration::from_millis(2)).build().await,
+        Redlock::builder(none).build().await,
+        Err(ConfigError::NoNodes)
+    ));
+    assert!(matches!(
+        Redlock::builder(["not a url"]).build().await,
+        Err(ConfigError::InvalidUrl { index: 0, .. })
+    ));
+    assert!(matches!(
+        Redlock::builder(ok).ttl(Duration::ZERO).build().await,
         Err(ConfigError::InvalidTtl { .. })
     ));
     assert!(matches!(
-        Redlock::builder(ok).ttl(Duration::from_secs(365 * 86400)).build().await,
+        Redlock::builder(ok)
+            .ttl(Duration::from_millis(2))
+            .build()
+            .await,
         Err(ConfigError::InvalidTtl { .. })
     ));
     assert!(matches!(
-        Redlock::builder(ok).node_timeout(Duration::from_secs(10)).build().await,
+        Redlock::builder(ok)
+            .ttl(Duration::from_secs(365 * 86400))
+            .build()
+            .await,
+        Err(ConfigError::InvalidTtl { .. })
+    ));
+    assert!(matches!(
+        Redlock::builder(ok)
+            .node_timeout(Duration::from_secs(10))
+            .build()
+            .await,
         Err(ConfigError::InvalidNodeTimeout { .. })
     ));
     assert!(matches!(
@@ -334,11 +452,23 @@ async fn builder_rejects_bad_configuration() {
         Err(ConfigError::InvalidDriftFactor(_))
     ));
     assert!(matches!(
-        Redlock::builder(ok).retry_delay(Duration::from_secs(2), Duration::from_secs(1)).build().await,
+        Redlock::builder(ok)
+            .retry_delay(Duration::from_secs(2), Duration::from_secs(1))
+            .build()
+            .await,
         Err(ConfigError::InvalidRetryDelay { .. })
     ));
-    assert!(matches!(Redlock::builder(ok).prefix("a\0").build().await, Err(ConfigError::InvalidPrefix(_))));
+    assert!(matches!(
+        Redlock::builder(ok).prefix("a\0").build().await,
+        Err(ConfigError::InvalidPrefix(_))
+    ));
     // A node that is down at start is not a configuration error.
-    let r = Redlock::builder(ok).build().await.expect("unreachable node is retried later");
-    assert!(matches!(r.try_lock("x").await, Err(LockError::NoQuorum { .. })));
+    let r = Redlock::builder(ok)
+        .build()
+        .await
+        .expect("unreachable node is retried later");
+    assert!(matches!(
+        r.try_lock("x").await,
+        Err(LockError::NoQuorum { .. })
+    ));
 }

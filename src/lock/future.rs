@@ -67,7 +67,9 @@ where
             State::Releasing { .. } => "Releasing",
             State::Rejected { .. } => "Rejected",
         };
-        f.debug_struct("ResponseFuture").field("state", &state).finish()
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -178,7 +180,8 @@ where
                     fail_open,
                 } => {
                     let result = ready!(acquire.as_mut().poll(cx));
-                    let (Some(mut service), Some(mut request)) = (service.take(), request.take()) else {
+                    let (Some(mut service), Some(mut request)) = (service.take(), request.take())
+                    else {
                         unreachable!("Acquiring is left once its service is taken");
                     };
                     let guard = match result {
@@ -186,7 +189,9 @@ where
                             request.extensions_mut().insert(lease.clone());
                             LeaseGuard::new(locks.clone(), lease)
                         }
-                        Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) if *fail_open => {
+                        Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. }))
+                            if *fail_open =>
+                        {
                             tracing::warn!(error = %e, "lock backend unavailable; running unlocked (fail open)");
                             LeaseGuard::none()
                         }
@@ -195,7 +200,9 @@ where
                                 tracing::warn!(error = %e, "lock backend unavailable; answering 503");
                             }
                             let problem = Problem::from_lock_error(&e, *taken_status);
-                            this.state.set(State::Rejected { problem: Some(problem) });
+                            this.state.set(State::Rejected {
+                                problem: Some(problem),
+                            });
                             continue;
                         }
                     };
@@ -226,7 +233,10 @@ where
                             });
                         }
                         Err(_) => {
-                            tracing::warn!(key = lease.key(), "no Tokio runtime to release the lock on; it expires by its TTL");
+                            tracing::warn!(
+                                key = lease.key(),
+                                "no Tokio runtime to release the lock on; it expires by its TTL"
+                            );
                             return Poll::Ready(output);
                         }
                     }

@@ -111,7 +111,10 @@ impl LockLayer<crate::key::PathParamKey> {
     /// parameter gets 400.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
         let key = crate::key::PathParamKey::new(name);
-        let detail = format!("The route has no path parameter `{}` to lock on.", key.name());
+        let detail = format!(
+            "The route has no path parameter `{}` to lock on.",
+            key.name()
+        );
         let mut layer = Self::new(key);
         layer.config.missing_detail = Cow::Owned(detail);
         layer

@@ -67,7 +67,12 @@ where
         let value = match config.extractor.extract(&mut parts) {
             Ok(Some(value)) => match validate_value(&value) {
                 Ok(()) => Some(value),
-                Err(e) => return ResponseFuture::rejected(Problem::from_lock_error(&e.into(), config.taken_status)),
+                Err(e) => {
+                    return ResponseFuture::rejected(Problem::from_lock_error(
+                        &e.into(),
+                        config.taken_status,
+                    ));
+                }
             },
             Ok(None) if config.required => {
                 return ResponseFuture::rejected(Problem::new(
@@ -76,7 +81,12 @@ where
                 ));
             }
             Ok(None) => None,
-            Err(e) => return ResponseFuture::rejected(Problem::from_lock_error(&e.into(), config.taken_status)),
+            Err(e) => {
+                return ResponseFuture::rejected(Problem::from_lock_error(
+                    &e.into(),
+                    config.taken_status,
+                ));
+            }
         };
         let resource = value.map(|value| {
             let scope = match &config.scope {

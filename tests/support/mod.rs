@@ -79,7 +79,8 @@ impl RedisNode {
     }
 
     fn answers_ping(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)) else {
+        let Ok(mut stream) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200))
+        else {
             return false;
         };
         let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
@@ -156,7 +157,9 @@ impl Drop for RedisNode {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_ref() {
             // A paused process must be thawed to die cleanly.
-            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
         }
         self.kill();
     }
@@ -177,9 +180,12 @@ pub async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .await
-            .unwrap();
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
     });
     format!("http://{addr}")
 }
@@ -187,7 +193,12 @@ pub async fn serve(app: axum::Router) -> String {
 /// Whether `key` exists on the node.
 pub async fn exists(node: &RedisNode, key: &str) -> bool {
     let mut conn = node.conn().await;
-    redis::cmd("EXISTS").arg(key).query_async::<i64>(&mut conn).await.unwrap() == 1
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(&mut conn)
+        .await
+        .unwrap()
+        == 1
 }
 
 /// Polls `check` every 10 ms until it holds or `within` passes; returns whether it held.
