@@ -56,6 +56,12 @@ pub enum LockError {
         taken_over: bool,
     },
 
+    /// The lease was lost while the protected work ran: a renewal found the token gone,
+    /// or the validity ended without a successful renewal. The work was stopped at that
+    /// moment (never polled again); what it did before stays done.
+    #[error("the lease was lost while the work ran; the work was stopped")]
+    Lost,
+
     /// The key cannot be used; see [`KeyError`].
     #[error(transparent)]
     InvalidKey(#[from] KeyError),

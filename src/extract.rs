@@ -14,6 +14,7 @@ use crate::key::validate_value;
 use crate::lease::Lease;
 use crate::locks::Locks;
 use crate::problem::Problem;
+use crate::watchdog::{LeaseStatus, Renewal, Watchdog};
 
 /// Turns an extracted value into a lock key.
 ///
@@ -60,6 +61,11 @@ impl<T: LockKey> LockKey for Path<T> {
 /// `Locked` value is dropped (in the background, with the TTL as the backstop), or
 /// earlier with [`release`](Locked::release). Read the value through `Deref`.
 ///
+/// While held, the lease is renewed in the background (every TTL/3, for at most
+/// 10 × TTL). An extractor cannot stop the handler that holds it, so the lock-loss
+/// guarantee covers work run through [`protect`](Locked::protect); check
+/// [`status`](Locked::status) before irreversible steps otherwise.
+///
 /// When a [`LockLayer`](crate::LockLayer) already holds the same key for this request,
 /// the extractor reuses that lease (the layer releases it) instead of locking against
 /// itself.
@@ -95,14 +101,60 @@ impl<T: LockKey> LockKey for Path<T> {
 pub struct Locked<T> {
     value: Option<T>,
     lease: Lease,
+    status: Option<LeaseStatus>,
     /// Set when this extractor took the lease itself and so must release it.
-    owner: Option<Locks>,
+    owner: Option<Owned>,
+}
+
+/// A lease this extractor acquired: its backend and the task that renews it.
+struct Owned {
+    locks: Locks,
+    renewer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Owned {
+    fn stop(mut self) -> Locks {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+        self.locks
+    }
 }
 
 impl<T> Locked<T> {
-    /// The lease held (key, token, validity).
+    /// The lease held (key, token, fencing token), as acquired; its validity at
+    /// acquisition. [`status`](Self::status) follows the renewals.
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// The live status of the lease: the validity as renewals move it, and whether it was
+    /// lost. `None` only for a lease reused from a layer that put no status in the request.
+    pub fn status(&self) -> Option<&LeaseStatus> {
+        self.status.as_ref()
+    }
+
+    /// Runs `work`, never polling it once the lease is lost: the extractor renews the lease
+    /// in the background (every TTL/3, for at most 10 × TTL), but cannot stop the handler
+    /// by itself; work wrapped here stops at its next `.await` after a loss.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Lost`] when the lease was lost (or released) before `work` completed.
+    pub async fn protect<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
+        let Some(status) = self.status.clone() else {
+            return Ok(work.await);
+        };
+        let lost = status.lost();
+        let mut work = std::pin::pin!(work);
+        let mut lost = std::pin::pin!(lost);
+        std::future::poll_fn(|cx| {
+            if lost.as_mut().poll(cx).is_ready() || status.is_lost() {
+                return std::task::Poll::Ready(Err(LockError::Lost));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        })
+        .await
     }
 
     /// Releases the lock now and hands back the value. A lease reused from a
@@ -119,8 +171,8 @@ impl<T> Locked<T> {
             .value
             .take()
             .expect("value present until release or drop");
-        if let Some(locks) = self.owner.take() {
-            locks.unlock(self.lease.clone()).await?;
+        if let Some(owned) = self.owner.take() {
+            owned.stop().unlock(self.lease.clone()).await?;
         }
         Ok(value)
     }
@@ -138,8 +190,8 @@ impl<T> Deref for Locked<T> {
 
 impl<T> Drop for Locked<T> {
     fn drop(&mut self) {
-        if let Some(locks) = self.owner.take() {
-            locks.release_detached(self.lease.clone());
+        if let Some(owned) = self.owner.take() {
+            owned.stop().release_detached(self.lease.clone());
         }
     }
 }
@@ -178,16 +230,28 @@ where
                 return Ok(Locked {
                     value: Some(value),
                     lease: lease.clone(),
+                    status: parts.extensions.get::<LeaseStatus>().cloned(),
                     owner: None,
                 });
             }
         }
         match locks.try_lock(&resource).await {
-            Ok(lease) => Ok(Locked {
-                value: Some(value),
-                lease,
-                owner: Some(locks),
-            }),
+            Ok(lease) => {
+                let mut watchdog = Watchdog::new(locks.clone(), lease.clone(), Renewal::default());
+                let status = watchdog.status();
+                let renewer = tokio::spawn(async move {
+                    std::future::poll_fn(|cx| watchdog.poll_lost(cx)).await;
+                });
+                Ok(Locked {
+                    value: Some(value),
+                    lease,
+                    status: Some(status),
+                    owner: Some(Owned {
+                        locks,
+                        renewer: Some(renewer),
+                    }),
+                })
+            }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                     tracing::warn!(error = %e, "lock backend unavailable; answering 503");

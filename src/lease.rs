@@ -70,6 +70,7 @@ pub struct Lease {
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
+    pub(crate) fencing_token: Option<u64>,
 }
 
 impl Lease {
@@ -91,6 +92,19 @@ impl Lease {
     /// The instant the validity ends (monotonic clock).
     pub fn valid_until(&self) -> Instant {
         self.valid_until
+    }
+
+    /// The fencing token of this acquisition: strictly greater than the token of every
+    /// earlier acquisition of the same key, so storage that remembers the highest token it
+    /// has seen can refuse writes from a holder whose lease ran out (Martin Kleppmann,
+    /// "How to do distributed locking").
+    ///
+    /// Always present with [`MemoryLocks`](crate::MemoryLocks); with
+    /// [`Redlock`](crate::Redlock) when built with
+    /// [`fencing_tokens(true)`](crate::RedlockBuilder::fencing_tokens), else `None`. See
+    /// that method for the argument and its assumptions.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 
     /// The validity left now; zero once it has ended.

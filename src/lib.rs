@@ -12,6 +12,7 @@ mod memory;
 pub mod policy;
 pub mod problem;
 mod redlock;
+mod watchdog;
 
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 #[cfg(feature = "axum")]
@@ -22,3 +23,4 @@ pub use locks::Locks;
 pub use memory::{MemoryLocks, MemoryLocksBuilder};
 pub use problem::Problem;
 pub use redlock::{Redlock, RedlockBuilder};
+pub use watchdog::{LeaseStatus, OnLockLoss, Renewal};

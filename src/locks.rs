@@ -3,10 +3,13 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use std::future::Future;
+
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::memory::MemoryLocks;
 use crate::redlock::Redlock;
+use crate::watchdog::{LeaseStatus, Protected, Renewal, Watchdog};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -113,6 +116,60 @@ impl Locks {
         }
     }
 
+    /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
+    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
+    /// end. `work` gets a [`LeaseStatus`] to check the validity or await loss.
+    ///
+    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
+    /// found the token gone, or the validity ended without a successful renewal); it is
+    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
+    /// releases the lease in the background.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{Locks, Renewal};
+    ///
+    /// let locks = Locks::default();
+    /// let rows = locks
+    ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
+    ///         // ... long work; status.remaining() says how much validity is left ...
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The acquisition's error ([`LockError::Taken`] after the retries,
+    /// [`LockError::NoQuorum`], ...), or [`LockError::Lost`] when the lease was lost
+    /// while `work` ran.
+    pub async fn with_lock<F, Fut>(
+        &self,
+        resource: &str,
+        renewal: Renewal,
+        work: F,
+    ) -> Result<Fut::Output, LockError>
+    where
+        F: FnOnce(LeaseStatus) -> Fut,
+        Fut: Future,
+    {
+        let lease = self.lock(resource).await?;
+        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
+        let watchdog = Watchdog::new(self.clone(), lease, renewal);
+        let status = watchdog.status();
+        let result = Protected::new(work(status), watchdog).await;
+        if let Some((locks, lease)) = guard.take() {
+            if let Err(e) = locks.unlock(lease).await {
+                if result.is_ok() {
+                    tracing::warn!(error = %e, "releasing the lease after the work failed");
+                }
+            }
+        }
+        result
+    }
+
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {
@@ -139,6 +196,36 @@ impl Locks {
             Backend::Memory(m) => {
                 let _ = m.unlock(lease);
             }
+        }
+    }
+}
+
+/// Holds a lease; releases it in the background if dropped
+/// still holding it.
+pub(crate) struct LeaseGuard {
+    held: Option<(Locks, Lease)>,
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(locks: Locks, lease: Lease) -> Self {
+        Self {
+            held: Some((locks, lease)),
+        }
+    }
+
+    pub(crate) fn none() -> Self {
+        Self { held: None }
+    }
+
+    pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {
+        self.held.take()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Some((locks, lease)) = self.held.take() {
+            locks.release_detached(lease);
         }
     }
 }

@@ -44,6 +44,8 @@ struct State {
     held: HashMap<Arc<str>, Held>,
     /// Expired entries are swept when the map grows past this size.
     sweep_at: usize,
+    /// The last fencing token issued, for any key.
+    fence: u64,
 }
 
 struct Held {
@@ -110,6 +112,7 @@ impl MemoryLocks {
                 state: Mutex::new(State {
                     held: HashMap::new(),
                     sweep_at: MIN_SWEEP,
+                    fence: 0,
                 }),
             }),
         }
@@ -164,11 +167,13 @@ impl MemoryLocks {
             }
             state.held.insert(key.clone(), Held { token, expires_at });
         }
+        state.fence = state.fence.saturating_add(1);
         Ok(Lease {
             key,
             token,
             ttl,
             valid_until: expires_at,
+            fencing_token: Some(state.fence),
         })
     }
 

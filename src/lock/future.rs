@@ -2,17 +2,19 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::layer::Config;
+use super::layer::{Config, Settings};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::locks::Locks;
+use crate::locks::{LeaseGuard, Locks};
 use crate::problem::Problem;
+use crate::watchdog::{OnLockLoss, Watchdog};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -38,13 +40,14 @@ pin_project! {
             service: Option<S>,
             request: Option<Request<ReqB>>,
             locks: Locks,
-            taken_status: StatusCode,
-            fail_open: bool,
+            settings: Settings,
         },
         Running {
             #[pin]
             future: S::Future,
             guard: LeaseGuard,
+            watchdog: Option<Watchdog>,
+            on_loss: OnLockLoss,
         },
         Releasing {
             release: tokio::task::JoinHandle<()>,
@@ -73,33 +76,39 @@ where
     }
 }
 
-/// Holds the lease while the inner future runs; releases it in the background if dropped
-/// still holding it.
-pub(crate) struct LeaseGuard {
-    held: Option<(Locks, Lease)>,
+fn lock_lost() -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The lock was lost while the request ran, so its work was stopped; retry the request.",
+    )
+    .retry_after(Duration::from_secs(1))
 }
 
-impl LeaseGuard {
-    pub(crate) fn new(locks: Locks, lease: Lease) -> Self {
-        Self {
-            held: Some((locks, lease)),
-        }
+/// Puts the lease, its live status and (if asked) the fencing token header on the request,
+/// calls the service, and watches the lease.
+fn run<S, ReqB>(
+    mut service: S,
+    mut request: Request<ReqB>,
+    locks: Locks,
+    lease: Lease,
+    settings: &Settings,
+) -> State<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    let watchdog = Watchdog::new(locks.clone(), lease.clone(), settings.renewal);
+    if let (Some(name), Some(token)) = (&settings.fencing_header, lease.fencing_token()) {
+        request
+            .headers_mut()
+            .insert(name.clone(), HeaderValue::from(token));
     }
-
-    pub(crate) fn none() -> Self {
-        Self { held: None }
-    }
-
-    pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {
-        self.held.take()
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if let Some((locks, lease)) = self.held.take() {
-            locks.release_detached(lease);
-        }
+    request.extensions_mut().insert(watchdog.status());
+    request.extensions_mut().insert(lease.clone());
+    State::Running {
+        future: service.call(request),
+        guard: LeaseGuard::new(locks, lease),
+        watchdog: Some(watchdog),
+        on_loss: settings.on_loss,
     }
 }
 
@@ -120,30 +129,28 @@ where
             state: State::Running {
                 future: service.call(request),
                 guard: LeaseGuard::none(),
+                watchdog: None,
+                on_loss: OnLockLoss::Continue,
             },
         }
     }
 
     pub(crate) fn acquire<K>(
-        mut service: S,
-        mut request: Request<ReqB>,
+        service: S,
+        request: Request<ReqB>,
         resource: String,
         config: &Config<K>,
     ) -> Self {
         let locks = config.locks.clone();
         if let Some(memory) = locks.as_memory() {
-            // The in-process backend answers at once: no task, no allocation for a future.
+            // The in-process backend answers at once: no task, no boxed future.
             return match memory.try_lock(&resource) {
-                Ok(lease) => {
-                    request.extensions_mut().insert(lease.clone());
-                    Self {
-                        state: State::Running {
-                            future: service.call(request),
-                            guard: LeaseGuard::new(locks, lease),
-                        },
-                    }
+                Ok(lease) => Self {
+                    state: run(service, request, locks, lease, &config.settings),
+                },
+                Err(e) => {
+                    Self::rejected(Problem::from_lock_error(&e, config.settings.taken_status))
                 }
-                Err(e) => Self::rejected(Problem::from_lock_error(&e, config.taken_status)),
             };
         }
         let acquire_with = locks.clone();
@@ -153,8 +160,7 @@ where
                 service: Some(service),
                 request: Some(request),
                 locks,
-                taken_status: config.taken_status,
-                fail_open: config.fail_open,
+                settings: config.settings.clone(),
             },
         }
     }
@@ -176,41 +182,66 @@ where
                     service,
                     request,
                     locks,
-                    taken_status,
-                    fail_open,
+                    settings,
                 } => {
                     let result = ready!(acquire.as_mut().poll(cx));
-                    let (Some(mut service), Some(mut request)) = (service.take(), request.take())
+                    let (Some(mut service), Some(request)) = (service.take(), request.take())
                     else {
                         unreachable!("Acquiring is left once its service is taken");
                     };
-                    let guard = match result {
-                        Ok(lease) => {
-                            request.extensions_mut().insert(lease.clone());
-                            LeaseGuard::new(locks.clone(), lease)
-                        }
+                    let next = match result {
+                        Ok(lease) => run(service, request, locks.clone(), lease, settings),
                         Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. }))
-                            if *fail_open =>
+                            if settings.fail_open =>
                         {
                             tracing::warn!(error = %e, "lock backend unavailable; running unlocked (fail open)");
-                            LeaseGuard::none()
+                            State::Running {
+                                future: service.call(request),
+                                guard: LeaseGuard::none(),
+                                watchdog: None,
+                                on_loss: OnLockLoss::Continue,
+                            }
                         }
                         Err(e) => {
                             if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                                 tracing::warn!(error = %e, "lock backend unavailable; answering 503");
                             }
-                            let problem = Problem::from_lock_error(&e, *taken_status);
-                            this.state.set(State::Rejected {
-                                problem: Some(problem),
-                            });
-                            continue;
+                            State::Rejected {
+                                problem: Some(Problem::from_lock_error(&e, settings.taken_status)),
+                            }
                         }
                     };
-                    let future = service.call(request);
-                    this.state.set(State::Running { future, guard });
+                    this.state.set(next);
                 }
-                StateProj::Running { future, guard } => {
+                StateProj::Running {
+                    future,
+                    guard,
+                    watchdog,
+                    on_loss,
+                } => {
+                    if let Some(dog) = watchdog.as_mut() {
+                        // Checked before every poll of the inner future: once the lease is
+                        // lost, the inner future is not polled again under Abort.
+                        if dog.poll_lost(cx).is_ready() || !dog.is_valid() {
+                            *watchdog = None;
+                            match on_loss {
+                                OnLockLoss::Abort => {
+                                    // Dropping the guard releases whatever is left.
+                                    this.state.set(State::Rejected {
+                                        problem: Some(lock_lost()),
+                                    });
+                                    continue;
+                                }
+                                OnLockLoss::Continue => {
+                                    tracing::warn!(
+                                        "lease lost; the request runs on unprotected (OnLockLoss::Continue)"
+                                    );
+                                }
+                            }
+                        }
+                    }
                     let output = ready!(future.poll(cx));
+                    *watchdog = None;
                     let Some((locks, lease)) = guard.take() else {
                         return Poll::Ready(output);
                     };

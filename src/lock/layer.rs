@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use super::service::Lock;
 use crate::key::{FnKey, HeaderKey, KeyExtractor};
 use crate::locks::Locks;
+use crate::watchdog::{OnLockLoss, Renewal};
 
 /// A [`Layer`] that locks each request on a key taken from it; see the
 /// [module docs](crate::lock).
@@ -30,10 +31,19 @@ pub(crate) struct Config<K> {
     pub(crate) extractor: Arc<K>,
     pub(crate) locks: Locks,
     pub(crate) scope: Option<Arc<str>>,
-    pub(crate) taken_status: StatusCode,
     pub(crate) required: bool,
-    pub(crate) fail_open: bool,
     pub(crate) missing_detail: Cow<'static, str>,
+    pub(crate) settings: Settings,
+}
+
+/// What the response future needs to know after the key is found.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) taken_status: StatusCode,
+    pub(crate) fail_open: bool,
+    pub(crate) renewal: Renewal,
+    pub(crate) on_loss: OnLockLoss,
+    pub(crate) fencing_header: Option<HeaderName>,
 }
 
 impl<K> Clone for Config<K> {
@@ -42,10 +52,9 @@ impl<K> Clone for Config<K> {
             extractor: self.extractor.clone(),
             locks: self.locks.clone(),
             scope: self.scope.clone(),
-            taken_status: self.taken_status,
             required: self.required,
-            fail_open: self.fail_open,
             missing_detail: self.missing_detail.clone(),
+            settings: self.settings.clone(),
         }
     }
 }
@@ -70,9 +79,8 @@ impl<K: fmt::Debug> fmt::Debug for Config<K> {
             .field("extractor", &self.extractor)
             .field("locks", &self.locks)
             .field("scope", &self.scope)
-            .field("taken_status", &self.taken_status)
             .field("required", &self.required)
-            .field("fail_open", &self.fail_open)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -93,7 +101,7 @@ impl LockLayer<HeaderKey> {
             .unwrap_or_else(|e| panic!("invalid header name {:?}: {e}", name.as_ref()));
         let detail = format!("This endpoint requires a non-empty {name} header.");
         let mut layer = Self::new(HeaderKey::new(name));
-        layer.config.taken_status = StatusCode::CONFLICT;
+        layer.config.settings.taken_status = StatusCode::CONFLICT;
         layer.config.missing_detail = Cow::Owned(detail);
         layer
     }
@@ -151,10 +159,15 @@ impl<K: KeyExtractor> LockLayer<K> {
                 extractor: Arc::new(extractor),
                 locks: Locks::default(),
                 scope: None,
-                taken_status: StatusCode::LOCKED,
                 required: true,
-                fail_open: false,
                 missing_detail: Cow::Borrowed("The request carries no lock key."),
+                settings: Settings {
+                    taken_status: StatusCode::LOCKED,
+                    fail_open: false,
+                    renewal: Renewal::default(),
+                    on_loss: OnLockLoss::default(),
+                    fencing_header: None,
+                },
             },
         }
     }
@@ -183,7 +196,7 @@ impl<K> LockLayer<K> {
     /// `by_header` (a request with that key is in flight), 423 Locked otherwise.
     #[must_use]
     pub fn taken_status(mut self, status: StatusCode) -> Self {
-        self.config.taken_status = status;
+        self.config.settings.taken_status = status;
         self
     }
 
@@ -201,7 +214,42 @@ impl<K> LockLayer<K> {
     /// [`Lease`](crate::Lease) in its request extensions.
     #[must_use]
     pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.config.fail_open = fail_open;
+        self.config.settings.fail_open = fail_open;
+        self
+    }
+
+    /// How the lease is renewed while the inner service runs. Default: every TTL/3, for
+    /// at most 10 × TTL in all ([`Renewal::default`]); [`Renewal::disabled`] lets the
+    /// lease run out after one TTL.
+    #[must_use]
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.config.settings.renewal = renewal;
+        self
+    }
+
+    /// What happens when the lease is lost while the inner service runs. Default
+    /// [`OnLockLoss::Abort`]: the inner future is dropped, never polled past the lease's
+    /// validity, and the client gets 503.
+    #[must_use]
+    pub fn on_lock_loss(mut self, on_loss: OnLockLoss) -> Self {
+        self.config.settings.on_loss = on_loss;
+        self
+    }
+
+    /// Sends the lease's fencing token to the inner service in this request header (for
+    /// example `Fencing-Token`), so that it can pass the token on to storage that rejects
+    /// stale writers. Default: not sent (the token is always in the
+    /// [`Lease`](crate::Lease) in the request extensions, when the backend issues one:
+    /// see [`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens)).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name.
+    #[must_use]
+    pub fn fencing_header(mut self, name: impl AsRef<str>) -> Self {
+        let header = HeaderName::try_from(name.as_ref())
+            .unwrap_or_else(|e| panic!("invalid header name {:?}: {e}", name.as_ref()));
+        self.config.settings.fencing_header = Some(header);
         self
     }
 }

@@ -70,7 +70,7 @@ where
                 Err(e) => {
                     return ResponseFuture::rejected(Problem::from_lock_error(
                         &e.into(),
-                        config.taken_status,
+                        config.settings.taken_status,
                     ));
                 }
             },
@@ -84,7 +84,7 @@ where
             Err(e) => {
                 return ResponseFuture::rejected(Problem::from_lock_error(
                     &e.into(),
-                    config.taken_status,
+                    config.settings.taken_status,
                 ));
             }
         };

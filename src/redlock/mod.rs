@@ -66,6 +66,7 @@ pub struct Redlock {
 
 struct Inner {
     nodes: Vec<Node>,
+    fence_key: Option<Arc<str>>,
     quorum: usize,
     node_timeout: Duration,
     drift: Duration,
@@ -105,8 +106,12 @@ pub struct RedlockBuilder {
     nodes: Vec<Result<Client, ConfigError>>,
     node_timeout: Option<Duration>,
     drift_factor: f64,
+    fencing: bool,
     policy: Policy,
 }
+
+/// The resource name of the fencing counter, under the prefix.
+const FENCE_RESOURCE: &str = "fencing-counter";
 
 impl Redlock {
     /// Starts a builder from Redis URLs (`redis://[:password@]host:port[/db]`), one per
@@ -283,42 +288,79 @@ impl Redlock {
             armed: true,
         };
         let ttl_ms = self.inner.policy.ttl_ms();
+        let fence_key = self.inner.fence_key.as_ref();
         let results = self
             .on_all_nodes(|mut conn| {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(&*key)
-                    .arg(token.as_bytes())
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms);
-                async move { cmd.query_async::<Value>(&mut conn).await }
+                let key = key.clone();
+                async move {
+                    match fence_key {
+                        Some(fence_key) => {
+                            let counter: i64 = scripts::ACQUIRE_FENCED
+                                .key(&*key)
+                                .key(&**fence_key)
+                                .arg(token.as_bytes())
+                                .arg(ttl_ms)
+                                .invoke_async(&mut conn)
+                                .await?;
+                            Ok(u64::try_from(counter).ok())
+                        }
+                        None => {
+                            let mut cmd = redis::cmd("SET");
+                            cmd.arg(&*key)
+                                .arg(token.as_bytes())
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(ttl_ms);
+                            let reply = cmd.query_async::<Value>(&mut conn).await?;
+                            Ok(matches!(reply, Value::Okay).then_some(0))
+                        }
+                    }
+                }
             })
             .await;
-        let elapsed = start.elapsed();
         let mut acquired = 0;
+        let mut highest_counter = 0u64;
         let mut failures = Vec::new();
         for (node, result) in self.inner.nodes.iter().zip(results) {
             match result {
-                Ok(Value::Okay) => acquired += 1,
-                Ok(_) => {}
+                Ok(Some(counter)) => {
+                    acquired += 1;
+                    highest_counter = highest_counter.max(counter);
+                }
+                Ok(None) => {}
                 Err(reason) => failures.push(node.failure(reason)),
             }
         }
         if acquired >= self.inner.quorum {
-            if let Some(validity) = self.validity(elapsed) {
-                guard.armed = false;
-                return Ok(Lease {
-                    key: key.clone(),
-                    token,
-                    ttl: self.inner.policy.ttl,
-                    valid_until: start + validity,
-                });
+            let fencing_token = match fence_key {
+                Some(fence_key) => {
+                    self.raise_fence(&key, token, fence_key, highest_counter)
+                        .await
+                }
+                None => Ok(None),
+            };
+            let elapsed = start.elapsed();
+            match (fencing_token, self.validity(elapsed)) {
+                (Ok(fencing_token), Some(validity)) => {
+                    guard.armed = false;
+                    return Ok(Lease {
+                        key: key.clone(),
+                        token,
+                        ttl: self.inner.policy.ttl,
+                        valid_until: start + validity,
+                        fencing_token,
+                    });
+                }
+                (Err(fence_failures), _) => failures = fence_failures,
+                (Ok(_), None) => {}
             }
         }
         guard.armed = false;
         let outcomes = self.release_all(&key, token).await;
         if acquired >= self.inner.quorum {
-            return Err(LockError::TooSlow { elapsed });
+            return Err(self.no_quorum(failures).unwrap_or(LockError::TooSlow {
+                elapsed: start.elapsed(),
+            }));
         }
         if let Some(no_quorum) = self.no_quorum(failures) {
             return Err(no_quorum);
@@ -326,6 +368,48 @@ impl Redlock {
         Err(LockError::Taken {
             retry_after: self.retry_after(&outcomes),
         })
+    }
+
+    /// The second round of a fenced acquisition: the token is one above the highest counter
+    /// the acquiring nodes returned, written back to every node where we hold the key.
+    /// Succeeds with a quorum of writes.
+    async fn raise_fence(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        fence_key: &Arc<str>,
+        highest_counter: u64,
+    ) -> Result<Option<u64>, Vec<NodeFailure>> {
+        let fencing_token = highest_counter.saturating_add(1);
+        let results = self
+            .on_all_nodes(|mut conn| {
+                let key = key.clone();
+                let fence_key = fence_key.clone();
+                async move {
+                    scripts::FENCE
+                        .key(&*key)
+                        .key(&*fence_key)
+                        .arg(token.as_bytes())
+                        .arg(fencing_token)
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            })
+            .await;
+        let mut written = 0;
+        let mut failures = Vec::new();
+        for (node, result) in self.inner.nodes.iter().zip(results) {
+            match result {
+                Ok(1) => written += 1,
+                Ok(_) => {}
+                Err(reason) => failures.push(node.failure(reason)),
+            }
+        }
+        if written >= self.inner.quorum {
+            Ok(Some(fencing_token))
+        } else {
+            Err(failures)
+        }
     }
 
     /// How long until enough holders' keys expire for a quorum to be free.
@@ -471,6 +555,7 @@ impl RedlockBuilder {
             nodes,
             node_timeout: None,
             drift_factor: DEFAULT_DRIFT_FACTOR,
+            fencing: false,
             policy: Policy::default(),
         }
     }
@@ -493,6 +578,33 @@ impl RedlockBuilder {
     /// finite number in `[0, 0.5)`.
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
+        self
+    }
+
+    /// Issue a fencing token with every acquisition ([`Lease::fencing_token`]). Default
+    /// off: it costs one more round trip per acquisition.
+    ///
+    /// Each node keeps one counter, `{prefix}fencing-counter` (a reserved key name). An
+    /// acquisition reads the counter on every node atomically with its `SET NX`, takes
+    /// one above the highest value seen, and writes it back (raising, never lowering) on
+    /// every node where it holds the key, requiring a quorum of those writes before it
+    /// succeeds.
+    ///
+    /// Why the token is monotonic across quorums, not just per node: a later acquisition
+    /// of the same key succeeds on a quorum, and any two quorums share a node. On that
+    /// shared node the later `SET NX` succeeded only after the earlier holder's key was
+    /// gone, hence after the earlier holder's write-back there (which ran while its key
+    /// held its token). So the later acquisition reads at least the earlier token and
+    /// issues a strictly greater one, even if its quorum misses the node that holds the
+    /// highest counter.
+    ///
+    /// Assumptions: nodes keep their data. A node restarted empty forgets its counter;
+    /// while every other node of a later quorum took part in the earlier write-back the
+    /// order still holds, but a restart combined with other failures can issue a smaller
+    /// token. Run the nodes with persistence (`appendonly yes`, `appendfsync always`) where
+    /// fencing matters. Tokens are exact up to 2^53 (Lua numbers).
+    pub fn fencing_tokens(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
         self
     }
 
@@ -554,6 +666,9 @@ impl RedlockBuilder {
         let redlock = Redlock {
             inner: Arc::new(Inner {
                 nodes,
+                fence_key: self
+                    .fencing
+                    .then(|| Arc::from(format!("{}{FENCE_RESOURCE}", self.policy.prefix))),
                 quorum,
                 node_timeout,
                 drift,

@@ -42,3 +42,33 @@ return -1
 ",
     )
 });
+
+/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
+/// stands (0 when unset), read atomically with the SET. Returns -1 when the key is held.
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+return -1
+",
+    )
+});
+
+/// Raises the fencing counter KEYS[2] to ARGV[2] while KEYS[1] holds our token ARGV[1].
+/// Returns 1 when done (or already higher), 0 when the key does not hold our token.
+pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+",
+    )
+});

@@ -113,6 +113,9 @@ impl RedisNode {
 
     /// Starts the node again on the same port, empty.
     pub fn restart(&mut self) {
+        if self.child.is_some() {
+            self.resume_if_paused();
+        }
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -131,6 +134,14 @@ impl RedisNode {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    fn resume_if_paused(&self) {
+        if let Some(child) = self.child.as_ref() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
     }
 
     /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
@@ -163,6 +174,11 @@ impl Drop for RedisNode {
         }
         self.kill();
     }
+}
+
+/// Whether the node's process is running and answers PING.
+pub fn answers(node: &RedisNode) -> bool {
+    node.child.is_some() && node.answers_ping()
 }
 
 /// Starts `n` independent nodes.

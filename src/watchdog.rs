@@ -1,0 +1,328 @@
+//! The lease lifecycle: renewal while work runs, and loss detection.
+//!
+//! A [`Watchdog`] extends a lease every `renew_every` (default TTL/3) while the protected
+//! work runs, up to `max_hold` in all (default 10 × TTL), and reports the lease lost the
+//! moment a renewal finds the token gone, or when the validity runs out without a
+//! successful renewal. Renewal uses the token-checked extend script, which can move the
+//! expiry of a key that still holds our token but never create one, so a renewal racing
+//! a release can never resurrect the lock.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::time::Sleep;
+
+use crate::error::LockError;
+use crate::lease::Lease;
+use crate::locks::Locks;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What the [`LockLayer`](crate::LockLayer) does when the lease is lost while the inner
+/// service runs (a renewal found the token gone, or the validity ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLockLoss {
+    /// Drop the inner future at once, so it is never polled past the lease's validity,
+    /// and answer **503** with a problem+json body saying the lock was lost. The default:
+    /// work that is no longer exclusive stops at its next `.await`. Whatever it did
+    /// before stays done; make the steps idempotent or fence them (see
+    /// [`Lease::fencing_token`]).
+    #[default]
+    Abort,
+    /// Let the inner future run on unprotected. The loss is flagged in the
+    /// [`LeaseStatus`] (in the request extensions) and logged; the response is the inner
+    /// service's. Use it when stopping half-way is worse than running unprotected.
+    Continue,
+}
+
+/// How a held lease is renewed while the protected work runs (the "watchdog").
+///
+/// The default renews every TTL/3 and stops renewing after 10 × TTL in all, so that a
+/// stuck handler cannot hold a key forever: the lease then runs out and is treated as
+/// lost.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redlock::Renewal;
+///
+/// let renewal = Renewal::default()
+///     .every(Duration::from_secs(2))
+///     .max_hold(Duration::from_secs(120));
+/// let none = Renewal::disabled();
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal {
+    enabled: bool,
+    every: Option<Duration>,
+    max_hold: Option<Duration>,
+}
+
+impl Default for Renewal {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            every: None,
+            max_hold: None,
+        }
+    }
+}
+
+impl Renewal {
+    /// No renewal: the lease lives one TTL from acquisition (it is still reported lost
+    /// when its validity ends).
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            every: None,
+            max_hold: None,
+        }
+    }
+
+    /// Renew this often. Default: a third of the TTL. It must leave time for the extension
+    /// round trip before the validity ends; zero disables renewal.
+    #[must_use]
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = Some(every);
+        self
+    }
+
+    /// Stop renewing this long after acquisition. Default: 10 × TTL.
+    #[must_use]
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// `(every, max_hold)` for a lease of `ttl`; `every` is `None` when renewal is off.
+    pub(crate) fn resolve(&self, ttl: Duration) -> (Option<Duration>, Duration) {
+        let every = self.every.unwrap_or(ttl / 3);
+        let every = (self.enabled && !every.is_zero()).then_some(every);
+        let max_hold = self.max_hold.unwrap_or(ttl.saturating_mul(10));
+        (every, max_hold)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    valid_until: Instant,
+    lost: bool,
+}
+
+/// A live view of a held lease: its current validity (moved by each renewal) and whether
+/// it was lost. Cloning is cheap; all clones see the same lease.
+///
+/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions; [`Locked`]
+/// and [`Locks::with_lock`] hand one out.
+///
+/// [`Locked`]: crate::Locked
+#[derive(Clone)]
+pub struct LeaseStatus {
+    rx: watch::Receiver<State>,
+}
+
+impl fmt::Debug for LeaseStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = *self.rx.borrow();
+        f.debug_struct("LeaseStatus")
+            .field("valid_until", &state.valid_until)
+            .field("lost", &state.lost)
+            .finish()
+    }
+}
+
+impl LeaseStatus {
+    /// The instant the validity ends now (monotonic clock); each renewal moves it.
+    pub fn valid_until(&self) -> Instant {
+        self.rx.borrow().valid_until
+    }
+
+    /// The validity left; zero once it has ended.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lease was lost: a renewal found the token gone, or the validity ended.
+    pub fn is_lost(&self) -> bool {
+        let state = *self.rx.borrow();
+        state.lost || Instant::now() >= state.valid_until
+    }
+
+    /// Resolves when the lease is lost, or when the holder released it (the watchdog is
+    /// gone); use [`is_lost`](Self::is_lost) to tell which.
+    pub async fn lost(&self) {
+        let mut rx = self.rx.clone();
+        loop {
+            let state = *rx.borrow_and_update();
+            if state.lost {
+                return;
+            }
+            let deadline = tokio::time::sleep_until(state.valid_until.into());
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                () = deadline => {
+                    if Instant::now() >= rx.borrow().valid_until {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Renews a lease while it is polled, and says when it is lost.
+pub(crate) struct Watchdog {
+    locks: Locks,
+    lease: Lease,
+    every: Option<Duration>,
+    stop_renewing_at: Option<Instant>,
+    next_renewal: Instant,
+    extending: Option<BoxFuture<Result<Lease, LockError>>>,
+    timer: Option<Pin<Box<Sleep>>>,
+    status: watch::Sender<State>,
+    lost: bool,
+}
+
+impl fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("key", &self.lease.key())
+            .field("every", &self.every)
+            .field("lost", &self.lost)
+            .finish()
+    }
+}
+
+impl Watchdog {
+    pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
+        let (every, max_hold) = renewal.resolve(lease.ttl());
+        let now = Instant::now();
+        let (status, _) = watch::channel(State {
+            valid_until: lease.valid_until(),
+            lost: false,
+        });
+        Self {
+            next_renewal: every.map_or(now, |every| now + every),
+            stop_renewing_at: now.checked_add(max_hold),
+            locks,
+            lease,
+            every,
+            extending: None,
+            timer: None,
+            status,
+            lost: false,
+        }
+    }
+
+    pub(crate) fn status(&self) -> LeaseStatus {
+        LeaseStatus {
+            rx: self.status.subscribe(),
+        }
+    }
+
+    /// Whether the validity is still running, checked on the clock now.
+    pub(crate) fn is_valid(&self) -> bool {
+        !self.lost && Instant::now() < self.lease.valid_until()
+    }
+
+    fn mark_lost(&mut self) -> Poll<()> {
+        self.lost = true;
+        self.extending = None;
+        self.timer = None;
+        self.status.send_modify(|s| s.lost = true);
+        Poll::Ready(())
+    }
+
+    /// Drives renewals; `Ready` once the lease is lost (and on every poll after that).
+    pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.lost {
+            return Poll::Ready(());
+        }
+        loop {
+            if let Some(extending) = self.extending.as_mut() {
+                if let Poll::Ready(result) = extending.as_mut().poll(cx) {
+                    self.extending = None;
+                    let now = Instant::now();
+                    match result {
+                        Ok(renewed) => {
+                            self.lease.valid_until = renewed.valid_until;
+                            self.status
+                                .send_modify(|s| s.valid_until = renewed.valid_until);
+                            self.next_renewal = now + self.every.unwrap_or_default();
+                        }
+                        Err(e @ LockError::Expired { .. }) => {
+                            tracing::warn!(key = self.lease.key(), error = %e, "lease lost: renewal found the token gone");
+                            return self.mark_lost();
+                        }
+                        Err(e) => {
+                            // Still valid until valid_until: try again soon.
+                            tracing::warn!(key = self.lease.key(), error = %e, "lease renewal failed; retrying");
+                            let retry = self.every.unwrap_or_default() / 4;
+                            self.next_renewal = now + retry.max(Duration::from_millis(10));
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= self.lease.valid_until() {
+                tracing::warn!(key = self.lease.key(), "lease lost: its validity ended");
+                return self.mark_lost();
+            }
+            let renewing =
+                self.every.is_some() && self.stop_renewing_at.is_none_or(|stop| now < stop);
+            if renewing && self.extending.is_none() && now >= self.next_renewal {
+                let locks = self.locks.clone();
+                let mut lease = self.lease.clone();
+                self.extending = Some(Box::pin(async move {
+                    locks.extend(&mut lease).await.map(|()| lease)
+                }));
+                continue;
+            }
+            let wake_at = if renewing && self.extending.is_none() {
+                self.next_renewal.min(self.lease.valid_until())
+            } else {
+                self.lease.valid_until()
+            };
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake_at.into())));
+            if timer.deadline() != wake_at.into() {
+                timer.as_mut().reset(wake_at.into());
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Runs `work` while `watchdog` renews; never polls `work` once the lease is lost.
+    pub(crate) struct Protected<F> {
+        #[pin]
+        work: F,
+        watchdog: Watchdog,
+    }
+}
+
+impl<F> Protected<F> {
+    pub(crate) fn new(work: F, watchdog: Watchdog) -> Self {
+        Self { work, watchdog }
+    }
+}
+
+impl<F: Future> Future for Protected<F> {
+    type Output = Result<F::Output, LockError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.watchdog.poll_lost(cx).is_ready() || !this.watchdog.is_valid() {
+            return Poll::Ready(Err(LockError::Lost));
+        }
+        this.work.poll(cx).map(Ok)
+    }
+}
