@@ -12,6 +12,7 @@ mod memory;
 pub mod policy;
 pub mod problem;
 mod redlock;
+mod wait;
 mod watchdog;
 
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};

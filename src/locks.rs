@@ -91,6 +91,24 @@ impl Locks {
         }
     }
 
+    /// Waits up to `max_wait` for a held lock, woken when the holder releases; see
+    /// [`Redlock::lock_within`] and [`MemoryLocks::lock_within`].
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when still held at the deadline; the other errors of
+    /// [`try_lock`](Self::try_lock) at once.
+    pub async fn lock_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        match &self.backend {
+            Backend::Redlock(r) => r.lock_within(resource, max_wait).await,
+            Backend::Memory(m) => m.lock_within(resource, max_wait).await,
+        }
+    }
+
     /// Extends the lease to a full TTL from now; see [`Redlock::extend`].
     ///
     /// # Errors

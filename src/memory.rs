@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
 use crate::policy::{Policy, policy_setters};
+use crate::wait::{Waiters, bounded_wait};
 
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
@@ -38,6 +39,7 @@ pub struct MemoryLocks {
 struct Shared {
     policy: Policy,
     state: Mutex<State>,
+    waiters: Waiters,
 }
 
 struct State {
@@ -114,6 +116,7 @@ impl MemoryLocks {
                     sweep_at: MIN_SWEEP,
                     fence: 0,
                 }),
+                waiters: Waiters::default(),
             }),
         }
     }
@@ -197,6 +200,27 @@ impl MemoryLocks {
         }
     }
 
+    /// Waits up to `max_wait` for the lock when it is held: woken at once when the holder
+    /// releases, or when its lease expires. A zero `max_wait` is one attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when it is still held at the deadline, or
+    /// [`LockError::InvalidKey`].
+    pub async fn lock_within(
+        &self,
+        resource: &str,
+        max_wait: std::time::Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        match self.acquire(key.clone()) {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        let attempt = || std::future::ready(self.acquire(key.clone()));
+        bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
+    }
+
     /// Extends the lease to a full TTL from now, if it is still held.
     ///
     /// # Errors
@@ -238,6 +262,8 @@ impl MemoryLocks {
         }
         let expired = held.expires_at <= now;
         state.held.remove(&lease.key);
+        drop(state);
+        self.inner.waiters.wake(&lease.key);
         if expired {
             Err(LockError::Expired { taken_over: false })
         } else {

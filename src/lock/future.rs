@@ -142,7 +142,8 @@ where
         config: &Config<K>,
     ) -> Self {
         let locks = config.locks.clone();
-        if let Some(memory) = locks.as_memory() {
+        let max_wait = config.settings.max_wait;
+        if let Some(memory) = locks.as_memory().filter(|_| max_wait.is_zero()) {
             // The in-process backend answers at once: no task, no boxed future.
             return match memory.try_lock(&resource) {
                 Ok(lease) => Self {
@@ -156,7 +157,9 @@ where
         let acquire_with = locks.clone();
         Self {
             state: State::Acquiring {
-                acquire: Box::pin(async move { acquire_with.try_lock(&resource).await }),
+                acquire: Box::pin(
+                    async move { acquire_with.lock_within(&resource, max_wait).await },
+                ),
                 service: Some(service),
                 request: Some(request),
                 locks,

@@ -44,6 +44,7 @@ pub(crate) struct Settings {
     pub(crate) renewal: Renewal,
     pub(crate) on_loss: OnLockLoss,
     pub(crate) fencing_header: Option<HeaderName>,
+    pub(crate) max_wait: std::time::Duration,
 }
 
 impl<K> Clone for Config<K> {
@@ -167,6 +168,7 @@ impl<K: KeyExtractor> LockLayer<K> {
                     renewal: Renewal::default(),
                     on_loss: OnLockLoss::default(),
                     fencing_header: None,
+                    max_wait: std::time::Duration::ZERO,
                 },
             },
         }
@@ -215,6 +217,17 @@ impl<K> LockLayer<K> {
     #[must_use]
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.settings.fail_open = fail_open;
+        self
+    }
+
+    /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
+    /// woken when the holder releases (Redis pub/sub; see
+    /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again. Default
+    /// zero: answer at once. The wait counts against the client's own timeout, so keep it
+    /// short.
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: std::time::Duration) -> Self {
+        self.config.settings.max_wait = max_wait;
         self
     }
 

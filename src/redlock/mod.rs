@@ -28,6 +28,7 @@ use redis::{Client, Value};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::policy::{Policy, policy_setters};
+use crate::wait::{Notifier, Waiters, bounded_wait};
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
 const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
@@ -66,6 +67,7 @@ pub struct Redlock {
 
 struct Inner {
     nodes: Vec<Node>,
+    notifier: Option<Arc<Notifier>>,
     fence_key: Option<Arc<str>>,
     quorum: usize,
     node_timeout: Duration,
@@ -107,6 +109,7 @@ pub struct RedlockBuilder {
     node_timeout: Option<Duration>,
     drift_factor: f64,
     fencing: bool,
+    notify_waiters: bool,
     policy: Policy,
 }
 
@@ -194,6 +197,49 @@ impl Redlock {
                 result => return result,
             }
         }
+    }
+
+    /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when the
+    /// holder releases (the release script publishes on a channel named after the key,
+    /// to which waiters subscribe on every node), and re-tries on a jittered fallback timer
+    /// (the holder's remaining TTL, at most 1 s) in case a notification is missed or the
+    /// lease simply expires. A zero `max_wait` is one attempt, like
+    /// [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when the lock is still held at the deadline; the other errors
+    /// of [`try_lock`](Self::try_lock) at once.
+    pub async fn lock_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        match self.acquire(key.clone()).await {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        let notifier = self.inner.notifier.as_ref();
+        let no_waiters = Waiters::default();
+        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
+        let subscribe = async {
+            if let Some(notifier) = notifier {
+                notifier.subscribe(&key).await;
+            }
+        };
+        let result = bounded_wait(
+            waiters,
+            &key,
+            max_wait,
+            || self.acquire(key.clone()),
+            subscribe,
+        )
+        .await;
+        if let Some(notifier) = notifier {
+            notifier.unsubscribe(key);
+        }
+        result
     }
 
     /// Extends the lease to a full TTL from now on every node where it still holds the
@@ -556,6 +602,7 @@ impl RedlockBuilder {
             node_timeout: None,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             fencing: false,
+            notify_waiters: true,
             policy: Policy::default(),
         }
     }
@@ -578,6 +625,15 @@ impl RedlockBuilder {
     /// finite number in `[0, 0.5)`.
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
+        self
+    }
+
+    /// Whether [`lock_within`](Redlock::lock_within) waiters subscribe to release
+    /// notifications (Redis pub/sub, one subscriber connection per node while anybody in
+    /// this process waits). Default on; off, waiters only re-try on their fallback timer
+    /// (the holder's remaining TTL, capped at 1 s). Releases always publish.
+    pub fn notify_waiters(mut self, enabled: bool) -> Self {
+        self.notify_waiters = enabled;
         self
     }
 
@@ -651,8 +707,10 @@ impl RedlockBuilder {
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(500));
         let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut clients = Vec::with_capacity(self.nodes.len());
         for client in self.nodes {
             let client = client?;
+            clients.push(client.clone());
             let label = client.get_connection_info().addr().to_string();
             let conn = ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(
                 |source| ConfigError::InvalidUrl {
@@ -666,6 +724,12 @@ impl RedlockBuilder {
         let redlock = Redlock {
             inner: Arc::new(Inner {
                 nodes,
+                notifier: self.notify_waiters.then(|| {
+                    Arc::new(Notifier::new(
+                        clients,
+                        node_timeout.max(Duration::from_millis(100)),
+                    ))
+                }),
                 fence_key: self
                     .fencing
                     .then(|| Arc::from(format!("{}{FENCE_RESOURCE}", self.policy.prefix))),

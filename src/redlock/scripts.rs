@@ -5,8 +5,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Deletes the key only if it holds our token (the Redis docs' release script), and tells
-/// apart "it had expired" from "another holder has it".
+/// Deletes the key only if it holds our token (the Redis docs' release script), tells
+/// apart "it had expired" from "another holder has it", and on deletion publishes on the
+/// channel named after the key, to wake waiters.
 ///
 /// Returns `{1, 0}` when deleted, `{0, -2}` when the key is gone, and `{-1, pttl}` when it
 /// holds another token, with the holder's remaining TTL in ms (-1: no expiry).
@@ -16,6 +17,7 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1], '')
   return {1, 0}
 elseif not v then
   return {0, -2}

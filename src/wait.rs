@@ -1,0 +1,251 @@
+//! Waiting for a held lock: waiters are woken when the holder releases.
+//!
+//! A release deletes the key and publishes on a channel named after the key (in the same
+//! Lua script). A process with waiters subscribes to that channel on every node it can
+//! reach, and wakes its waiters for the key when a message arrives; each waiter then tries
+//! again. As Redisson does. A message can be missed (a node restarts, a connection drops)
+//! and a lease can simply expire without a release, so every wait also has a fallback
+//! timer: the holder's remaining TTL, capped at one second, with jitter.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+
+use crate::error::LockError;
+use crate::lease::Lease;
+
+/// The longest a waiter sleeps before trying again without a notification.
+pub(crate) const MAX_FALLBACK: Duration = Duration::from_secs(1);
+
+/// The waiters of this process, per key.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    keys: Mutex<HashMap<Arc<str>, Waiting>>,
+}
+
+struct Waiting {
+    notify: Arc<Notify>,
+    count: usize,
+}
+
+/// One registered waiter; unregisters on drop.
+pub(crate) struct WaitTicket<'a> {
+    waiters: &'a Waiters,
+    key: Arc<str>,
+    pub(crate) notify: Arc<Notify>,
+    /// Whether this is the first waiter on the key in this process.
+    pub(crate) first: bool,
+}
+
+impl Waiters {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Waiting>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn register(&self, key: &Arc<str>) -> WaitTicket<'_> {
+        let mut keys = self.keys();
+        let entry = keys.entry(key.clone()).or_insert_with(|| Waiting {
+            notify: Arc::new(Notify::new()),
+            count: 0,
+        });
+        entry.count += 1;
+        WaitTicket {
+            waiters: self,
+            key: key.clone(),
+            notify: entry.notify.clone(),
+            first: entry.count == 1,
+        }
+    }
+
+    /// Wakes every waiter on `key` in this process.
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some(waiting) = self.keys().get(key) {
+            waiting.notify.notify_waiters();
+        }
+    }
+
+    /// Whether anybody waits on `key`.
+    pub(crate) fn is_waited(&self, key: &str) -> bool {
+        self.keys().contains_key(key)
+    }
+
+    fn keys_waited(&self) -> Vec<Arc<str>> {
+        self.keys().keys().cloned().collect()
+    }
+}
+
+impl WaitTicket<'_> {
+    fn leave(&self) {
+        let mut keys = self.waiters.keys();
+        match keys.get_mut(&self.key) {
+            Some(waiting) if waiting.count > 1 => waiting.count -= 1,
+            Some(_) => {
+                keys.remove(&self.key);
+            }
+            None => {}
+        }
+    }
+}
+
+impl Drop for WaitTicket<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(getrandom::u64().unwrap_or(0) % span.saturating_add(1))
+}
+
+/// The pub/sub side for Redis: one subscriber connection per node, opened on the first
+/// wait, reading release messages and waking this process's waiters.
+pub(crate) struct Notifier {
+    pub(crate) waiters: Arc<Waiters>,
+    nodes: Vec<NodeSubscriber>,
+    timeout: Duration,
+}
+
+struct NodeSubscriber {
+    client: redis::Client,
+    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+}
+
+impl Notifier {
+    pub(crate) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
+        Self {
+            waiters: Arc::default(),
+            nodes: clients
+                .into_iter()
+                .map(|client| NodeSubscriber {
+                    client,
+                    sink: tokio::sync::Mutex::new(None),
+                })
+                .collect(),
+            timeout,
+        }
+    }
+
+    /// Subscribes to `key`'s release channel on every node that answers in time.
+    /// Failures are left to the fallback timer.
+    pub(crate) async fn subscribe(&self, key: &Arc<str>) {
+        futures_util::future::join_all(self.nodes.iter().map(|node| self.subscribe_on(node, key)))
+            .await;
+    }
+
+    async fn subscribe_on(&self, node: &NodeSubscriber, key: &Arc<str>) {
+        let attempt = async {
+            let mut sink = node.sink.lock().await;
+            if sink.is_none() {
+                *sink = Some(self.connect(node).await?);
+            }
+            let Some(open) = sink.as_mut() else {
+                return Ok(());
+            };
+            let subscribed = open.subscribe(&**key).await;
+            if subscribed.is_err() {
+                *sink = None;
+            }
+            subscribed
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "release notifications unavailable on a node")
+            }
+            Err(_) => tracing::debug!("release notifications: subscribe timed out on a node"),
+        }
+    }
+
+    /// Unsubscribes from `key`'s channel in the background, unless someone waits again.
+    pub(crate) fn unsubscribe(self: &Arc<Self>, key: Arc<str>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        handle.spawn(async move {
+            if this.waiters.is_waited(&key) {
+                return;
+            }
+            for node in &this.nodes {
+                if let Some(sink) = node.sink.lock().await.as_mut() {
+                    let _ = tokio::time::timeout(this.timeout, sink.unsubscribe(&*key)).await;
+                }
+            }
+        });
+    }
+
+    /// Opens a subscriber connection and the task that reads it; resubscribes the keys
+    /// currently waited on.
+    async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<PubSubSink> {
+        let pubsub = node.client.get_async_pubsub().await?;
+        let (mut sink, mut stream) = pubsub.split();
+        let waiters = self.waiters.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                waiters.wake(msg.get_channel_name());
+            }
+        });
+        let waited = self.waiters.keys_waited();
+        if !waited.is_empty() {
+            sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
+                .await?;
+        }
+        Ok(sink)
+    }
+}
+
+/// How long to sleep after a `Taken` with `retry_after`, given `left` until the deadline.
+fn fallback(retry_after: Duration, left: Duration) -> Duration {
+    let base = retry_after.min(MAX_FALLBACK);
+    base.saturating_add(jitter(base)).min(left)
+}
+
+/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` if first,
+/// then alternates `attempt` and sleeps (until woken or the fallback timer) while the lock
+/// is taken. The notification is armed before each attempt, so a release during the
+/// attempt is not missed.
+pub(crate) async fn bounded_wait<A, AF, S>(
+    waiters: &Waiters,
+    key: &Arc<str>,
+    max_wait: Duration,
+    mut attempt: A,
+    subscribe: S,
+) -> Result<Lease, LockError>
+where
+    A: FnMut() -> AF,
+    AF: Future<Output = Result<Lease, LockError>>,
+    S: Future<Output = ()>,
+{
+    let deadline = Instant::now().checked_add(max_wait);
+    let ticket = waiters.register(key);
+    if ticket.first {
+        subscribe.await;
+    }
+    loop {
+        let notified = ticket.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        match attempt().await {
+            Err(LockError::Taken { retry_after }) => {
+                let left = deadline.map_or(Duration::MAX, |d| {
+                    d.saturating_duration_since(Instant::now())
+                });
+                if left.is_zero() {
+                    return Err(LockError::Taken { retry_after });
+                }
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep(fallback(retry_after, left)) => {}
+                }
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Bounded waiting for a held lock, woken by release notifications, on real Redis.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use support::{RedisNode, eventually, nodes, serve, urls};
+use tower_redlock::{LockError, LockLayer, Locks, MemoryLocks, Redlock};
+
+async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
+    Redlock::builder(urls(nodes))
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(200))
+        .notify_waiters(notify)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Subscribers on `channel` across the nodes.
+async fn subscribers(nodes: &[RedisNode], channel: &str) -> i64 {
+    let mut total = 0;
+    for node in nodes {
+        let mut conn = node.conn().await;
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += counts.iter().map(|(_, n)| n).sum::<i64>();
+    }
+    total
+}
+
+async fn woken_on_release(nodes: &[RedisNode]) {
+    // A long TTL: without a notification the waiter would sleep its 1 s fallback.
+    let r = redlock(nodes, Duration::from_secs(30), true).await;
+    let holder = r.try_lock("queue").await.unwrap();
+    let waiter = tokio::spawn({
+        let r = r.clone();
+        async move {
+            let lease = r.lock_within("queue", Duration::from_secs(10)).await;
+            (lease, Instant::now())
+        }
+    });
+    let subscribed = eventually(Duration::from_secs(5), || async {
+        subscribers(nodes, "tower-redlock:queue").await == nodes.len() as i64
+    })
+    .await;
+    assert!(subscribed, "the waiter did not subscribe on every node");
+    let released_at = Instant::now();
+    r.unlock(holder).await.unwrap();
+    let (lease, acquired_at) = waiter.await.unwrap();
+    let lease = lease.expect("the waiter gets the lock");
+    let delay = acquired_at - released_at;
+    assert!(
+        delay < Duration::from_millis(300),
+        "woken after {delay:?}, as if by the fallback timer"
+    );
+    r.unlock(lease).await.unwrap();
+    // The subscription goes once nobody waits.
+    let gone = eventually(Duration::from_secs(5), || async {
+        subscribers(nodes, "tower-redlock:queue").await == 0
+    })
+    .await;
+    assert!(gone, "subscription left behind");
+}
+
+#[tokio::test]
+async fn waiter_is_woken_by_release_one_node() {
+    woken_on_release(&nodes(1)).await;
+}
+
+#[tokio::test]
+async fn waiter_is_woken_by_release_three_nodes() {
+    woken_on_release(&nodes(3)).await;
+}
+
+#[tokio::test]
+async fn wait_is_bounded() {
+    let nodes = nodes(3);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    let _holder = r.try_lock("busy").await.unwrap();
+    let start = Instant::now();
+    let err = r
+        .lock_within("busy", Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+    assert!(
+        elapsed >= Duration::from_millis(400) && elapsed < Duration::from_millis(900),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_notifications_the_fallback_timer_still_acquires() {
+    let nodes = nodes(1);
+    let r = redlock(&nodes, Duration::from_secs(30), false).await;
+    let holder = r.try_lock("slowpoke").await.unwrap();
+    let waiter = tokio::spawn({
+        let r = r.clone();
+        async move { r.lock_within("slowpoke", Duration::from_secs(5)).await }
+    });
+    r.unlock(holder).await.unwrap();
+    assert!(waiter.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn expiry_without_release_wakes_the_waiter() {
+    let nodes = nodes(1);
+    let ttl = Duration::from_millis(300);
+    let r = redlock(&nodes, ttl, true).await;
+    let _abandoned = r.try_lock("expiring").await.unwrap();
+    let start = Instant::now();
+    let lease = r
+        .lock_within("expiring", Duration::from_secs(5))
+        .await
+        .expect("acquired after expiry");
+    assert!(
+        start.elapsed() < ttl + Duration::from_millis(400),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_ne!(lease.token(), _abandoned.token());
+}
+
+#[tokio::test]
+async fn in_process_waiter_is_woken_by_release() {
+    let locks = Locks::from(MemoryLocks::new());
+    let holder = locks.try_lock("q").await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            (
+                locks.lock_within("q", Duration::from_secs(10)).await,
+                Instant::now(),
+            )
+        }
+    });
+    // On this single-threaded runtime the yield runs the waiter until it waits.
+    tokio::task::yield_now().await;
+    let released_at = Instant::now();
+    locks.unlock(holder).await.unwrap();
+    let (lease, at) = waiter.await.unwrap();
+    assert!(lease.is_ok());
+    assert!(
+        at - released_at < Duration::from_millis(100),
+        "{:?}",
+        at - released_at
+    );
+}
+
+#[tokio::test]
+async fn layer_waits_for_the_holder_instead_of_409() {
+    let nodes = nodes(3);
+    let locks = Locks::from(redlock(&nodes, Duration::from_secs(30), true).await);
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "done"
+            }),
+        )
+        .layer(
+            LockLayer::by_header("Idempotency-Key")
+                .backend(locks)
+                .max_wait(Duration::from_secs(3)),
+        );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("{base}/orders"))
+            .header("Idempotency-Key", "same")
+            .send()
+    };
+    let (a, b) = tokio::join!(send(), send());
+    assert_eq!(a.unwrap().status(), 200);
+    assert_eq!(b.unwrap().status(), 200);
+}
