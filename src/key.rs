@@ -41,6 +41,10 @@ pub enum KeyError {
     /// The value contains a control character (such as NUL, CR, LF or DEL).
     #[error("the lock key contains a control character")]
     ControlCharacter,
+    /// The key is one the backend keeps for itself (the fencing counter,
+    /// `{prefix}fencing-counter`, when fencing tokens are on).
+    #[error("the lock key is reserved by the backend; pick another name")]
+    Reserved,
     /// A header value is not visible ASCII, or a quoted string (RFC 8941) is malformed.
     #[error("the {0} header is not a valid string: use a bare token or an RFC 8941 quoted string")]
     MalformedHeader(HeaderName),
@@ -90,8 +94,16 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// answers 400.
     fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError>;
 
-    /// The scope of this request's key, which keeps keys of different resources apart.
-    /// The default is empty: the value alone names the lock.
+    /// Appends the scope of this request's key to `out`: what keeps keys of different
+    /// resources apart. The default appends nothing: the value alone names the lock.
+    /// Appending (rather than returning a string) lets the caller build the whole key in
+    /// one allocation.
+    fn write_scope(&self, parts: &Parts, out: &mut String) {
+        out.push_str(&self.scope(parts));
+    }
+
+    /// The scope as a string; only called by the default
+    /// [`write_scope`](Self::write_scope). Default: empty.
     fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
         let _ = parts;
         Cow::Borrowed("")
@@ -137,13 +149,12 @@ impl KeyExtractor for HeaderKey {
         }
     }
 
-    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
-        Cow::Owned(format!(
-            "{} {} {}",
-            self.name,
-            parts.method,
-            route_of(parts)
-        ))
+    fn write_scope(&self, parts: &Parts, out: &mut String) {
+        out.push_str(self.name.as_str());
+        out.push(' ');
+        out.push_str(parts.method.as_str());
+        out.push(' ');
+        out.push_str(route_of(parts));
     }
 }
 
@@ -225,16 +236,16 @@ impl KeyExtractor for PathParamKey {
             .map(|(_, value)| value.to_owned()))
     }
 
-    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
+    fn write_scope(&self, parts: &Parts, out: &mut String) {
         match parts.extensions.get::<axum::extract::MatchedPath>() {
             Some(matched) => {
                 let route = matched.as_str();
                 match route.find(&self.brace) {
-                    Some(at) => Cow::Owned(route[..at + self.brace.len()].to_owned()),
-                    None => Cow::Owned(route.to_owned()),
+                    Some(at) => out.push_str(&route[..at + self.brace.len()]),
+                    None => out.push_str(route),
                 }
             }
-            None => Cow::Borrowed(&self.brace),
+            None => out.push_str(&self.brace),
         }
     }
 }
@@ -317,7 +328,9 @@ mod tests {
     fn header_scope_separates_routes_and_methods() {
         let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
         let p = parts("x");
-        assert_eq!(key.scope(&p), "idempotency-key GET /orders");
+        let mut scope = String::new();
+        key.write_scope(&p, &mut scope);
+        assert_eq!(scope, "idempotency-key GET /orders");
     }
 
     #[test]

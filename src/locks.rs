@@ -109,6 +109,26 @@ impl Locks {
         }
     }
 
+    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    pub(crate) async fn lock_key_within(
+        &self,
+        key: std::sync::Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        match &self.backend {
+            Backend::Redlock(r) => r.lock_key_within(key, max_wait).await,
+            Backend::Memory(m) => m.lock_key_within(key, max_wait).await,
+        }
+    }
+
+    /// The prefix the backend puts before every key.
+    pub fn prefix(&self) -> &str {
+        match &self.backend {
+            Backend::Redlock(r) => r.prefix(),
+            Backend::Memory(m) => m.prefix(),
+        }
+    }
+
     /// Extends the lease to a full TTL from now; see [`Redlock::extend`].
     ///
     /// # Errors
@@ -199,11 +219,7 @@ impl Locks {
     /// Whether `lease` is the lock on `resource` in this backend (same prefixed key).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
-        let prefix: &str = match &self.backend {
-            Backend::Redlock(r) => r.prefix(),
-            Backend::Memory(m) => m.prefix(),
-        };
-        lease.key().strip_prefix(prefix) == Some(resource)
+        lease.key().strip_prefix(self.prefix()) == Some(resource)
     }
 
     /// Releases without waiting: at once for the in-process backend, on a spawned task for

@@ -213,6 +213,15 @@ impl MemoryLocks {
         max_wait: std::time::Duration,
     ) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
+        self.lock_key_within(key, max_wait).await
+    }
+
+    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    pub(crate) async fn lock_key_within(
+        &self,
+        key: Arc<str>,
+        max_wait: std::time::Duration,
+    ) -> Result<Lease, LockError> {
         match self.acquire(key.clone()) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,

@@ -138,14 +138,14 @@ where
     pub(crate) fn acquire<K>(
         service: S,
         request: Request<ReqB>,
-        resource: String,
+        key: String,
         config: &Config<K>,
     ) -> Self {
         let locks = config.locks.clone();
         let max_wait = config.settings.max_wait;
         if let Some(memory) = locks.as_memory().filter(|_| max_wait.is_zero()) {
             // The in-process backend answers at once: no task, no boxed future.
-            return match memory.try_lock(&resource) {
+            return match memory.acquire(key.into()) {
                 Ok(lease) => Self {
                     state: run(service, request, locks, lease, &config.settings),
                 },
@@ -157,9 +157,9 @@ where
         let acquire_with = locks.clone();
         Self {
             state: State::Acquiring {
-                acquire: Box::pin(
-                    async move { acquire_with.lock_within(&resource, max_wait).await },
-                ),
+                acquire: Box::pin(async move {
+                    acquire_with.lock_key_within(key.into(), max_wait).await
+                }),
                 service: Some(service),
                 request: Some(request),
                 locks,

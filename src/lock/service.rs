@@ -88,24 +88,27 @@ where
                 ));
             }
         };
-        let resource = value.map(|value| {
-            let scope = match &config.scope {
-                Some(scope) => std::borrow::Cow::Borrowed(&**scope),
-                None => config.extractor.scope(&parts),
-            };
-            let mut resource = String::with_capacity(scope.len() + 1 + value.len());
-            resource.push_str(&scope);
-            resource.push(':');
-            resource.push_str(&value);
-            resource
+        let key = value.map(|value| {
+            // The whole key, `{prefix}{scope}:{value}`, in one allocation.
+            let prefix = config.locks.prefix();
+            let scope_len = config.scope.as_ref().map_or(64, |s| s.len());
+            let mut key = String::with_capacity(prefix.len() + scope_len + 1 + value.len());
+            key.push_str(prefix);
+            match &config.scope {
+                Some(scope) => key.push_str(scope),
+                None => config.extractor.write_scope(&parts, &mut key),
+            }
+            key.push(':');
+            key.push_str(&value);
+            key
         });
         let req = Request::from_parts(parts, body);
         // The service that was driven to readiness is the one we call.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        match resource {
+        match key {
             None => ResponseFuture::unlocked(inner, req),
-            Some(resource) => ResponseFuture::acquire(inner, req, resource, config),
+            Some(key) => ResponseFuture::acquire(inner, req, key, config),
         }
     }
 }

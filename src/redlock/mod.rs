@@ -26,6 +26,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
+use crate::key::KeyError;
 use crate::lease::{Lease, Token};
 use crate::policy::{Policy, policy_setters};
 use crate::wait::{Notifier, Waiters, bounded_wait};
@@ -216,6 +217,15 @@ impl Redlock {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
+        self.lock_key_within(key, max_wait).await
+    }
+
+    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    pub(crate) async fn lock_key_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
         match self.acquire(key.clone()).await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
@@ -324,6 +334,9 @@ impl Redlock {
     }
 
     async fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        if self.inner.fence_key.as_ref() == Some(&key) {
+            return Err(KeyError::Reserved.into());
+        }
         let token = Token::random();
         let start = Instant::now();
         // Releases whatever was set if this future is dropped before the verdict.
