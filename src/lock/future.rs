@@ -222,28 +222,46 @@ where
                     watchdog,
                     on_loss,
                 } => {
-                    if let Some(dog) = watchdog.as_mut() {
-                        // Checked before every poll of the inner future: once the lease is
-                        // lost, the inner future is not polled again under Abort.
-                        if dog.poll_lost(cx).is_ready() || !dog.is_valid() {
-                            *watchdog = None;
-                            match on_loss {
-                                OnLockLoss::Abort => {
-                                    // Dropping the guard releases whatever is left.
-                                    this.state.set(State::Rejected {
-                                        problem: Some(lock_lost()),
-                                    });
-                                    continue;
-                                }
-                                OnLockLoss::Continue => {
-                                    tracing::warn!(
-                                        "lease lost; the request runs on unprotected (OnLockLoss::Continue)"
-                                    );
+                    // Checked on the clock before every poll of the inner future: once
+                    // the lease's validity has ended, the inner future is not polled
+                    // again under Abort.
+                    let lost_before = watchdog.as_ref().is_some_and(|dog| !dog.is_valid());
+                    let polled = if lost_before {
+                        None
+                    } else {
+                        match future.poll(cx) {
+                            Poll::Ready(output) => Some(output),
+                            // Renewal timers are armed only once the inner future waits,
+                            // so a handler that answers at once costs no timer.
+                            Poll::Pending => {
+                                if watchdog
+                                    .as_mut()
+                                    .is_some_and(|dog| dog.poll_lost(cx).is_ready())
+                                {
+                                    None
+                                } else {
+                                    return Poll::Pending;
                                 }
                             }
                         }
-                    }
-                    let output = ready!(future.poll(cx));
+                    };
+                    let Some(output) = polled else {
+                        *watchdog = None;
+                        match on_loss {
+                            OnLockLoss::Abort => {
+                                // Dropping the guard releases whatever is left.
+                                this.state.set(State::Rejected {
+                                    problem: Some(lock_lost()),
+                                });
+                            }
+                            OnLockLoss::Continue => {
+                                tracing::warn!(
+                                    "lease lost; the request runs on unprotected (OnLockLoss::Continue)"
+                                );
+                            }
+                        }
+                        continue;
+                    };
                     *watchdog = None;
                     let Some((locks, lease)) = guard.take() else {
                         return Poll::Ready(output);
