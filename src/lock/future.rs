@@ -225,7 +225,10 @@ where
                     // Checked on the clock before every poll of the inner future: once
                     // the lease's validity has ended, the inner future is not polled
                     // again under Abort.
-                    let lost_before = watchdog.as_ref().is_some_and(|dog| !dog.is_valid());
+                    // A renewal that completed since the last poll is taken in first.
+                    let lost_before = watchdog.as_mut().is_some_and(|dog| {
+                        !dog.is_valid() && (dog.poll_lost(cx).is_ready() || !dog.is_valid())
+                    });
                     let polled = if lost_before {
                         None
                     } else {
