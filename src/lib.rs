@@ -11,6 +11,7 @@ mod locks;
 mod memory;
 pub mod policy;
 pub mod problem;
+pub mod rate_limit;
 mod redlock;
 mod wait;
 mod watchdog;
@@ -23,5 +24,8 @@ pub use lock::LockLayer;
 pub use locks::Locks;
 pub use memory::{MemoryLocks, MemoryLocksBuilder};
 pub use problem::Problem;
+pub use rate_limit::{
+    MemoryRateLimiter, Quota, RateLimitError, RateLimitLayer, RateLimiter, RedisRateLimiter, Usage,
+};
 pub use redlock::{Redlock, RedlockBuilder};
 pub use watchdog::{LeaseStatus, OnLockLoss, Renewal};

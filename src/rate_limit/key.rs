@@ -1,0 +1,238 @@
+//! Key extractors for rate limits: the peer IP, one global key, a header else the peer IP.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderName;
+use http::request::Parts;
+
+use crate::key::{HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, validate_value};
+
+/// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` in the request extensions
+/// (serve with `into_make_service_with_connect_info::<SocketAddr>()`), or else from a
+/// plain `SocketAddr` extension (for other servers). The scope is `"ip"`. IPv4-mapped
+/// IPv6 addresses count as their IPv4 address.
+///
+/// This is the TCP peer: behind a reverse proxy or load balancer every request has the
+/// proxy's address, and all clients share one limit. Do **not** key on `X-Forwarded-For`
+/// or `Forwarded` as sent: any client can write any address there and get a fresh limit
+/// per request. If a proxy you trust overwrites or appends to it, write an
+/// [`FnKey`](crate::key::FnKey) that takes the entry that proxy added (the right-most
+/// one for a single proxy that appends). An IPv6 client usually controls a whole /64, so
+/// a limit per address is easy to spread; group addresses in an `FnKey` if that matters.
+///
+/// A request without a peer address has no key: the layer answers 400, or lets it
+/// through when [`optional`](super::RateLimitLayer::optional), and logs a warning,
+/// since it means the server was not set up to record peers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerIpKey;
+
+impl PeerIpKey {
+    /// The peer's address of this request, if the server recorded it.
+    pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(info) = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0.ip().to_canonical());
+        }
+        let addr = parts.extensions.get::<SocketAddr>()?;
+        Some(addr.ip().to_canonical())
+    }
+}
+
+impl KeyExtractor for PeerIpKey {
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        let ip = Self::peer_ip(parts);
+        if ip.is_none() {
+            tracing::warn!(
+                "no peer address in the request extensions: serve with \
+                 into_make_service_with_connect_info::<SocketAddr>() to rate limit by IP"
+            );
+        }
+        Ok(ip.map(|ip| ip.to_string()))
+    }
+
+    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
+        Cow::Borrowed("ip")
+    }
+}
+
+/// One key for every request: a limit on the whole route (or service), across all
+/// clients. The key is `global:all`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl KeyExtractor for GlobalKey {
+    fn extract(&self, _parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        Ok(Some("all".to_owned()))
+    }
+
+    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
+        Cow::Borrowed("global")
+    }
+}
+
+/// A header's value when the request has the header (a client id or API key), else the
+/// peer IP ([`PeerIpKey`]).
+///
+/// The scope is `"client"`, and the two kinds of value are kept apart: the key is
+/// `client:id:{header value}` or `client:ip:{address}`, so a client cannot spend someone
+/// else's IP budget by sending their address as its id. The header value may be a bare
+/// token or an RFC 8941 string, as for [`HeaderKey`], and at most
+/// [`MAX_KEY_LEN`]` - 3` bytes.
+///
+/// A header can be sent by anyone: unless it is checked (an API key your auth layer
+/// verified before this one runs), a client that changes it per request gets a fresh
+/// limit each time. The IP fallback is only as good as [`PeerIpKey`].
+#[derive(Debug, Clone)]
+pub struct HeaderOrPeerIp {
+    header: HeaderKey,
+}
+
+impl HeaderOrPeerIp {
+    /// Reads the header `name`, else the peer IP.
+    pub fn new(name: HeaderName) -> Self {
+        Self {
+            header: HeaderKey::new(name),
+        }
+    }
+
+    /// The header read.
+    pub fn name(&self) -> &HeaderName {
+        self.header.name()
+    }
+}
+
+const ID_TAG: &str = "id:";
+const IP_TAG: &str = "ip:";
+
+impl KeyExtractor for HeaderOrPeerIp {
+    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+        if let Some(value) = self.header.extract(parts)? {
+            validate_value(&value)?;
+            let max = MAX_KEY_LEN - ID_TAG.len();
+            if value.len() > max {
+                return Err(KeyError::TooLong {
+                    len: value.len(),
+                    max,
+                });
+            }
+            return Ok(Some(format!("{ID_TAG}{value}")));
+        }
+        Ok(PeerIpKey.extract(parts)?.map(|ip| format!("{IP_TAG}{ip}")))
+    }
+
+    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
+        Cow::Borrowed("client")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(header: Option<&str>, peer: Option<SocketAddr>) -> Parts {
+        let mut builder = http::Request::builder().uri("/items/1/buy");
+        if let Some(value) = header {
+            builder = builder.header("x-client-id", value);
+        }
+        let mut parts = builder.body(()).unwrap().into_parts().0;
+        if let Some(peer) = peer {
+            #[cfg(feature = "axum")]
+            parts.extensions.insert(axum::extract::ConnectInfo(peer));
+            #[cfg(not(feature = "axum"))]
+            parts.extensions.insert(peer);
+        }
+        parts
+    }
+
+    fn peer(ip: &str) -> Option<SocketAddr> {
+        Some(SocketAddr::new(ip.parse().unwrap(), 40000))
+    }
+
+    #[test]
+    fn peer_ip_reads_connect_info_and_canonicalizes() {
+        assert_eq!(
+            PeerIpKey
+                .extract(&mut parts(None, peer("203.0.113.7")))
+                .unwrap()
+                .as_deref(),
+            Some("203.0.113.7")
+        );
+        assert_eq!(
+            PeerIpKey
+                .extract(&mut parts(None, peer("::ffff:203.0.113.7")))
+                .unwrap()
+                .as_deref(),
+            Some("203.0.113.7")
+        );
+        assert_eq!(PeerIpKey.extract(&mut parts(None, None)).unwrap(), None);
+    }
+
+    #[test]
+    fn peer_ip_reads_a_plain_socket_addr() {
+        let mut p = parts(None, None);
+        p.extensions.insert(SocketAddr::from(([192, 0, 2, 1], 1)));
+        assert_eq!(
+            PeerIpKey.extract(&mut p).unwrap().as_deref(),
+            Some("192.0.2.1")
+        );
+    }
+
+    #[test]
+    fn header_or_peer_ip_prefers_the_header_and_tags_values() {
+        let key = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
+        let with_header = &mut parts(Some("abc"), peer("203.0.113.7"));
+        assert_eq!(key.extract(with_header).unwrap().as_deref(), Some("id:abc"));
+        let without = &mut parts(None, peer("203.0.113.7"));
+        assert_eq!(
+            key.extract(without).unwrap().as_deref(),
+            Some("ip:203.0.113.7")
+        );
+        // An id that looks like an address does not share the address's budget.
+        let spoof = &mut parts(Some("203.0.113.7"), peer("198.51.100.1"));
+        assert_eq!(
+            key.extract(spoof).unwrap().as_deref(),
+            Some("id:203.0.113.7")
+        );
+        assert_eq!(key.extract(&mut parts(None, None)).unwrap(), None);
+        assert_eq!(key.scope(without), "client");
+    }
+
+    #[test]
+    fn header_or_peer_ip_rejects_bad_headers_instead_of_falling_back() {
+        let key = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
+        assert_eq!(
+            key.extract(&mut parts(Some(""), peer("203.0.113.7"))),
+            Err(KeyError::Empty)
+        );
+        let long = "a".repeat(MAX_KEY_LEN - 2);
+        assert_eq!(
+            key.extract(&mut parts(Some(&long), peer("203.0.113.7"))),
+            Err(KeyError::TooLong {
+                len: MAX_KEY_LEN - 2,
+                max: MAX_KEY_LEN - 3
+            })
+        );
+        let longest = "a".repeat(MAX_KEY_LEN - 3);
+        let value = key
+            .extract(&mut parts(Some(&longest), None))
+            .unwrap()
+            .unwrap();
+        assert!(validate_value(&value).is_ok());
+    }
+
+    #[test]
+    fn global_key_is_one_key() {
+        assert_eq!(
+            GlobalKey
+                .extract(&mut parts(None, None))
+                .unwrap()
+                .as_deref(),
+            Some("all")
+        );
+        assert_eq!(GlobalKey.scope(&parts(None, None)), "global");
+    }
+}

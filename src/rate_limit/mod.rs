@@ -1,0 +1,91 @@
+//! [`RateLimitLayer`]: a fixed-window rate limit per key, shared by every replica that
+//! uses the same Redis.
+//!
+//! For each request the layer
+//! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
+//!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
+//!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
+//! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step: on Redis, one
+//!    Lua script that `INCR`s the key, sets its expiry (`PEXPIRE`, the window in ms) on
+//!    the first hit of the window only, and returns the count and the time left (`PTTL`),
+//!    atomically. This is the Redis `INCR` documentation's "Pattern: Rate limiter"
+//!    (<https://redis.io/docs/latest/commands/incr/>) without its race between `INCR`
+//!    and `EXPIRE`;
+//! 3. runs the inner service with the [`Usage`] in the request extensions, or answers
+//!    itself.
+//!
+//! | situation | status | headers |
+//! | --- | --- | --- |
+//! | within the limit | the inner service's | `RateLimit-Policy`, `RateLimit` |
+//! | over the limit | 429 Too Many Requests (RFC 6585, section 4) | `Retry-After`, `RateLimit-Policy`, `RateLimit` |
+//! | key missing (when required) or invalid | 400 | |
+//! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
+//! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
+//!
+//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
+//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//!
+//! # Headers
+//!
+//! From the IETF draft "RateLimit header fields for HTTP"
+//! (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>):
+//!
+//! - `RateLimit-Policy: "default";q=100;w=60`: the quota `q` per window of `w` seconds
+//!   (rounded up). Built once per layer.
+//! - `RateLimit: "default";r=42;t=17`: `r` requests left in this window, `t` seconds until
+//!   it resets (rounded up, at least 1).
+//! - On 429, `Retry-After` (RFC 9110, section 10.2.3) is the same `t`: whole seconds,
+//!   rounded up, so a client that waits that long finds the window reset.
+//! - [`RateLimitLayer::legacy_headers`] adds `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+//!   and `X-RateLimit-Reset` (seconds, a delay).
+//!
+//! # Fixed window
+//!
+//! A key's window starts with its first request and lasts the quota's window; requests
+//! over the limit are counted too and do not move it. One round trip per request, and one
+//! small key per client in Redis. The price: a client can send `limit` requests at the end
+//! of one window and `limit` more at the start of the next, so bursts of up to twice the
+//! limit pass within a short time. Where bursts must be smooth, use a token bucket (such
+//! as tower_governor, which counts per process).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::post};
+//! use tower_redlock::{Quota, RateLimitLayer, RedisRateLimiter};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redis = RedisRateLimiter::builder("redis://127.0.0.1:6379").build().await?;
+//! let quota: Quota = std::env::var("RATE_LIMIT").as_deref().unwrap_or("100/60").parse()?;
+//!
+//! let app = Router::new()
+//!     .route("/items/{item_id}/buy", post(|| async { "bought" }))
+//!     .route_layer(
+//!         RateLimitLayer::by_header_or_peer_ip("X-Client-Id", quota)
+//!             .scope("buy")
+//!             .backend(redis),
+//!     );
+//!
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//! // The peer IP comes from ConnectInfo.
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod future;
+mod key;
+mod layer;
+mod quota;
+mod service;
+
+pub use backend::{
+    DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, MemoryRateLimiter, RateLimitError, RateLimiter,
+    RedisRateLimiter, RedisRateLimiterBuilder,
+};
+pub use future::ResponseFuture;
+pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
+pub use layer::RateLimitLayer;
+pub use quota::{Quota, QuotaError, Usage};
+pub use service::RateLimit;

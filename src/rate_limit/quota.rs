@@ -1,0 +1,283 @@
+//! [`Quota`] (how many requests per window) and [`Usage`] (where one key stands).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The longest window accepted: 2^32 - 1 ms (about 49.7 days), as for lock TTLs.
+pub(crate) const MAX_WINDOW: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// A fixed-window rate limit: at most [`limit`](Self::limit) requests per key in each
+/// [`window`](Self::window).
+///
+/// The window of a key starts with its first request and lasts `window`; the request
+/// that would be number `limit + 1` in it is refused until it ends. This is the fixed
+/// window counter of the Redis `INCR` documentation ("Pattern: Rate limiter",
+/// <https://redis.io/docs/latest/commands/incr/>).
+///
+/// Build one with [`Quota::new`], or parse `"LIMIT/SECONDS"` (handy for an environment
+/// variable); the window may also carry a unit, `ms`, `s`, `m`, `h` or `d`:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redlock::Quota;
+///
+/// let quota: Quota = "100/60".parse()?;
+/// assert_eq!(quota, Quota::new(100, Duration::from_secs(60))?);
+/// assert_eq!("1000/1h".parse::<Quota>()?.window(), Duration::from_secs(3600));
+/// assert_eq!("5/500ms".parse::<Quota>()?.window(), Duration::from_millis(500));
+/// assert!("0/60".parse::<Quota>().is_err());
+/// # Ok::<(), tower_redlock::rate_limit::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: u64,
+    window: Duration,
+}
+
+/// Why a [`Quota`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The limit is zero: use at least 1 request per window.
+    #[error("the rate limit must allow at least 1 request per window")]
+    ZeroLimit,
+    /// The window is shorter than 1 ms or longer than 2^32 - 1 ms (about 49.7 days).
+    #[error("invalid rate limit window {0:?}: use 1 ms to 4294967295 ms (about 49 days)")]
+    InvalidWindow(Duration),
+    /// The text is not `LIMIT/WINDOW`, such as `100/60` (seconds) or `100/1m`.
+    #[error(
+        "invalid rate limit {0:?}: use LIMIT/SECONDS such as 100/60, or a unit: 100/1m, 10/500ms, 1000/1h, 10000/1d"
+    )]
+    Malformed(String),
+}
+
+impl Quota {
+    /// At most `limit` requests per key in each `window`. The window is counted in whole
+    /// milliseconds (Redis `PEXPIRE`); a sub-millisecond part is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::ZeroLimit`] for a zero limit, [`QuotaError::InvalidWindow`] for a
+    /// window under 1 ms or over 2^32 - 1 ms.
+    pub fn new(limit: u64, window: Duration) -> Result<Self, QuotaError> {
+        if limit == 0 {
+            return Err(QuotaError::ZeroLimit);
+        }
+        let window = Duration::from_millis(u64::try_from(window.as_millis()).unwrap_or(u64::MAX));
+        if window.is_zero() || window > MAX_WINDOW {
+            return Err(QuotaError::InvalidWindow(window));
+        }
+        Ok(Self { limit, window })
+    }
+
+    /// The number of requests allowed per key in one window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window's length, in whole milliseconds.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The window in milliseconds, as sent to `PEXPIRE`.
+    pub(crate) fn window_ms(&self) -> u64 {
+        // Bounded by MAX_WINDOW in new().
+        u64::try_from(self.window.as_millis()).unwrap_or(u64::from(u32::MAX))
+    }
+
+    /// The window in whole seconds, rounded up: the `w` of `RateLimit-Policy`.
+    pub(crate) fn window_secs(&self) -> u64 {
+        crate::problem::retry_after_secs(self.window)
+    }
+}
+
+impl fmt::Display for Quota {
+    /// `LIMIT/SECONDS` for a whole number of seconds, `LIMIT/MILLISms` otherwise; the
+    /// output parses back to the same quota.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.window.subsec_millis() == 0 {
+            write!(f, "{}/{}", self.limit, self.window.as_secs())
+        } else {
+            write!(f, "{}/{}ms", self.limit, self.window.as_millis())
+        }
+    }
+}
+
+impl FromStr for Quota {
+    type Err = QuotaError;
+
+    /// Parses `LIMIT/WINDOW`: `LIMIT` a whole number above 0, `WINDOW` a whole number of
+    /// seconds, or a whole number with a unit: `ms`, `s`, `m` (minutes), `h` or `d`.
+    /// Spaces around either part are ignored.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let malformed = || QuotaError::Malformed(text.to_owned());
+        let (limit, window) = text.split_once('/').ok_or_else(malformed)?;
+        let limit: u64 = parse_digits(limit.trim()).ok_or_else(malformed)?;
+        let window = window.trim();
+        let split = window
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(window.len());
+        let (amount, unit) = window.split_at(split);
+        let amount = parse_digits(amount).ok_or_else(malformed)?;
+        let millis_per_unit: u64 = match unit {
+            "" | "s" => 1_000,
+            "ms" => 1,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(malformed()),
+        };
+        let millis = amount
+            .checked_mul(millis_per_unit)
+            .ok_or(QuotaError::InvalidWindow(Duration::MAX))?;
+        Quota::new(limit, Duration::from_millis(millis))
+    }
+}
+
+/// ASCII digits only (no sign, no `_`), as a `u64`.
+fn parse_digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Where one key stands in its current window, after counting this request.
+///
+/// The [`RateLimitLayer`](super::RateLimitLayer) puts it in the request extensions of
+/// every request it lets through, so a handler can read it (`Extension<Usage>` in axum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub(crate) count: u64,
+    pub(crate) limit: u64,
+    pub(crate) reset_after: Duration,
+}
+
+impl Usage {
+    /// The number of requests counted in this window, this one included. Refused
+    /// requests count too (as in the Redis `INCR` pattern), so it may exceed the limit.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The limit per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// How many more requests this window allows: `limit - count`, at least 0. The `r`
+    /// of the `RateLimit` header.
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.count)
+    }
+
+    /// Whether this request is over the limit (and is answered 429).
+    pub fn is_exceeded(&self) -> bool {
+        self.count > self.limit
+    }
+
+    /// The time until the window ends and the count starts again from 0, as the store
+    /// reported it (`PTTL`, ms).
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_refuses_zero_limit_and_bad_windows() {
+        assert_eq!(
+            Quota::new(0, Duration::from_secs(1)),
+            Err(QuotaError::ZeroLimit)
+        );
+        assert!(matches!(
+            Quota::new(1, Duration::from_micros(999)),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+        assert!(matches!(
+            Quota::new(1, MAX_WINDOW + Duration::from_millis(1)),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+        assert!(Quota::new(1, MAX_WINDOW).is_ok());
+        assert_eq!(
+            Quota::new(1, Duration::MAX),
+            Err(QuotaError::InvalidWindow(Duration::from_millis(u64::MAX)))
+        );
+    }
+
+    #[test]
+    fn parses_limit_slash_seconds_and_units() {
+        let q = |s: &str| s.parse::<Quota>().unwrap();
+        assert_eq!(
+            q("100/60"),
+            Quota::new(100, Duration::from_secs(60)).unwrap()
+        );
+        assert_eq!(q(" 100 / 60 "), q("100/60"));
+        assert_eq!(q("100/60s"), q("100/60"));
+        assert_eq!(q("100/1m"), q("100/60"));
+        assert_eq!(q("5/250ms").window(), Duration::from_millis(250));
+        assert_eq!(q("1/2h").window(), Duration::from_secs(7200));
+        assert_eq!(q("1/1d").window(), Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for bad in [
+            "", "100", "/60", "100/", "x/60", "100/x", "-1/60", "+1/60", "100/60y", "100/1.5",
+            "1/60/2",
+        ] {
+            assert!(
+                matches!(bad.parse::<Quota>(), Err(QuotaError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!("0/60".parse::<Quota>(), Err(QuotaError::ZeroLimit));
+        assert!(matches!(
+            "1/0".parse::<Quota>(),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+        assert!(matches!(
+            "1/99999999999999999d".parse::<Quota>(),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+        assert!(matches!(
+            "1/50d".parse::<Quota>(),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for text in ["100/60", "5/250ms", "7/1500ms", "1/86400"] {
+            let quota: Quota = text.parse().unwrap();
+            assert_eq!(quota.to_string(), text);
+            assert_eq!(quota.to_string().parse::<Quota>().unwrap(), quota);
+        }
+    }
+
+    #[test]
+    fn window_secs_round_up() {
+        assert_eq!("1/1500ms".parse::<Quota>().unwrap().window_secs(), 2);
+        assert_eq!("1/60".parse::<Quota>().unwrap().window_secs(), 60);
+        assert_eq!("1/1ms".parse::<Quota>().unwrap().window_secs(), 1);
+    }
+
+    #[test]
+    fn usage_remaining_never_underflows() {
+        let usage = Usage {
+            count: 5,
+            limit: 3,
+            reset_after: Duration::from_secs(1),
+        };
+        assert_eq!(usage.remaining(), 0);
+        assert!(usage.is_exceeded());
+        let usage = Usage { count: 3, ..usage };
+        assert_eq!(usage.remaining(), 0);
+        assert!(!usage.is_exceeded());
+    }
+}
