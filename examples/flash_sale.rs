@@ -11,7 +11,10 @@
 //! - `REDIS_URLS`: comma-separated `redis://` URLs of the lock nodes; the stock lives in the
 //!   first one. Unset: in-process locks and data;
 //! - `WORK_MS`: simulated work inside each locked handler (default 50);
-//! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents.
+//! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents;
+//! - `RATE_LIMIT`: `LIMIT/SECONDS` (such as `5/10`), a limit on `POST /items/{item_id}/buy`
+//!   per client (the `X-Client-Id` header if present, else the peer IP), counted in the
+//!   first Redis node (or in process). Unset: no limit.
 //!
 //! Routes:
 //! - `GET /healthz`
@@ -19,6 +22,7 @@
 //! - `GET /items/{item_id}`: `{"item_id", "stock", "sold"}`;
 //! - `POST /items/{item_id}/buy`: locked on the item (423 while another buy runs); reads
 //!   the stock, works, writes stock - 1 (not atomically, on purpose); 410 when sold out;
+//!   429 over `RATE_LIMIT`;
 //! - `POST /orders`: locked on the `Idempotency-Key` header (400 without, 409 while the same
 //!   key is in flight); answers 201;
 //! - `POST /orders/{order_id}/pay`: locked by the `Locked<OrderId>` extractor (423 while
@@ -39,7 +43,11 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
-use tower_redlock::{LockKey, LockLayer, Locked, Locks, Problem, Redlock};
+use tower::ServiceBuilder;
+use tower_redlock::{
+    LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer, RateLimiter,
+    RedisRateLimiter, Redlock,
+};
 
 #[derive(Clone)]
 struct AppState {
@@ -191,17 +199,22 @@ async fn pay_unlocked(State(app): State<AppState>, Path(order): Path<OrderId>) -
     Json(json!({"order_id": order.0, "paid": true})).into_response()
 }
 
-fn app(state: AppState, locking: bool) -> Router {
+fn app(
+    state: AppState,
+    locking: bool,
+    rate_limit: Option<RateLimitLayer<tower_redlock::rate_limit::HeaderOrPeerIp>>,
+) -> Router {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/items/{item_id}", put(set_stock).get(get_item));
+    // The rate limit is the outer layer: it answers 429 before a lock is taken.
+    let buy_route = post(buy).layer(ServiceBuilder::new().option_layer(rate_limit).option_layer(
+        locking.then(|| LockLayer::by_path_param("item_id").backend(state.locks.clone())),
+    ));
+    let router = router.route("/items/{item_id}/buy", buy_route);
     let router = if locking {
         let locks = state.locks.clone();
         router
-            .route(
-                "/items/{item_id}/buy",
-                post(buy).layer(LockLayer::by_path_param("item_id").backend(locks.clone())),
-            )
             .route(
                 "/orders",
                 post(create_order).layer(LockLayer::by_header("Idempotency-Key").backend(locks)),
@@ -209,7 +222,6 @@ fn app(state: AppState, locking: bool) -> Router {
             .route("/orders/{order_id}/pay", post(pay))
     } else {
         router
-            .route("/items/{item_id}/buy", post(buy))
             .route("/orders", post(create_order))
             .route("/orders/{order_id}/pay", post(pay_unlocked))
     };
@@ -243,26 +255,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(str::to_owned)
         .collect();
 
-    let (locks, store) = if urls.is_empty() {
-        (Locks::default(), Store::Memory(Arc::default()))
+    let quota: Option<Quota> = match std::env::var("RATE_LIMIT") {
+        Ok(text) => Some(
+            text.parse()
+                .map_err(|e| format!("RATE_LIMIT must be LIMIT/SECONDS, such as 5/10: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+
+    let (locks, store, limiter) = if urls.is_empty() {
+        let limiter = RateLimiter::default();
+        (Locks::default(), Store::Memory(Arc::default()), limiter)
     } else {
         let redlock = Redlock::builder(&urls).build().await?;
         let data = redis::Client::open(urls[0].as_str())?
             .get_connection_manager()
             .await?;
-        (Locks::from(redlock), Store::Redis(data))
+        let limiter = RedisRateLimiter::builder(urls[0].as_str()).build().await?;
+        (
+            Locks::from(redlock),
+            Store::Redis(data),
+            RateLimiter::from(limiter),
+        )
     };
+    let rate_limit = quota.map(|quota| {
+        RateLimitLayer::by_header_or_peer_ip("X-Client-Id", quota)
+            .scope("buy")
+            .backend(limiter)
+    });
     let backend = if urls.is_empty() {
         "in-process locks and data".to_owned()
     } else {
         format!("Redlock over {} node(s), stock in {}", urls.len(), urls[0])
     };
-    tracing::info!(%addr, backend, locking, work_ms = work.as_millis() as u64, "flash sale listening");
+    let rate_limit_text = quota.map_or_else(|| "none".to_owned(), |q| q.to_string());
+    tracing::info!(%addr, backend, locking, work_ms = work.as_millis() as u64, rate_limit = rate_limit_text, "flash sale listening");
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(
         listener,
-        app(AppState { locks, store, work }, locking)
+        app(AppState { locks, store, work }, locking, rate_limit)
             .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;

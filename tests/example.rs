@@ -41,6 +41,15 @@ fn example_binary() -> PathBuf {
 }
 
 async fn start_example(nodes: &[RedisNode], work_ms: u64, locking: bool) -> Example {
+    start_example_with(nodes, work_ms, locking, &[]).await
+}
+
+async fn start_example_with(
+    nodes: &[RedisNode],
+    work_ms: u64,
+    locking: bool,
+    env: &[(&str, &str)],
+) -> Example {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -52,6 +61,7 @@ async fn start_example(nodes: &[RedisNode], work_ms: u64, locking: bool) -> Exam
         .env("WORK_MS", work_ms.to_string())
         .env("LOCKING", if locking { "on" } else { "off" })
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .spawn()
         .expect("start the example");
@@ -169,4 +179,36 @@ async fn example_orders_and_pay() {
     }
     .unwrap();
     assert_eq!(paid, serde_json::json!({"order_id": "o-1", "paid": true}));
+}
+
+#[tokio::test]
+async fn example_rate_limit_per_client_across_processes() {
+    let nodes = nodes(1);
+    let env = [("RATE_LIMIT", "3/60")];
+    let examples = [
+        start_example_with(&nodes, 1, true, &env).await,
+        start_example_with(&nodes, 1, true, &env).await,
+    ];
+    put_stock(&examples[0], "lamp", 100).await;
+    let client = reqwest::Client::new();
+    let buy = |i: usize, client_id: &'static str| {
+        client
+            .post(format!("{}/items/lamp/buy", examples[i % 2].base))
+            .header("X-Client-Id", client_id)
+            .send()
+    };
+    // One client, alternating between the two processes: the limit is shared.
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        statuses.push(buy(i, "alice").await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let limited = buy(0, "alice").await.unwrap();
+    assert!(limited.headers().contains_key("retry-after"));
+    assert_eq!(
+        limited.headers()["ratelimit-policy"],
+        "\"default\";q=3;w=60"
+    );
+    // Another client has its own count.
+    assert_eq!(buy(1, "bob").await.unwrap().status(), 200);
 }
