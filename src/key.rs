@@ -99,14 +99,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// Appending (rather than returning a string) lets the caller build the whole key in
     /// one allocation.
     fn write_scope(&self, parts: &Parts, out: &mut String) {
-        out.push_str(&self.scope(parts));
-    }
-
-    /// The scope as a string; only called by the default
-    /// [`write_scope`](Self::write_scope). Default: empty.
-    fn scope<'a>(&'a self, parts: &'a Parts) -> Cow<'a, str> {
-        let _ = parts;
-        Cow::Borrowed("")
+        let _ = (parts, out);
     }
 }
 

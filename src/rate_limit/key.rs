@@ -1,6 +1,5 @@
 //! Key extractors for rate limits: the peer IP, one global key, a header else the peer IP.
 
-use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderName;
@@ -54,8 +53,8 @@ impl KeyExtractor for PeerIpKey {
         Ok(ip.map(|ip| ip.to_string()))
     }
 
-    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
-        Cow::Borrowed("ip")
+    fn write_scope(&self, _parts: &Parts, out: &mut String) {
+        out.push_str("ip");
     }
 }
 
@@ -69,8 +68,8 @@ impl KeyExtractor for GlobalKey {
         Ok(Some("all".to_owned()))
     }
 
-    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
-        Cow::Borrowed("global")
+    fn write_scope(&self, _parts: &Parts, out: &mut String) {
+        out.push_str("global");
     }
 }
 
@@ -124,8 +123,8 @@ impl KeyExtractor for HeaderOrPeerIp {
         Ok(PeerIpKey.extract(parts)?.map(|ip| format!("{IP_TAG}{ip}")))
     }
 
-    fn scope<'a>(&'a self, _parts: &'a Parts) -> Cow<'a, str> {
-        Cow::Borrowed("client")
+    fn write_scope(&self, _parts: &Parts, out: &mut String) {
+        out.push_str("client");
     }
 }
 
@@ -198,7 +197,9 @@ mod tests {
             Some("id:203.0.113.7")
         );
         assert_eq!(key.extract(&mut parts(None, None)).unwrap(), None);
-        assert_eq!(key.scope(without), "client");
+        let mut scope = String::new();
+        key.write_scope(without, &mut scope);
+        assert_eq!(scope, "client");
     }
 
     #[test]
@@ -233,6 +234,8 @@ mod tests {
                 .as_deref(),
             Some("all")
         );
-        assert_eq!(GlobalKey.scope(&parts(None, None)), "global");
+        let mut scope = String::new();
+        GlobalKey.write_scope(&parts(None, None), &mut scope);
+        assert_eq!(scope, "global");
     }
 }

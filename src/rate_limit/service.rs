@@ -1,4 +1,3 @@
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -81,12 +80,12 @@ where
             Err(e) => return ResponseFuture::answered(Config::invalid(&e)),
         };
         let resource = value.map(|value| {
-            let scope = match &config.scope {
-                Some(scope) => Cow::Borrowed(&**scope),
-                None => self.extractor.scope(&parts),
-            };
-            let mut resource = String::with_capacity(scope.len() + 1 + value.len());
-            resource.push_str(&scope);
+            let scope_len = config.scope.as_ref().map_or(32, |s| s.len());
+            let mut resource = String::with_capacity(scope_len + 1 + value.len());
+            match &config.scope {
+                Some(scope) => resource.push_str(scope),
+                None => self.extractor.write_scope(&parts, &mut resource),
+            }
             resource.push(':');
             resource.push_str(&value);
             resource
