@@ -11,6 +11,7 @@
 //! Lua source, so any byte is safe there; values are still checked (see [`validate_value`])
 //! so that a client cannot make the server store unbounded or unprintable keys.
 
+#[cfg(feature = "axum")]
 use std::borrow::Cow;
 use std::fmt;
 

@@ -61,6 +61,10 @@ impl fmt::Display for Token {
 /// [`valid_until`](Lease::valid_until), mutual exclusion is no longer guaranteed even if the
 /// keys still exist in Redis.
 ///
+/// A lease is a snapshot taken at acquisition: renewals do not move the `valid_until` of
+/// the copies handed out (such as the one in the request extensions); a
+/// [`LeaseStatus`](crate::LeaseStatus) follows them.
+///
 /// Cloning a lease copies its description; only [`Locks::unlock`](crate::Locks::unlock)
 /// (or dropping the layer's or extractor's guard) releases it. The [`LockLayer`](crate::LockLayer)
 /// puts a clone in the request extensions, where a handler can read it.
@@ -71,6 +75,8 @@ pub struct Lease {
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
     pub(crate) fencing_token: Option<u64>,
+    /// Which backend instance issued it (see `locks::next_backend_id`).
+    pub(crate) backend: u64,
 }
 
 impl Lease {

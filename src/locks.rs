@@ -27,6 +27,12 @@ enum Backend {
     Memory(MemoryLocks),
 }
 
+/// A process-unique id for a backend instance, so that a lease can tell which one issued it.
+pub(crate) fn next_backend_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Default for Locks {
     /// The process-wide [`MemoryLocks`] with default settings, shared by every layer and
     /// extractor that was given no backend, so they all see the same locks.
@@ -201,7 +207,7 @@ impl Locks {
         if let Some((locks, lease)) = guard.take() {
             if let Err(e) = locks.unlock(lease).await {
                 if result.is_ok() {
-                    tracing::warn!(error = %e, "releasing the lease after the work failed");
+                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
                 }
             }
         }
@@ -219,14 +225,18 @@ impl Locks {
     /// Whether `lease` is the lock on `resource` in this backend (same prefixed key).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
-        lease.key().strip_prefix(self.prefix()) == Some(resource)
+        let id = match &self.backend {
+            Backend::Redlock(r) => r.id(),
+            Backend::Memory(m) => m.id(),
+        };
+        lease.backend == id && lease.key().strip_prefix(self.prefix()) == Some(resource)
     }
 
     /// Releases without waiting: at once for the in-process backend, on a spawned task for
     /// Redis (the TTL is the backstop when there is no runtime).
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
-            Backend::Redlock(r) => r.release_detached(lease.key, lease.token),
+            Backend::Redlock(r) => r.release_detached(lease.key, lease.token, true),
             Backend::Memory(m) => {
                 let _ = m.unlock(lease);
             }

@@ -37,6 +37,7 @@ pub struct MemoryLocks {
 }
 
 struct Shared {
+    id: u64,
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
@@ -110,6 +111,7 @@ impl MemoryLocks {
     fn with_policy(policy: Policy) -> Self {
         Self {
             inner: Arc::new(Shared {
+                id: crate::locks::next_backend_id(),
                 policy,
                 state: Mutex::new(State {
                     held: HashMap::new(),
@@ -119,6 +121,11 @@ impl MemoryLocks {
                 waiters: Waiters::default(),
             }),
         }
+    }
+
+    #[cfg(feature = "axum")]
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
     }
 
     /// The prefix put before every key.
@@ -177,6 +184,7 @@ impl MemoryLocks {
             ttl,
             valid_until: expires_at,
             fencing_token: Some(state.fence),
+            backend: self.inner.id,
         })
     }
 

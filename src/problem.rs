@@ -62,7 +62,7 @@ impl Problem {
         match error {
             LockError::Taken { retry_after } => {
                 let detail = if taken_status == StatusCode::CONFLICT {
-                    "A request with the same key is still in progress; retry after it has completed."
+                    "A request with the same key is still in progress."
                 } else {
                     "The resource is locked by another request; retry after the Retry-After delay."
                 };

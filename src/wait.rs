@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,12 @@ impl Waiters {
         }
     }
 
+    fn wake_all(&self) {
+        for waiting in self.keys().values() {
+            waiting.notify.notify_waiters();
+        }
+    }
+
     /// Whether anybody waits on `key`.
     pub(crate) fn is_waited(&self, key: &str) -> bool {
         self.keys().contains_key(key)
@@ -104,6 +111,19 @@ pub(crate) fn jitter(max: Duration) -> Duration {
     Duration::from_micros(getrandom::u64().unwrap_or(0) % span.saturating_add(1))
 }
 
+/// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
+/// unless someone in the process waits on it again.
+pub(crate) struct UnsubscribeOnDrop {
+    pub(crate) notifier: Arc<Notifier>,
+    pub(crate) key: Arc<str>,
+}
+
+impl Drop for UnsubscribeOnDrop {
+    fn drop(&mut self) {
+        self.notifier.unsubscribe(self.key.clone());
+    }
+}
+
 /// The pub/sub side for Redis: one subscriber connection per node, opened on the first
 /// wait, reading release messages and waking this process's waiters.
 pub(crate) struct Notifier {
@@ -114,7 +134,14 @@ pub(crate) struct Notifier {
 
 struct NodeSubscriber {
     client: redis::Client,
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    sink: tokio::sync::Mutex<Option<Subscriber>>,
+}
+
+/// An open subscriber connection; `alive` turns false when its reader task ends (the
+/// connection dropped), so that the next subscription reconnects.
+struct Subscriber {
+    sink: PubSubSink,
+    alive: Arc<AtomicBool>,
 }
 
 impl Notifier {
@@ -142,13 +169,17 @@ impl Notifier {
     async fn subscribe_on(&self, node: &NodeSubscriber, key: &Arc<str>) {
         let attempt = async {
             let mut sink = node.sink.lock().await;
-            if sink.is_none() {
+            if !sink
+                .as_ref()
+                .is_some_and(|s| s.alive.load(Ordering::Acquire))
+            {
+                *sink = None;
                 *sink = Some(self.connect(node).await?);
             }
             let Some(open) = sink.as_mut() else {
                 return Ok(());
             };
-            let subscribed = open.subscribe(&**key).await;
+            let subscribed = open.sink.subscribe(&**key).await;
             if subscribed.is_err() {
                 *sink = None;
             }
@@ -170,12 +201,15 @@ impl Notifier {
         };
         let this = self.clone();
         handle.spawn(async move {
-            if this.waiters.is_waited(&key) {
-                return;
-            }
             for node in &this.nodes {
-                if let Some(sink) = node.sink.lock().await.as_mut() {
-                    let _ = tokio::time::timeout(this.timeout, sink.unsubscribe(&*key)).await;
+                let mut sink = node.sink.lock().await;
+                // Checked under the node's lock: a new first waiter subscribes under the
+                // same lock, so it is either seen here or subscribes after this.
+                if this.waiters.is_waited(&key) {
+                    return;
+                }
+                if let Some(open) = sink.as_mut() {
+                    let _ = tokio::time::timeout(this.timeout, open.sink.unsubscribe(&*key)).await;
                 }
             }
         });
@@ -183,21 +217,26 @@ impl Notifier {
 
     /// Opens a subscriber connection and the task that reads it; resubscribes the keys
     /// currently waited on.
-    async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<PubSubSink> {
+    async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<Subscriber> {
         let pubsub = node.client.get_async_pubsub().await?;
         let (mut sink, mut stream) = pubsub.split();
         let waiters = self.waiters.clone();
+        let alive = Arc::new(AtomicBool::new(true));
+        let reader_alive = alive.clone();
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 waiters.wake(msg.get_channel_name());
             }
+            reader_alive.store(false, Ordering::Release);
+            // Whoever waits now would miss notifications from this node: let them re-try.
+            waiters.wake_all();
         });
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
             sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
                 .await?;
         }
-        Ok(sink)
+        Ok(Subscriber { sink, alive })
     }
 }
 
@@ -226,7 +265,8 @@ where
     let deadline = Instant::now().checked_add(max_wait);
     let ticket = waiters.register(key);
     if ticket.first {
-        subscribe.await;
+        // Bounded by the wait itself, as well as by the notifier's own timeout.
+        let _ = tokio::time::timeout(max_wait, subscribe).await;
     }
     loop {
         let notified = ticket.notify.notified();

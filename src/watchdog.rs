@@ -83,8 +83,9 @@ impl Renewal {
         }
     }
 
-    /// Renew this often. Default: a third of the TTL. It must leave time for the extension
-    /// round trip before the validity ends; zero disables renewal.
+    /// Renew this often. Default: a third of the TTL; at most half the TTL (a longer
+    /// period is shortened to that, so that a renewal lands within the validity); zero
+    /// disables renewal.
     #[must_use]
     pub fn every(mut self, every: Duration) -> Self {
         self.every = Some(every);
@@ -99,8 +100,9 @@ impl Renewal {
     }
 
     /// `(every, max_hold)` for a lease of `ttl`; `every` is `None` when renewal is off.
+    /// `every` is at most half the TTL, so that a renewal can land within the validity.
     pub(crate) fn resolve(&self, ttl: Duration) -> (Option<Duration>, Duration) {
-        let every = self.every.unwrap_or(ttl / 3);
+        let every = self.every.unwrap_or(ttl / 3).min(ttl / 2);
         let every = (self.enabled && !every.is_zero()).then_some(every);
         let max_hold = self.max_hold.unwrap_or(ttl.saturating_mul(10));
         (every, max_hold)
@@ -206,7 +208,9 @@ impl Watchdog {
             lost: false,
         });
         Self {
-            next_renewal: every.map_or(now, |every| now + every),
+            next_renewal: every
+                .and_then(|every| now.checked_add(every))
+                .unwrap_or(now),
             stop_renewing_at: now.checked_add(max_hold),
             locks,
             lease,
@@ -222,6 +226,11 @@ impl Watchdog {
         LeaseStatus {
             rx: self.status.subscribe(),
         }
+    }
+
+    /// Whether an extension is in flight.
+    pub(crate) fn is_renewing(&self) -> bool {
+        self.extending.is_some()
     }
 
     /// Whether the validity is still running, checked on the clock now.
@@ -252,7 +261,9 @@ impl Watchdog {
                             self.lease.valid_until = renewed.valid_until;
                             self.status
                                 .send_modify(|s| s.valid_until = renewed.valid_until);
-                            self.next_renewal = now + self.every.unwrap_or_default();
+                            self.next_renewal = now
+                                .checked_add(self.every.unwrap_or_default())
+                                .unwrap_or(now);
                         }
                         Err(e @ LockError::Expired { .. }) => {
                             tracing::warn!(key = self.lease.key(), error = %e, "lease lost: renewal found the token gone");
@@ -262,7 +273,9 @@ impl Watchdog {
                             // Still valid until valid_until: try again soon.
                             tracing::warn!(key = self.lease.key(), error = %e, "lease renewal failed; retrying");
                             let retry = self.every.unwrap_or_default() / 4;
-                            self.next_renewal = now + retry.max(Duration::from_millis(10));
+                            self.next_renewal = now
+                                .checked_add(retry.max(Duration::from_millis(10)))
+                                .unwrap_or(now);
                         }
                     }
                 }

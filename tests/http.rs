@@ -513,3 +513,68 @@ async fn route_layer_leaves_unmatched_requests_alone() {
         404
     );
 }
+
+#[tokio::test]
+async fn client_cannot_forge_the_fencing_header() {
+    let nodes = nodes(1);
+    // No fencing tokens on this backend, and the key is optional: nothing may put a
+    // client-chosen value in the header the inner service trusts.
+    let app = Router::new()
+        .route(
+            "/write",
+            post(|headers: axum::http::HeaderMap| async move {
+                format!("{:?}", headers.get("fencing-token"))
+            }),
+        )
+        .layer(
+            LockLayer::by_header("Idempotency-Key")
+                .backend(redlock(&nodes, Duration::from_secs(10)).await)
+                .fencing_header("Fencing-Token")
+                .optional(),
+        );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    for with_key in [true, false] {
+        let mut req = client
+            .post(format!("{base}/write"))
+            .header("Fencing-Token", "999999999");
+        if with_key {
+            req = req.header("Idempotency-Key", "k");
+        }
+        assert_eq!(req.send().await.unwrap().text().await.unwrap(), "None");
+    }
+}
+
+#[tokio::test]
+async fn locked_extractor_does_not_reuse_a_lease_of_another_backend() {
+    let layer_locks = Locks::from(MemoryLocks::new());
+    let state_locks = Locks::from(MemoryLocks::new());
+    let check = state_locks.clone();
+    let app =
+        Router::new()
+            .route(
+                "/orders/{order_id}/pay",
+                post(
+                    move |Extension(layer_lease): Extension<Lease>,
+                          order: Locked<Path<OrderId>>| async move {
+                        assert_ne!(order.lease(), &layer_lease);
+                        // The extractor locked its own backend.
+                        assert!(check.try_lock("order:5").await.is_err());
+                        "paid"
+                    },
+                ),
+            )
+            .route_layer(
+                LockLayer::by_path_param("order_id")
+                    .scope("order")
+                    .backend(layer_locks),
+            )
+            .with_state(state_locks);
+    let base = serve(app).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/orders/5/pay"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+}

@@ -184,3 +184,90 @@ async fn layer_waits_for_the_holder_instead_of_409() {
     assert_eq!(a.unwrap().status(), 200);
     assert_eq!(b.unwrap().status(), 200);
 }
+
+/// Calls of `command` on the node so far (`INFO commandstats`).
+async fn calls(node: &RedisNode, command: &str) -> u64 {
+    let mut conn = node.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+#[tokio::test]
+async fn failed_attempts_wake_nobody() {
+    // Another holder has two of three nodes: each of our attempts takes the third and
+    // cleans it up again. That cleanup must not publish, or the waiter would wake itself
+    // in a loop (and every other waiter with it).
+    let nodes = nodes(3);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    for node in &nodes[..2] {
+        let mut conn = node.conn().await;
+        let () = redis::cmd("SET")
+            .arg("tower-redlock:partial")
+            .arg("someone-else")
+            .arg("PX")
+            .arg(800)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let lease = r
+        .lock_within("partial", Duration::from_secs(5))
+        .await
+        .expect("acquired after the holder's TTL");
+    let mut publishes = 0;
+    let mut sets = 0;
+    for node in &nodes {
+        publishes += calls(node, "publish").await;
+        sets += calls(node, "set").await;
+    }
+    assert_eq!(publishes, 0, "cleanup of failed attempts published");
+    // 2 seeding SETs, then a handful of attempts per node: never a storm.
+    assert!(sets < 2 + 3 * 10, "{sets} SET calls while waiting");
+    r.unlock(lease).await.unwrap();
+    let published: u64 = calls(&nodes[0], "publish").await
+        + calls(&nodes[1], "publish").await
+        + calls(&nodes[2], "publish").await;
+    assert_eq!(published, 3, "a real release publishes on every node");
+}
+
+#[tokio::test]
+async fn cancelled_waits_leave_no_subscription() {
+    let nodes = nodes(3);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    let mut holders = Vec::new();
+    for i in 0..10 {
+        holders.push(r.try_lock(&format!("cancel-{i}")).await.unwrap());
+    }
+    for i in 0..10 {
+        let key = format!("cancel-{i}");
+        let wait = r.lock_within(&key, Duration::from_secs(10));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), wait)
+                .await
+                .is_err()
+        );
+    }
+    let gone = eventually(Duration::from_secs(5), || async {
+        let mut channels = 0;
+        for node in &nodes {
+            let mut conn = node.conn().await;
+            let open: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("tower-redlock:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            channels += open.len();
+        }
+        channels == 0
+    })
+    .await;
+    assert!(gone, "cancelled waits left their subscriptions behind");
+}

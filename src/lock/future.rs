@@ -226,8 +226,10 @@ where
                     // the lease's validity has ended, the inner future is not polled
                     // again under Abort.
                     // A renewal that completed since the last poll is taken in first.
+                    // So is a renewal that found the token gone.
                     let lost_before = watchdog.as_mut().is_some_and(|dog| {
-                        !dog.is_valid() && (dog.poll_lost(cx).is_ready() || !dog.is_valid())
+                        (dog.is_renewing() || !dog.is_valid())
+                            && (dog.poll_lost(cx).is_ready() || !dog.is_valid())
                     });
                     let polled = if lost_before {
                         None

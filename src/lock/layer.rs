@@ -93,6 +93,13 @@ impl LockLayer<HeaderKey> {
     /// (see [`optional`](Self::optional)). The value may be a bare token or an RFC 8941
     /// quoted string.
     ///
+    /// This stops *concurrent* duplicates; a retry after the first request completed runs
+    /// again unless the handler stores and replays the first result.
+    ///
+    /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
+    /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
+    /// replica locks on its own.
+    ///
     /// # Panics
     ///
     /// When `name` is not a valid header name; names are usually literals, so this is a
@@ -118,6 +125,10 @@ impl LockLayer<crate::key::PathParamKey> {
     /// Add it with `Router::route_layer` (or `Router::layer` after the routes), so that it
     /// runs once the router has found the parameter. A request whose route has no such
     /// parameter gets 400.
+    ///
+    /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
+    /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
+    /// replica locks on its own.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
         let key = crate::key::PathParamKey::new(name);
         let detail = format!(

@@ -64,6 +64,11 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let config = &self.config;
         let (mut parts, body) = req.into_parts();
+        if let Some(name) = &config.settings.fencing_header {
+            // Only the layer sets this header: a client's own value must never reach the
+            // inner service, whatever happens next (no key, fail open, no token).
+            parts.headers.remove(name);
+        }
         let value = match config.extractor.extract(&mut parts) {
             Ok(Some(value)) => match validate_value(&value) {
                 Ok(()) => Some(value),

@@ -21,7 +21,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
@@ -29,7 +30,7 @@ use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::key::KeyError;
 use crate::lease::{Lease, Token};
 use crate::policy::{Policy, policy_setters};
-use crate::wait::{Notifier, Waiters, bounded_wait};
+use crate::wait::{Notifier, UnsubscribeOnDrop, Waiters, bounded_wait};
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
 const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
@@ -67,6 +68,7 @@ pub struct Redlock {
 }
 
 struct Inner {
+    id: u64,
     nodes: Vec<Node>,
     notifier: Option<Arc<Notifier>>,
     fence_key: Option<Arc<str>>,
@@ -154,6 +156,11 @@ impl Redlock {
         self.inner.quorum
     }
 
+    #[cfg(feature = "axum")]
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// The prefix put before every key.
     pub fn prefix(&self) -> &str {
         &self.inner.policy.prefix
@@ -231,6 +238,11 @@ impl Redlock {
             first => return first,
         }
         let notifier = self.inner.notifier.as_ref();
+        // Also when this future is dropped mid-wait.
+        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
+            notifier: notifier.clone(),
+            key: key.clone(),
+        });
         let no_waiters = Waiters::default();
         let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
         let subscribe = async {
@@ -238,18 +250,14 @@ impl Redlock {
                 notifier.subscribe(&key).await;
             }
         };
-        let result = bounded_wait(
+        bounded_wait(
             waiters,
             &key,
             max_wait,
             || self.acquire(key.clone()),
             subscribe,
         )
-        .await;
-        if let Some(notifier) = notifier {
-            notifier.unsubscribe(key);
-        }
-        result
+        .await
     }
 
     /// Extends the lease to a full TTL from now on every node where it still holds the
@@ -265,29 +273,33 @@ impl Redlock {
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let results = self
-            .on_all_nodes(|mut conn| {
-                let key = lease.key.clone();
-                let token = lease.token;
-                async move {
-                    let reply: i64 = scripts::EXTEND
-                        .key(&*key)
-                        .arg(token.as_bytes())
-                        .arg(ttl_ms)
-                        .invoke_async(&mut conn)
-                        .await?;
-                    Ok(reply)
-                }
-            })
+            .on_nodes(
+                |mut conn| {
+                    let key = lease.key.clone();
+                    let token = lease.token;
+                    async move {
+                        let reply: i64 = scripts::EXTEND
+                            .key(&*key)
+                            .arg(token.as_bytes())
+                            .arg(ttl_ms)
+                            .invoke_async(&mut conn)
+                            .await?;
+                        Ok(reply)
+                    }
+                },
+                |reply| *reply == 1,
+                Some(Stragglers::Finish),
+            )
             .await;
         let mut extended = 0;
         let mut taken_over = false;
         let mut failures = Vec::new();
         for (node, result) in self.inner.nodes.iter().zip(results) {
             match result {
-                Ok(1) => extended += 1,
-                Ok(-1) => taken_over = true,
-                Ok(_) => {}
-                Err(reason) => failures.push(node.failure(reason)),
+                Some(Ok(1)) => extended += 1,
+                Some(Ok(-1)) => taken_over = true,
+                Some(Ok(_)) | None => {}
+                Some(Err(reason)) => failures.push(node.failure(reason)),
             }
         }
         if extended >= self.inner.quorum {
@@ -313,16 +325,18 @@ impl Redlock {
     /// had run out; `taken_over` says whether another holder has it now), or
     /// [`LockError::NoQuorum`] when too few nodes answered (the keys expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
-        let outcomes = self.release_all(&lease.key, lease.token).await;
+        let outcomes = self
+            .release_all(&lease.key, lease.token, true, Some(Stragglers::Finish))
+            .await;
         let mut deleted = 0;
         let mut taken_over = false;
         let mut failures = Vec::new();
         for (node, outcome) in self.inner.nodes.iter().zip(outcomes) {
             match outcome {
-                Ok(Release::Deleted) => deleted += 1,
-                Ok(Release::HeldByOther { .. }) => taken_over = true,
-                Ok(Release::Absent) => {}
-                Err(reason) => failures.push(node.failure(reason)),
+                Some(Ok(Release::Deleted)) => deleted += 1,
+                Some(Ok(Release::HeldByOther { .. })) => taken_over = true,
+                Some(Ok(Release::Absent)) | None => {}
+                Some(Err(reason)) => failures.push(node.failure(reason)),
             }
         }
         if deleted >= self.inner.quorum {
@@ -349,45 +363,50 @@ impl Redlock {
         let ttl_ms = self.inner.policy.ttl_ms();
         let fence_key = self.inner.fence_key.as_ref();
         let results = self
-            .on_all_nodes(|mut conn| {
-                let key = key.clone();
-                async move {
-                    match fence_key {
-                        Some(fence_key) => {
-                            let counter: i64 = scripts::ACQUIRE_FENCED
-                                .key(&*key)
-                                .key(&**fence_key)
-                                .arg(token.as_bytes())
-                                .arg(ttl_ms)
-                                .invoke_async(&mut conn)
-                                .await?;
-                            Ok(u64::try_from(counter).ok())
-                        }
-                        None => {
-                            let mut cmd = redis::cmd("SET");
-                            cmd.arg(&*key)
-                                .arg(token.as_bytes())
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(ttl_ms);
-                            let reply = cmd.query_async::<Value>(&mut conn).await?;
-                            Ok(matches!(reply, Value::Okay).then_some(0))
+            .on_nodes(
+                |mut conn| {
+                    let key = key.clone();
+                    let fence_key = fence_key.cloned();
+                    async move {
+                        match fence_key {
+                            Some(fence_key) => {
+                                let counter: i64 = scripts::ACQUIRE_FENCED
+                                    .key(&*key)
+                                    .key(&*fence_key)
+                                    .arg(token.as_bytes())
+                                    .arg(ttl_ms)
+                                    .invoke_async(&mut conn)
+                                    .await?;
+                                Ok(u64::try_from(counter).ok())
+                            }
+                            None => {
+                                let mut cmd = redis::cmd("SET");
+                                cmd.arg(&*key)
+                                    .arg(token.as_bytes())
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(ttl_ms);
+                                let reply = cmd.query_async::<Value>(&mut conn).await?;
+                                Ok(matches!(reply, Value::Okay).then_some(0))
+                            }
                         }
                     }
-                }
-            })
+                },
+                Option::is_some,
+                Some(Stragglers::Drop),
+            )
             .await;
         let mut acquired = 0;
         let mut highest_counter = 0u64;
         let mut failures = Vec::new();
         for (node, result) in self.inner.nodes.iter().zip(results) {
             match result {
-                Ok(Some(counter)) => {
+                Some(Ok(Some(counter))) => {
                     acquired += 1;
                     highest_counter = highest_counter.max(counter);
                 }
-                Ok(None) => {}
-                Err(reason) => failures.push(node.failure(reason)),
+                Some(Ok(None)) | None => {}
+                Some(Err(reason)) => failures.push(node.failure(reason)),
             }
         }
         if acquired >= self.inner.quorum {
@@ -408,22 +427,27 @@ impl Redlock {
                         ttl: self.inner.policy.ttl,
                         valid_until: start + validity,
                         fencing_token,
+                        backend: self.inner.id,
                     });
                 }
-                (Err(fence_failures), _) => failures = fence_failures,
-                (Ok(_), None) => {}
+                // The guard, still armed, releases in the background as it drops.
+                (Err(fence_failures), _) => {
+                    return Err(self
+                        .no_quorum(fence_failures)
+                        .unwrap_or(LockError::TooSlow {
+                            elapsed: start.elapsed(),
+                        }));
+                }
+                (Ok(_), None) => return Err(LockError::TooSlow { elapsed }),
             }
         }
-        guard.armed = false;
-        let outcomes = self.release_all(&key, token).await;
-        if acquired >= self.inner.quorum {
-            return Err(self.no_quorum(failures).unwrap_or(LockError::TooSlow {
-                elapsed: start.elapsed(),
-            }));
-        }
         if let Some(no_quorum) = self.no_quorum(failures) {
+            // Released in the background by the guard: nothing to wait for.
             return Err(no_quorum);
         }
+        // Taken: the release also tells how long the holders have left.
+        let outcomes = self.release_all(&key, token, false, None).await;
+        guard.armed = false;
         Err(LockError::Taken {
             retry_after: self.retry_after(&outcomes),
         })
@@ -441,27 +465,31 @@ impl Redlock {
     ) -> Result<Option<u64>, Vec<NodeFailure>> {
         let fencing_token = highest_counter.saturating_add(1);
         let results = self
-            .on_all_nodes(|mut conn| {
-                let key = key.clone();
-                let fence_key = fence_key.clone();
-                async move {
-                    scripts::FENCE
-                        .key(&*key)
-                        .key(&*fence_key)
-                        .arg(token.as_bytes())
-                        .arg(fencing_token)
-                        .invoke_async::<i64>(&mut conn)
-                        .await
-                }
-            })
+            .on_nodes(
+                |mut conn| {
+                    let key = key.clone();
+                    let fence_key = fence_key.clone();
+                    async move {
+                        scripts::FENCE
+                            .key(&*key)
+                            .key(&*fence_key)
+                            .arg(token.as_bytes())
+                            .arg(fencing_token)
+                            .invoke_async::<i64>(&mut conn)
+                            .await
+                    }
+                },
+                |written| *written == 1,
+                Some(Stragglers::Finish),
+            )
             .await;
         let mut written = 0;
         let mut failures = Vec::new();
         for (node, result) in self.inner.nodes.iter().zip(results) {
             match result {
-                Ok(1) => written += 1,
-                Ok(_) => {}
-                Err(reason) => failures.push(node.failure(reason)),
+                Some(Ok(1)) => written += 1,
+                Some(Ok(_)) | None => {}
+                Some(Err(reason)) => failures.push(node.failure(reason)),
             }
         }
         if written >= self.inner.quorum {
@@ -472,11 +500,11 @@ impl Redlock {
     }
 
     /// How long until enough holders' keys expire for a quorum to be free.
-    fn retry_after(&self, outcomes: &[Result<Release, NodeFailureReason>]) -> Duration {
+    fn retry_after(&self, outcomes: &[Option<Result<Release, NodeFailureReason>>]) -> Duration {
         let ttl = self.inner.policy.ttl;
         let mut held: Vec<Duration> = Vec::with_capacity(outcomes.len());
         let mut free = 0usize;
-        for outcome in outcomes {
+        for outcome in outcomes.iter().flatten() {
             match outcome {
                 Ok(Release::Deleted | Release::Absent) => free += 1,
                 Ok(Release::HeldByOther { pttl_ms }) => match u64::try_from(*pttl_ms) {
@@ -514,60 +542,107 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
+    /// Deletes the key on every node where it holds `token`. `publish` wakes waiters (a
+    /// real release; not the cleanup of a failed attempt, which would wake them for
+    /// nothing). `early`: see [`on_nodes`](Self::on_nodes).
     async fn release_all(
         &self,
         key: &Arc<str>,
         token: Token,
-    ) -> Vec<Result<Release, NodeFailureReason>> {
-        self.on_all_nodes(|mut conn| {
-            let key = key.clone();
-            async move {
-                let (code, pttl_ms): (i64, i64) = scripts::RELEASE
-                    .key(&*key)
-                    .arg(token.as_bytes())
-                    .invoke_async(&mut conn)
-                    .await?;
-                Ok(match code {
-                    1 => Release::Deleted,
-                    0 => Release::Absent,
-                    _ => Release::HeldByOther { pttl_ms },
-                })
-            }
-        })
+        publish: bool,
+        early: Option<Stragglers>,
+    ) -> Vec<Option<Result<Release, NodeFailureReason>>> {
+        let flag: &'static str = if publish { "1" } else { "0" };
+        self.on_nodes(
+            |mut conn| {
+                let key = key.clone();
+                async move {
+                    let (code, pttl_ms): (i64, i64) = scripts::RELEASE
+                        .key(&*key)
+                        .arg(token.as_bytes())
+                        .arg(flag)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    Ok(match code {
+                        1 => Release::Deleted,
+                        0 => Release::Absent,
+                        _ => Release::HeldByOther { pttl_ms },
+                    })
+                }
+            },
+            |r| matches!(r, Release::Deleted),
+            early,
+        )
         .await
     }
 
     /// Runs `op` on every node at once, each bounded by the node timeout; results in node
-    /// order.
-    async fn on_all_nodes<F, Fut, T>(&self, op: F) -> Vec<Result<T, NodeFailureReason>>
+    /// order, `None` for a node whose answer was not awaited.
+    ///
+    /// With `early`, returns as soon as the outcome is decided: `wins` (answers for which
+    /// `win` holds) reach the quorum, or losses make it unreachable. A hung node then costs
+    /// nothing once a quorum has answered; its operation is dropped, or finished in the
+    /// background ([`Stragglers::Finish`]), as a release must be.
+    async fn on_nodes<F, Fut, T>(
+        &self,
+        op: F,
+        win: fn(&T) -> bool,
+        early: Option<Stragglers>,
+    ) -> Vec<Option<Result<T, NodeFailureReason>>>
     where
         F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+        T: Send + 'static,
     {
         let timeout = self.inner.node_timeout;
-        let bounded = |node: &Node| {
-            let fut = op(node.conn.clone());
-            async move {
-                match tokio::time::timeout(timeout, fut).await {
-                    Ok(Ok(value)) => Ok(value),
-                    Ok(Err(e)) => Err(NodeFailureReason::Redis(e)),
-                    Err(_) => Err(NodeFailureReason::Timeout(timeout)),
-                }
+        let bounded = |fut: Fut| async move {
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(e)) => Err(NodeFailureReason::Redis(e)),
+                Err(_) => Err(NodeFailureReason::Timeout(timeout)),
             }
         };
-        if let [node] = self.inner.nodes.as_slice() {
-            return vec![bounded(node).await];
+        let nodes = &self.inner.nodes;
+        if let [node] = nodes.as_slice() {
+            return vec![Some(bounded(op(node.conn.clone())).await)];
         }
-        join_all(self.inner.nodes.iter().map(bounded)).await
+        let mut results: Vec<Option<Result<T, NodeFailureReason>>> =
+            nodes.iter().map(|_| None).collect();
+        let mut pending: FuturesUnordered<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let fut = bounded(op(node.conn.clone()));
+                async move { (i, fut.await) }
+            })
+            .collect();
+        let (quorum, n) = (self.inner.quorum, nodes.len());
+        let (mut wins, mut losses) = (0, 0);
+        while let Some((i, result)) = pending.next().await {
+            match &result {
+                Ok(value) if win(value) => wins += 1,
+                _ => losses += 1,
+            }
+            results[i] = Some(result);
+            if early.is_some() && (wins >= quorum || losses > n - quorum) {
+                break;
+            }
+        }
+        if !pending.is_empty() && early == Some(Stragglers::Finish) {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move { while pending.next().await.is_some() {} });
+            }
+        }
+        results
     }
 
     /// Releases in the background: for guards dropped outside an async context.
-    pub(crate) fn release_detached(&self, key: Arc<str>, token: Token) {
+    pub(crate) fn release_detached(&self, key: Arc<str>, token: Token, publish: bool) {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
                 handle.spawn(async move {
-                    redlock.release_all(&key, token).await;
+                    redlock.release_all(&key, token, publish, None).await;
                 });
             }
             Err(_) => tracing::warn!(
@@ -576,6 +651,15 @@ impl Redlock {
             ),
         }
     }
+}
+
+/// What [`Redlock::on_nodes`] does with nodes still answering once the outcome is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stragglers {
+    /// Stop waiting for them.
+    Drop,
+    /// Finish their operations in the background.
+    Finish,
 }
 
 enum Release {
@@ -603,7 +687,8 @@ struct AcquireGuard<'a> {
 impl Drop for AcquireGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.redlock.release_detached(self.key.clone(), self.token);
+            self.redlock
+                .release_detached(self.key.clone(), self.token, false);
         }
     }
 }
@@ -624,10 +709,11 @@ impl RedlockBuilder {
 
     /// How long to wait for one node's answer before counting it as failed. Default 5% of
     /// the TTL (500 ms for the default 10 s), as go-redsync. It must be shorter than the
-    /// TTL, and should be much shorter so that a dead node cannot eat the validity; it is
-    /// also the latency a hung node adds to each acquisition, so services that want that
-    /// bounded tightly set it lower (the Redis docs suggest 5 to 50 ms for a 10 s TTL on a
-    /// fast network).
+    /// TTL, and should be much shorter so that a dead node cannot eat the validity.
+    /// Operations return as soon as a quorum has answered (or cannot), so a hung node
+    /// costs nothing while the others agree; the timeout bounds the wait when the verdict
+    /// needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
+    /// network.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -669,8 +755,9 @@ impl RedlockBuilder {
     ///
     /// Assumptions: nodes keep their data. A node restarted empty forgets its counter;
     /// while every other node of a later quorum took part in the earlier write-back the
-    /// order still holds, but a restart combined with other failures can issue a smaller
-    /// token. Run the nodes with persistence (`appendonly yes`, `appendfsync always`) where
+    /// order still holds, but a restart combined with another failure can issue a smaller
+    /// token (A writes back on X and Z while Y is down; X restarts empty; B acquires on X
+    /// and Y). Delayed restarts protect the lock, not the counter. Run the nodes with persistence (`appendonly yes`, `appendfsync always`) where
     /// fencing matters. Tokens are exact up to 2^53 (Lua numbers).
     pub fn fencing_tokens(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
@@ -736,6 +823,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         let redlock = Redlock {
             inner: Arc::new(Inner {
+                id: crate::locks::next_backend_id(),
                 nodes,
                 notifier: self.notify_waiters.then(|| {
                     Arc::new(Notifier::new(
@@ -753,12 +841,14 @@ impl RedlockBuilder {
             }),
         };
         let pings = redlock
-            .on_all_nodes(|mut conn| async move {
-                redis::cmd("PING").query_async::<()>(&mut conn).await
-            })
+            .on_nodes(
+                |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await },
+                |()| true,
+                None,
+            )
             .await;
         for (node, ping) in redlock.inner.nodes.iter().zip(pings) {
-            if let Err(reason) = ping {
+            if let Some(Err(reason)) = ping {
                 tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
             }
         }

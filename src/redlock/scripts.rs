@@ -7,7 +7,7 @@ use redis::Script;
 
 /// Deletes the key only if it holds our token (the Redis docs' release script), tells
 /// apart "it had expired" from "another holder has it", and on deletion publishes on the
-/// channel named after the key, to wake waiters.
+/// channel named after the key when ARGV[2] is `1`, to wake waiters.
 ///
 /// Returns `{1, 0}` when deleted, `{0, -2}` when the key is gone, and `{-1, pttl}` when it
 /// holds another token, with the holder's remaining TTL in ms (-1: no expiry).
@@ -17,7 +17,9 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[1], '')
+  if ARGV[2] == '1' then
+    redis.call('PUBLISH', KEYS[1], '')
+  end
   return {1, 0}
 elseif not v then
   return {0, -2}
