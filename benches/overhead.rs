@@ -1,0 +1,1235 @@
+//! What a lock costs: this crate against the bare Redis commands, against rslock, and
+//! over HTTP against no layer at all.
+//!
+//! Run with `cargo bench --bench overhead` (about a minute and a half on two cores), or
+//! `BENCH_QUICK=1 cargo bench --bench overhead` for a smoke run of a few seconds. A word
+//! after `--` runs only the sections whose name contains it: `cycle`, `http` or `hot`
+//! (`cargo bench --bench overhead -- cycle`). `BENCH_DEBUG=1` also prints the deciles of
+//! the serial lock cycles (they are often bimodal: see below).
+//!
+//! The bench starts its own `redis-server` processes (three, on free loopback ports,
+//! without persistence) and stops them at the end. It prints one table with absolute
+//! figures, the ratios, and the targets (PASS/MISS) next to the figures they judge.
+//!
+//! Sections:
+//! 1. **Lock cycle**: acquire then release on distinct keys, on 1 and on 3 nodes, serial
+//!    (p50, p99) and with 64 concurrent tasks (cycles/s), for
+//!    - the *floor*: the same commands sent straight with redis-rs on multiplexed
+//!      connections (`SET key token NX PX ttl` to every node at once, then the Redis
+//!      docs' compare-and-delete script by `EVALSHA` to every node at once), no lock
+//!      logic;
+//!    - this crate's [`Redlock`] (`try_lock` + `unlock`);
+//!    - rslock 0.10 (`lock` + `unlock`).
+//! 2. **HTTP**: an axum app with a trivial handler on loopback, driven by 32 keep-alive
+//!    connections (hyper), each sending one request after another: no layer, then
+//!    [`LockLayer::by_header`] with the in-process backend, on 1 node and on 3 nodes, a
+//!    distinct `Idempotency-Key` per request. Also with 1 connection, where the latency the
+//!    layer adds is not hidden by queueing.
+//! 3. **Hot key**: 200 requests at once on one key, the handler holding it 200 ms: how fast
+//!    the losers get their 409, and a check that exactly one handler runs at a time.
+//!
+//! Noise: throughput cases are measured in interleaved rounds (floor, crate, rslock,
+//! floor, ...) and serial cycles one of each locker in turn, so that a burst of other work
+//! on the machine hits all of them alike. The `spread` column is the range of the
+//! per-round rates over their mean, and each section says how much CPU time other
+//! processes took while it ran. On a small multi-threaded runtime the serial cycle time
+//! is bimodal (caller and connection task on one worker, or a wake-up across workers), so
+//! compare the ratios of one run rather than absolute times across runs.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use axum::serve::ListenerExt;
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
+
+/// Lock TTL for every client: 10 s, this crate's default.
+const TTL: Duration = Duration::from_secs(10);
+const TTL_MS: u64 = 10_000;
+/// The key prefix this crate puts before every key; the floor and rslock use it too, so
+/// that every client sends keys of the same length.
+const PREFIX: &str = "tower-redlock:";
+/// The compare-and-delete script of the Redis docs' "Distributed Locks with Redis" page.
+/// This crate's release script does a little more on the server (the holder's PTTL on a
+/// mismatch, a PUBLISH to wake waiters on deletion); that work is counted as the crate's.
+const RELEASE_SCRIPT: &str = r#"
+if redis.call("get", KEYS[1]) == ARGV[1] then
+  return redis.call("del", KEYS[1])
+else
+  return 0
+end
+"#;
+const LOCK_TASKS: usize = 64;
+const HTTP_WORKERS: usize = 32;
+const HOT_REQUESTS: usize = 200;
+const HOT_HOLD: Duration = Duration::from_millis(200);
+
+// Targets, as ratios measured in the same run.
+const CYCLE_P50_MAX_1: f64 = 1.05;
+const CYCLE_P50_MAX_3: f64 = 1.10;
+const CYCLE_RATE_MIN_VS_FLOOR: f64 = 0.90;
+const CYCLE_RATE_MIN_VS_RSLOCK: f64 = 1.4;
+const HTTP_MEMORY_RATE_MIN: f64 = 0.90;
+const HTTP_ADDED_P50_MAX: f64 = 1.10;
+
+/// How long and how often to measure.
+#[derive(Clone, Copy)]
+struct Plan {
+    quick: bool,
+    /// Rounds each case is split into, interleaved with the other cases.
+    rounds: usize,
+    /// Serial lock cycles measured per case.
+    serial_iters: usize,
+    /// Serial lock cycles run before measuring, per case.
+    serial_warmup: usize,
+    /// Measured time per case (over all rounds) for throughput.
+    duration: Duration,
+    /// Warm-up before every throughput round.
+    warmup: Duration,
+    /// Hot-key waves per backend.
+    hot_waves: usize,
+}
+
+impl Plan {
+    fn from_env() -> Self {
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        if quick {
+            Plan {
+                quick,
+                rounds: 1,
+                serial_iters: 200,
+                serial_warmup: 50,
+                duration: Duration::from_millis(400),
+                warmup: Duration::from_millis(100),
+                hot_waves: 1,
+            }
+        } else {
+            Plan {
+                quick,
+                rounds: 6,
+                serial_iters: 5000,
+                serial_warmup: 300,
+                duration: Duration::from_secs(3),
+                warmup: Duration::from_millis(200),
+                hot_waves: 3,
+            }
+        }
+    }
+
+    fn round_time(&self) -> Duration {
+        self.duration / u32::try_from(self.rounds).unwrap_or(1)
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not: stay out of the
+    // test suite.
+    if !args.iter().any(|a| a == "--bench") {
+        println!("overhead: a benchmark; run it with `cargo bench --bench overhead`");
+        return;
+    }
+    let filter: Option<String> = args.iter().find(|a| !a.starts_with('-')).cloned();
+    let plan = Plan::from_env();
+
+    let nodes: Vec<RedisNode> = (0..3).map(|_| RedisNode::start()).collect();
+    let urls: Vec<String> = nodes.iter().map(RedisNode::url).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("build the Tokio runtime");
+
+    let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let cpu_before = CpuSnapshot::take(&pids);
+    let started = Instant::now();
+    // On a worker thread, as a server's tasks are: a future driven by `block_on` runs on
+    // the main thread, and every Redis reply would cost a wake-up across threads.
+    let (table, misses) = runtime
+        .block_on(runtime.spawn(run(plan, urls, pids.clone(), filter)))
+        .expect("the bench task");
+    let foreign = cpu_before.and_then(|c| c.foreign_since(&pids));
+    drop(runtime);
+    drop(nodes);
+
+    println!();
+    println!(
+        "tower-redlock overhead bench: {} mode, {} CPUs, {} rounds per case, {:.0} s; \
+         other processes used {} of the CPU time meanwhile (noise)",
+        if plan.quick { "quick" } else { "full" },
+        std::thread::available_parallelism().map_or(0, usize::from),
+        plan.rounds,
+        started.elapsed().as_secs_f64(),
+        fmt_share(foreign),
+    );
+    table.print();
+    println!();
+    if misses.is_empty() {
+        println!("targets: all PASS");
+    } else {
+        println!("targets missed ({}):", misses.len());
+        for miss in &misses {
+            println!("  - {miss}");
+        }
+    }
+}
+
+/// Runs the sections `filter` selects; returns the table and the missed targets.
+async fn run(
+    plan: Plan,
+    urls: Vec<String>,
+    pids: Vec<u32>,
+    filter: Option<String>,
+) -> (Table, Vec<String>) {
+    let wants = |section: &str| filter.as_deref().is_none_or(|f| section.contains(f));
+    let mut table = Table::default();
+    let mut misses = Vec::new();
+    let mut floor_p50 = [None, None];
+    if wants("cycle") {
+        for (slot, n) in [(0, 1), (1, 3)] {
+            let (cpu, first) = (CpuSnapshot::take(&pids), table.lines.len());
+            floor_p50[slot] = Some(lock_cycle(&plan, &urls[..n], &mut table, &mut misses).await);
+            table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
+        }
+    }
+    if wants("http") {
+        let (cpu, first) = (CpuSnapshot::take(&pids), table.lines.len());
+        http(&plan, &urls, floor_p50, &mut table, &mut misses).await;
+        table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
+    }
+    if wants("hot") {
+        let (cpu, first) = (CpuSnapshot::take(&pids), table.lines.len());
+        hot_key(&plan, &urls, &mut table).await;
+        table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
+    }
+    (table, misses)
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Lock cycle
+// ---------------------------------------------------------------------------------------
+
+/// One way to take and release a lock.
+enum Locker {
+    Floor(Floor),
+    Crate(Redlock),
+    Rslock(rslock::LockManager),
+}
+
+impl Locker {
+    fn name(&self) -> &'static str {
+        match self {
+            Locker::Floor(_) => "floor (redis-rs)",
+            Locker::Crate(_) => "tower-redlock",
+            Locker::Rslock(_) => "rslock 0.10",
+        }
+    }
+
+    /// Acquires and releases `resource`; false if either step failed.
+    async fn cycle(&self, resource: &str) -> bool {
+        match self {
+            Locker::Floor(floor) => floor.cycle(resource).await,
+            Locker::Crate(redlock) => match redlock.try_lock(resource).await {
+                Ok(lease) => redlock.unlock(lease).await.is_ok(),
+                Err(_) => false,
+            },
+            Locker::Rslock(manager) => {
+                let key = prefixed(resource);
+                match manager.lock(key.as_bytes(), TTL).await {
+                    Ok(lock) => {
+                        manager.unlock(&lock).await;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
+}
+
+/// The bare commands on redis-rs multiplexed connections.
+struct Floor {
+    conns: Vec<MultiplexedConnection>,
+    sha: String,
+    quorum: usize,
+}
+
+impl Floor {
+    async fn connect(urls: &[String]) -> Self {
+        let mut conns = Vec::new();
+        let mut sha = String::new();
+        for url in urls {
+            let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to the bench's Redis node");
+            sha = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RELEASE_SCRIPT)
+                .query_async(&mut conn)
+                .await
+                .expect("SCRIPT LOAD");
+            conns.push(conn);
+        }
+        Floor {
+            quorum: conns.len() / 2 + 1,
+            conns,
+            sha,
+        }
+    }
+
+    async fn cycle(&self, resource: &str) -> bool {
+        let key = prefixed(resource);
+        let token = token();
+        let set = self
+            .on_all(|mut conn| {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&key)
+                    .arg(&token[..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL_MS);
+                async move { cmd.query_async::<Value>(&mut conn).await }
+            })
+            .await;
+        let acquired = set.iter().filter(|r| matches!(r, Ok(Value::Okay))).count();
+        let released = self
+            .on_all(|mut conn| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&self.sha).arg(1).arg(&key).arg(&token[..]);
+                async move { cmd.query_async::<Value>(&mut conn).await }
+            })
+            .await;
+        acquired >= self.quorum && released.iter().all(Result::is_ok)
+    }
+
+    async fn on_all<F, Fut>(&self, op: F) -> Vec<redis::RedisResult<Value>>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<Value>>,
+    {
+        if let [conn] = self.conns.as_slice() {
+            return vec![op(conn.clone()).await];
+        }
+        join_all(self.conns.iter().map(|conn| op(conn.clone()))).await
+    }
+}
+
+fn prefixed(resource: &str) -> String {
+    let mut key = String::with_capacity(PREFIX.len() + resource.len());
+    key.push_str(PREFIX);
+    key.push_str(resource);
+    key
+}
+
+/// A unique 32-byte token, the size of this crate's, without the OS random source.
+fn token() -> [u8; 32] {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = u128::from(NEXT.fetch_add(1, Ordering::Relaxed)) | (0x5eed_u128 << 100);
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        let nibble = ((n >> (4 * (31 - i))) & 0xf) as u8;
+        *byte = b"0123456789abcdef"[usize::from(nibble)];
+    }
+    out
+}
+
+/// A resource name not used before in this run.
+fn next_resource() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("cycle:{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Measures the three lockers on `urls`; returns the floor's serial p50.
+async fn lock_cycle(
+    plan: &Plan,
+    urls: &[String],
+    table: &mut Table,
+    misses: &mut Vec<String>,
+) -> Duration {
+    let n = urls.len();
+    let redlock = Redlock::builder(urls)
+        .ttl(TTL)
+        .build()
+        .await
+        .expect("build the Redlock client");
+    let lockers = [
+        Arc::new(Locker::Floor(Floor::connect(urls).await)),
+        Arc::new(Locker::Crate(redlock)),
+        Arc::new(Locker::Rslock(rslock::LockManager::new(urls.to_vec()))),
+    ];
+
+    // Serial latency: one cycle of each locker in turn, the order rotating, so that slow
+    // drifts of the machine (and of the scheduler's placement of tasks) hit all alike.
+    let mut serial: Vec<Samples> = lockers.iter().map(|_| Samples::default()).collect();
+    for locker in &lockers {
+        for _ in 0..plan.serial_warmup {
+            locker.cycle(&next_resource()).await;
+        }
+    }
+    for i in 0..plan.serial_iters {
+        for j in 0..lockers.len() {
+            let k = (i + j) % lockers.len();
+            let resource = next_resource();
+            let start = Instant::now();
+            let ok = lockers[k].cycle(&resource).await;
+            serial[k].record(start.elapsed(), ok);
+        }
+    }
+    if std::env::var_os("BENCH_DEBUG").is_some() {
+        for (locker, samples) in lockers.iter().zip(&mut serial) {
+            let ps: Vec<String> = [10.0, 25.0, 50.0, 75.0, 90.0, 99.0]
+                .iter()
+                .map(|p| fmt_duration(samples.percentile(*p)))
+                .collect();
+            eprintln!("{} x{n}: p10..p99 {}", locker.name(), ps.join(" "));
+        }
+    }
+
+    // Throughput with 64 tasks, in interleaved rounds.
+    let mut rates: Vec<Rate> = lockers.iter().map(|_| Rate::default()).collect();
+    for _ in 0..plan.rounds {
+        for (locker, rate) in lockers.iter().zip(&mut rates) {
+            let (count, errors) = cycle_round(locker, plan.warmup, plan.round_time()).await;
+            rate.record(count, errors, plan.round_time());
+        }
+    }
+
+    if std::env::var_os("BENCH_DEBUG").is_some() {
+        for (locker, rate) in lockers.iter().zip(&rates) {
+            let rounds: Vec<String> = rate.rounds.iter().map(|r| format!("{r:.0}")).collect();
+            eprintln!(
+                "{} x{n}: cycles/s per round {}",
+                locker.name(),
+                rounds.join(" ")
+            );
+        }
+    }
+    let floor_p50 = serial[0].percentile(50.0);
+    let floor_rate = rates[0].per_second();
+    let rslock_rate = rates[2].per_second();
+    let p50_max = if n == 1 {
+        CYCLE_P50_MAX_1
+    } else {
+        CYCLE_P50_MAX_3
+    };
+    table.section(&format!(
+        "1. lock cycle (acquire + release, distinct keys), {n} node{}: serial p50/p99 over {} cycles; rate with {LOCK_TASKS} tasks over {:.1} s",
+        if n == 1 { "" } else { "s" },
+        plan.serial_iters,
+        plan.duration.as_secs_f64(),
+    ));
+    for (i, locker) in lockers.iter().enumerate() {
+        let p50 = serial[i].percentile(50.0);
+        let rate = rates[i].per_second();
+        let mut targets = Vec::new();
+        if matches!(**locker, Locker::Crate(_)) {
+            targets.push(judge(
+                misses,
+                &format!("cycle {n} node: serial p50 <= {p50_max:.2}x floor"),
+                ratio(p50, floor_p50),
+                Bound::AtMost(p50_max),
+            ));
+            targets.push(judge(
+                misses,
+                &format!("cycle {n} node: rate >= {CYCLE_RATE_MIN_VS_FLOOR:.2}x floor"),
+                rate / floor_rate,
+                Bound::AtLeast(CYCLE_RATE_MIN_VS_FLOOR),
+            ));
+            targets.push(judge(
+                misses,
+                &format!("cycle {n} node: rate >= {CYCLE_RATE_MIN_VS_RSLOCK:.2}x rslock"),
+                rate / rslock_rate,
+                Bound::AtLeast(CYCLE_RATE_MIN_VS_RSLOCK),
+            ));
+        }
+        table.row(Row {
+            case: locker.name().to_owned(),
+            nodes: n.to_string(),
+            p50: Some(p50),
+            p99: Some(serial[i].percentile(99.0)),
+            rate: Some(rate),
+            p50_ratio: Some(ratio(p50, floor_p50)),
+            rate_ratio: Some(rate / floor_rate),
+            spread: Some(rates[i].spread()),
+            errors: serial[i].errors + rates[i].errors,
+            notes: targets.join("; "),
+        });
+    }
+    floor_p50
+}
+
+/// Runs 64 tasks doing lock cycles: `warmup`, then `measure`; returns the cycles that
+/// started and ended within `measure`, and the failures.
+async fn cycle_round(locker: &Arc<Locker>, warmup: Duration, measure: Duration) -> (u64, u64) {
+    let begin = Instant::now() + warmup;
+    let end = begin + measure;
+    let tasks: Vec<_> = (0..LOCK_TASKS)
+        .map(|_| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let (mut count, mut errors) = (0u64, 0u64);
+                loop {
+                    let start = Instant::now();
+                    if start >= end {
+                        break;
+                    }
+                    let ok = locker.cycle(&next_resource()).await;
+                    if start >= begin {
+                        count += 1;
+                        errors += u64::from(!ok);
+                    }
+                }
+                (count, errors)
+            })
+        })
+        .collect();
+    let mut total = (0, 0);
+    for task in tasks {
+        let (count, errors) = task.await.expect("cycle task");
+        total.0 += count;
+        total.1 += errors;
+    }
+    total
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. HTTP
+// ---------------------------------------------------------------------------------------
+
+async fn ok_handler() -> &'static str {
+    "ok"
+}
+
+/// Serves `app` on a free loopback port, with TCP_NODELAY on accepted connections.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("local address");
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    addr
+}
+
+/// One keep-alive HTTP/1.1 connection.
+async fn connect(addr: SocketAddr) -> SendRequest<Empty<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the app");
+    stream.set_nodelay(true).expect("TCP_NODELAY");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP/1.1 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
+/// POSTs to `/` with `Idempotency-Key: key`; returns the status once the body is read.
+async fn post_key(sender: &mut SendRequest<Empty<Bytes>>, key: u64) -> StatusCode {
+    sender.ready().await.expect("connection ready");
+    let request = Request::post("/")
+        .header(http::header::HOST, "bench")
+        .header("idempotency-key", key)
+        .body(Empty::<Bytes>::new())
+        .expect("a valid request");
+    let response = sender.send_request(request).await.expect("a response");
+    let status = response.status();
+    let _ = response.into_body().collect().await.expect("the body");
+    status
+}
+
+fn next_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Drives `addr` with `workers` connections: `warmup`, then `measure`; returns the
+/// latencies of the requests that started within `measure`, and the non-200 answers.
+async fn http_round(
+    addr: SocketAddr,
+    workers: usize,
+    warmup: Duration,
+    measure: Duration,
+) -> (Vec<u64>, u64) {
+    let mut senders = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        senders.push(connect(addr).await);
+    }
+    let begin = Instant::now() + warmup;
+    let end = begin + measure;
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .map(|mut sender| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(64 * 1024);
+                let mut errors = 0u64;
+                loop {
+                    let start = Instant::now();
+                    if start >= end {
+                        break;
+                    }
+                    let status = post_key(&mut sender, next_key()).await;
+                    if start >= begin {
+                        latencies.push(nanos(start.elapsed()));
+                        errors += u64::from(status != StatusCode::OK);
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (latencies, e) = task.await.expect("HTTP worker");
+        all.extend(latencies);
+        errors += e;
+    }
+    (all, errors)
+}
+
+async fn http(
+    plan: &Plan,
+    urls: &[String],
+    floor_p50: [Option<Duration>; 2],
+    table: &mut Table,
+    misses: &mut Vec<String>,
+) {
+    let memory = Locks::from(MemoryLocks::new());
+    let one = Locks::from(
+        Redlock::builder(&urls[..1])
+            .ttl(TTL)
+            .build()
+            .await
+            .expect("Redlock, 1 node"),
+    );
+    let three = Locks::from(
+        Redlock::builder(urls)
+            .ttl(TTL)
+            .build()
+            .await
+            .expect("Redlock, 3 nodes"),
+    );
+    let layer = |locks: &Locks| LockLayer::by_header("Idempotency-Key").backend(locks.clone());
+    let base = || Router::new().route("/", post(ok_handler));
+    // (name, nodes, address, floor p50 to compare the added latency with)
+    let cases = [
+        ("no layer", "-", serve(base()).await, None),
+        (
+            "LockLayer, in-process",
+            "-",
+            serve(base().layer(layer(&memory))).await,
+            None,
+        ),
+        (
+            "LockLayer, Redlock",
+            "1",
+            serve(base().layer(layer(&one))).await,
+            floor_p50[0],
+        ),
+        (
+            "LockLayer, Redlock",
+            "3",
+            serve(base().layer(layer(&three))).await,
+            floor_p50[1],
+        ),
+    ];
+
+    for (workers, duration) in [(HTTP_WORKERS, plan.duration), (1, plan.duration / 2)] {
+        let round_time = duration / u32::try_from(plan.rounds).unwrap_or(1);
+        let mut samples: Vec<Samples> = cases.iter().map(|_| Samples::default()).collect();
+        let mut rates: Vec<Rate> = cases.iter().map(|_| Rate::default()).collect();
+        for _ in 0..plan.rounds {
+            for (case, (samples, rate)) in cases.iter().zip(samples.iter_mut().zip(&mut rates)) {
+                let (latencies, errors) =
+                    http_round(case.2, workers, plan.warmup, round_time).await;
+                rate.record(latencies.len() as u64, errors, round_time);
+                samples.extend(latencies, errors);
+            }
+        }
+        table.section(&format!(
+            "2. HTTP, {workers} keep-alive connection{} for {:.1} s: a POST with a distinct Idempotency-Key per request; ratios to no layer",
+            if workers == 1 { "" } else { "s" },
+            duration.as_secs_f64(),
+        ));
+        let base_p50 = samples[0].percentile(50.0);
+        let base_rate = rates[0].per_second();
+        for (i, (name, nodes, _, floor)) in cases.iter().enumerate() {
+            let p50 = samples[i].percentile(50.0);
+            let rate = rates[i].per_second();
+            let mut notes = Vec::new();
+            if i == 1 && workers == HTTP_WORKERS {
+                notes.push(judge(
+                    misses,
+                    &format!("HTTP in-process: req/s >= {HTTP_MEMORY_RATE_MIN:.2}x no layer"),
+                    rate / base_rate,
+                    Bound::AtLeast(HTTP_MEMORY_RATE_MIN),
+                ));
+            }
+            if let Some(floor) = floor {
+                let added = p50.saturating_sub(base_p50);
+                let label = format!(
+                    "added p50 {} vs floor cycle p50 {}",
+                    fmt_duration(added),
+                    fmt_duration(*floor)
+                );
+                if workers == HTTP_WORKERS {
+                    notes.push(format!(
+                        "{label}: {}",
+                        judge(
+                            misses,
+                            &format!(
+                                "HTTP {nodes} node, {workers} connections: added p50 <= {HTTP_ADDED_P50_MAX:.2}x floor cycle p50"
+                            ),
+                            ratio(added, *floor),
+                            Bound::AtMost(HTTP_ADDED_P50_MAX),
+                        )
+                    ));
+                } else {
+                    notes.push(format!("{label}: {:.2}x (no target)", ratio(added, *floor)));
+                }
+            }
+            table.row(Row {
+                case: (*name).to_owned(),
+                nodes: (*nodes).to_owned(),
+                p50: Some(p50),
+                p99: Some(samples[i].percentile(99.0)),
+                rate: Some(rate),
+                p50_ratio: Some(ratio(p50, base_p50)),
+                rate_ratio: Some(rate / base_rate),
+                spread: Some(rates[i].spread()),
+                errors: samples[i].errors,
+                notes: notes.join("; "),
+            });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Hot key
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Running {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+/// Sends `HOT_REQUESTS` requests with Idempotency-Key `key` at once, each on its own
+/// connection (opened beforehand); returns each status and time to the answer.
+async fn burst(addr: SocketAddr, key: u64) -> Vec<(StatusCode, Duration)> {
+    let mut senders = Vec::with_capacity(HOT_REQUESTS);
+    for _ in 0..HOT_REQUESTS {
+        senders.push(connect(addr).await);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(HOT_REQUESTS));
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .map(|mut sender| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                sender.ready().await.expect("connection ready");
+                barrier.wait().await;
+                let start = Instant::now();
+                let status = post_key(&mut sender, key).await;
+                (status, start.elapsed())
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(HOT_REQUESTS);
+    for task in tasks {
+        answers.push(task.await.expect("hot-key request"));
+    }
+    answers
+}
+
+async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table) {
+    table.section(&format!(
+        "3. hot key: {HOT_REQUESTS} requests at once on one Idempotency-Key, handler holds it {} ms; p50/p99 are the losers' time to their 409",
+        HOT_HOLD.as_millis()
+    ));
+
+    // Baseline: the same burst on an instant handler without the layer, for what answering
+    // 200 requests at once costs on this machine anyway.
+    let addr = serve(Router::new().route("/", post(ok_handler))).await;
+    let mut all = Samples::default();
+    for wave in 0..plan.hot_waves {
+        for (status, elapsed) in burst(addr, 2_000_000_000 + wave as u64).await {
+            all.record(elapsed, status == StatusCode::OK);
+        }
+    }
+    table.row(Row {
+        case: "burst, no layer".to_owned(),
+        nodes: "-".to_owned(),
+        p50: Some(all.percentile(50.0)),
+        p99: Some(all.percentile(99.0)),
+        rate: None,
+        p50_ratio: None,
+        rate_ratio: None,
+        spread: None,
+        errors: all.errors,
+        notes: "baseline: every request's time to its 200, instant handler".to_owned(),
+    });
+
+    let backends = [
+        ("in-process", "-", Locks::from(MemoryLocks::new())),
+        (
+            "Redlock",
+            "1",
+            Locks::from(
+                Redlock::builder(&urls[..1])
+                    .ttl(TTL)
+                    .build()
+                    .await
+                    .expect("Redlock, 1 node"),
+            ),
+        ),
+        (
+            "Redlock",
+            "3",
+            Locks::from(
+                Redlock::builder(urls)
+                    .ttl(TTL)
+                    .build()
+                    .await
+                    .expect("Redlock, 3 nodes"),
+            ),
+        ),
+    ];
+    for (name, nodes, locks) in backends {
+        let running = Arc::new(Running::default());
+        let in_handler = running.clone();
+        let app = Router::new()
+            .route(
+                "/",
+                post(move || {
+                    let running = in_handler.clone();
+                    async move {
+                        let now = running.now.fetch_add(1, Ordering::SeqCst) + 1;
+                        running.max.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(HOT_HOLD).await;
+                        running.now.fetch_sub(1, Ordering::SeqCst);
+                        "done"
+                    }
+                }),
+            )
+            .layer(LockLayer::by_header("Idempotency-Key").backend(locks));
+        let addr = serve(app).await;
+        let mut losers = Samples::default();
+        let (mut won, mut conflicts, mut other) = (0usize, 0usize, 0usize);
+        for wave in 0..plan.hot_waves {
+            for (status, elapsed) in burst(addr, 1_000_000_000 + wave as u64).await {
+                match status {
+                    StatusCode::OK => won += 1,
+                    StatusCode::CONFLICT => {
+                        conflicts += 1;
+                        losers.record(elapsed, true);
+                    }
+                    _ => other += 1,
+                }
+            }
+        }
+        let max = running.max.load(Ordering::SeqCst);
+        assert_eq!(
+            max, 1,
+            "hot key on {name} ({nodes} nodes): {max} handlers ran at once; the lock must allow one"
+        );
+        table.row(Row {
+            case: format!("hot key, {name}"),
+            nodes: nodes.to_owned(),
+            p50: Some(losers.percentile(50.0)),
+            p99: Some(losers.percentile(99.0)),
+            rate: None,
+            p50_ratio: None,
+            rate_ratio: None,
+            spread: None,
+            errors: other as u64,
+            notes: format!(
+                "{} wave{}: {won} x 200, {conflicts} x 409, {other} other; at most {max} handler at once (asserted 1)",
+                plan.hot_waves,
+                if plan.hot_waves == 1 { "" } else { "s" },
+            ),
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics and the table
+// ---------------------------------------------------------------------------------------
+
+/// Latencies in nanoseconds.
+#[derive(Default)]
+struct Samples {
+    nanos: Vec<u64>,
+    errors: u64,
+    sorted: bool,
+}
+
+impl Samples {
+    fn record(&mut self, elapsed: Duration, ok: bool) {
+        self.nanos.push(nanos(elapsed));
+        self.errors += u64::from(!ok);
+        self.sorted = false;
+    }
+
+    fn extend(&mut self, nanos: Vec<u64>, errors: u64) {
+        self.nanos.extend(nanos);
+        self.errors += errors;
+        self.sorted = false;
+    }
+
+    /// Nearest-rank percentile; zero without samples.
+    fn percentile(&mut self, p: f64) -> Duration {
+        if self.nanos.is_empty() {
+            return Duration::ZERO;
+        }
+        if !self.sorted {
+            self.nanos.sort_unstable();
+            self.sorted = true;
+        }
+        let rank = ((p / 100.0) * self.nanos.len() as f64).ceil() as usize;
+        Duration::from_nanos(self.nanos[rank.clamp(1, self.nanos.len()) - 1])
+    }
+}
+
+/// Operations per second, per round.
+#[derive(Default)]
+struct Rate {
+    rounds: Vec<f64>,
+    count: u64,
+    time: Duration,
+    errors: u64,
+}
+
+impl Rate {
+    fn record(&mut self, count: u64, errors: u64, time: Duration) {
+        self.rounds.push(count as f64 / time.as_secs_f64());
+        self.count += count;
+        self.time += time;
+        self.errors += errors;
+    }
+
+    fn per_second(&self) -> f64 {
+        self.count as f64 / self.time.as_secs_f64()
+    }
+
+    /// (max - min) / mean over the rounds.
+    fn spread(&self) -> f64 {
+        let max = self.rounds.iter().copied().fold(f64::MIN, f64::max);
+        let min = self.rounds.iter().copied().fold(f64::MAX, f64::min);
+        let mean = self.rounds.iter().sum::<f64>() / self.rounds.len() as f64;
+        (max - min) / mean
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64()
+}
+
+enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// "1.03x PASS" or "0.85x MISS"; a miss is also added to `misses` under `name`.
+fn judge(misses: &mut Vec<String>, name: &str, measured: f64, bound: Bound) -> String {
+    let (pass, sign, limit) = match bound {
+        Bound::AtMost(limit) => (measured <= limit, "<=", limit),
+        Bound::AtLeast(limit) => (measured >= limit, ">=", limit),
+    };
+    let verdict = if pass { "PASS" } else { "MISS" };
+    if !pass {
+        misses.push(format!("{name}: measured {measured:.2}x"));
+    }
+    format!("{measured:.2}x ({sign}{limit:.2}x) {verdict}")
+}
+
+fn fmt_duration(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+struct Row {
+    case: String,
+    nodes: String,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    rate: Option<f64>,
+    p50_ratio: Option<f64>,
+    rate_ratio: Option<f64>,
+    spread: Option<f64>,
+    errors: u64,
+    notes: String,
+}
+
+#[derive(Default)]
+struct Table {
+    lines: Vec<Line>,
+}
+
+enum Line {
+    Section(String),
+    Row(Row),
+}
+
+impl Table {
+    fn section(&mut self, title: &str) {
+        self.lines.push(Line::Section(title.to_owned()));
+    }
+
+    fn row(&mut self, row: Row) {
+        self.lines.push(Line::Row(row));
+    }
+
+    /// Adds the share of CPU time other processes took to the sections from line `first`.
+    fn note_noise(&mut self, first: usize, share: Option<f64>) {
+        for line in &mut self.lines[first..] {
+            if let Line::Section(title) = line {
+                title.push_str(&format!(" [other processes: {} CPU]", fmt_share(share)));
+            }
+        }
+    }
+
+    fn print(&self) {
+        let header = [
+            "case",
+            "nodes",
+            "p50",
+            "p99",
+            "ops/s",
+            "p50 ratio",
+            "ops/s ratio",
+            "spread",
+            "errors",
+            "targets and notes",
+        ];
+        let cells: Vec<Option<[String; 10]>> = self
+            .lines
+            .iter()
+            .map(|line| match line {
+                Line::Section(_) => None,
+                Line::Row(row) => Some([
+                    row.case.clone(),
+                    row.nodes.clone(),
+                    row.p50.map(fmt_duration).unwrap_or_default(),
+                    row.p99.map(fmt_duration).unwrap_or_default(),
+                    row.rate.map(|r| format!("{r:.0}")).unwrap_or_default(),
+                    row.p50_ratio
+                        .map(|r| format!("{r:.2}x"))
+                        .unwrap_or_default(),
+                    row.rate_ratio
+                        .map(|r| format!("{r:.2}x"))
+                        .unwrap_or_default(),
+                    row.spread
+                        .map(|s| format!("{:.1}%", s * 100.0))
+                        .unwrap_or_default(),
+                    row.errors.to_string(),
+                    row.notes.clone(),
+                ]),
+            })
+            .collect();
+        let mut widths = header.map(|h| h.chars().count());
+        for row in cells.iter().flatten() {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let render = |row: &[String]| {
+            let mut line = String::new();
+            for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+                let pad = width - cell.chars().count();
+                if i == row.len() - 1 {
+                    line.push_str(cell);
+                } else if i <= 1 {
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad + 2));
+                } else {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                    line.push_str("  ");
+                }
+            }
+            line.trim_end().to_owned()
+        };
+        let header_line = render(&header.map(str::to_owned));
+        let rule = "-".repeat(header_line.chars().count().min(200));
+        println!("{header_line}");
+        for (line, cells) in self.lines.iter().zip(&cells) {
+            match (line, cells) {
+                (Line::Section(title), _) => {
+                    println!("{rule}");
+                    println!("{title}");
+                }
+                (Line::Row(_), Some(cells)) => println!("{}", render(cells)),
+                (Line::Row(_), None) => {}
+            }
+        }
+    }
+}
+
+/// CPU time of the whole machine against that of this process and its Redis nodes, from
+/// /proc (Linux); the difference is other work, the noise of a measurement.
+#[derive(Clone, Copy)]
+struct CpuSnapshot {
+    /// Busy and total ticks of all CPUs.
+    busy: u64,
+    total: u64,
+    /// Ticks of this process and the Redis nodes.
+    own: u64,
+}
+
+impl CpuSnapshot {
+    fn take(pids: &[u32]) -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|t| t.parse().unwrap_or(0))
+            .collect();
+        let total = ticks.iter().sum();
+        // user nice system idle iowait irq softirq steal
+        let busy = total - ticks.get(3)? - ticks.get(4)?;
+        let mut own = process_ticks("/proc/self/stat")?;
+        for pid in pids {
+            own += process_ticks(&format!("/proc/{pid}/stat"))?;
+        }
+        Some(CpuSnapshot { busy, total, own })
+    }
+
+    /// The share of the machine's CPU time used by other processes since `self`.
+    fn foreign_since(self, pids: &[u32]) -> Option<f64> {
+        let now = Self::take(pids)?;
+        let total = now.total.checked_sub(self.total).filter(|t| *t > 0)?;
+        let foreign = (now.busy - self.busy).saturating_sub(now.own - self.own);
+        Some(foreign as f64 / total as f64)
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+fn process_ticks(path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn fmt_share(share: Option<f64>) -> String {
+    share.map_or_else(|| "?".to_owned(), |s| format!("{:.0}%", s * 100.0))
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis nodes (the node-starting part of tests/support)
+// ---------------------------------------------------------------------------------------
+
+/// One `redis-server` process on a free loopback port, without persistence; stopped on
+/// drop.
+struct RedisNode {
+    port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisNode {
+    fn start() -> Self {
+        for _ in 0..5 {
+            if let Some(node) = Self::try_start() {
+                return node;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    fn try_start() -> Option<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed: the bench starts its own Redis nodes. \
+                 Install it (Debian/Ubuntu: `apt-get install redis-server`; macOS: `brew install redis`)."
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        let mut node = RedisNode {
+            port,
+            child,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if node.answers_ping() {
+                return Some(node);
+            }
+            if node.child.try_wait().ok().flatten().is_some() {
+                return None; // most likely the port was taken meanwhile
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    fn answers_ping(&self) -> bool {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut buf).is_ok()
+            && &buf == b"+PONG\r\n"
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
