@@ -264,6 +264,16 @@ impl LeaseGuard {
     pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {
         self.held.take()
     }
+
+    /// A copy of what is held, leaving the guard armed.
+    pub(crate) fn cloned(&self) -> Option<(Locks, Lease)> {
+        self.held.clone()
+    }
+
+    /// Forgets the lease: someone else released it.
+    pub(crate) fn disarm(&mut self) {
+        self.held = None;
+    }
 }
 
 impl Drop for LeaseGuard {

@@ -506,3 +506,26 @@ async fn builder_rejects_bad_configuration() {
         Err(LockError::NoQuorum { .. })
     ));
 }
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_flush() {
+    let nodes = nodes(3);
+    let r = redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await;
+    let mut lease = r.try_lock("noscript").await.unwrap();
+    r.extend(&mut lease).await.unwrap();
+    // As after a restart: the nodes forget every script; EVALSHA answers NOSCRIPT.
+    for node in &nodes {
+        let mut conn = node.conn().await;
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    r.extend(&mut lease)
+        .await
+        .expect("extend reloads its script");
+    let key = lease.key().to_owned();
+    r.unlock(lease).await.expect("release reloads its script");
+    assert_eq!(on_nodes(&nodes, &key).await, 0);
+}

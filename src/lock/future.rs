@@ -50,7 +50,8 @@ pin_project! {
             on_loss: OnLockLoss,
         },
         Releasing {
-            release: tokio::task::JoinHandle<()>,
+            release: BoxFuture<()>,
+            guard: LeaseGuard,
             output: Option<Result<S::Response, S::Error>>,
         },
         Rejected {
@@ -268,38 +269,35 @@ where
                         continue;
                     };
                     *watchdog = None;
-                    let Some((locks, lease)) = guard.take() else {
+                    let Some((locks, lease)) = guard.cloned() else {
                         return Poll::Ready(output);
                     };
                     if let Some(memory) = locks.as_memory() {
+                        guard.disarm();
                         let _ = memory.unlock(lease);
                         return Poll::Ready(output);
                     }
-                    match tokio::runtime::Handle::try_current() {
-                        Ok(handle) => {
-                            // Spawned, so that the release completes even if this future is
-                            // dropped while waiting for it.
-                            let release = handle.spawn(async move {
-                                if let Err(e) = locks.unlock(lease).await {
-                                    tracing::debug!(error = %e, "lease release");
-                                }
-                            });
-                            this.state.set(State::Releasing {
-                                release,
-                                output: Some(output),
-                            });
+                    // Released in place; should this future be dropped meanwhile, the
+                    // guard (still armed) releases in the background.
+                    let release = Box::pin(async move {
+                        if let Err(e) = locks.unlock(lease).await {
+                            tracing::debug!(error = %e, "lease release");
                         }
-                        Err(_) => {
-                            tracing::warn!(
-                                key = lease.key(),
-                                "no Tokio runtime to release the lock on; it expires by its TTL"
-                            );
-                            return Poll::Ready(output);
-                        }
-                    }
+                    });
+                    let pending = std::mem::replace(guard, LeaseGuard::none());
+                    this.state.set(State::Releasing {
+                        release,
+                        guard: pending,
+                        output: Some(output),
+                    });
                 }
-                StateProj::Releasing { release, output } => {
-                    let _ = ready!(Pin::new(release).poll(cx));
+                StateProj::Releasing {
+                    release,
+                    guard,
+                    output,
+                } => {
+                    ready!(release.as_mut().poll(cx));
+                    guard.disarm();
                     return Poll::Ready(output.take().expect("polled after completion"));
                 }
                 StateProj::Rejected { problem } => {

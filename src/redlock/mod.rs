@@ -278,12 +278,9 @@ impl Redlock {
                     let key = lease.key.clone();
                     let token = lease.token;
                     async move {
-                        let reply: i64 = scripts::EXTEND
-                            .key(&*key)
-                            .arg(token.as_bytes())
-                            .arg(ttl_ms)
-                            .invoke_async(&mut conn)
-                            .await?;
+                        let mut cmd = scripts::evalsha(&scripts::EXTEND, 1);
+                        cmd.arg(&*key).arg(token.as_bytes()).arg(ttl_ms);
+                        let reply: i64 = scripts::run(&mut conn, &scripts::EXTEND, &cmd).await?;
                         Ok(reply)
                     }
                 },
@@ -370,13 +367,13 @@ impl Redlock {
                     async move {
                         match fence_key {
                             Some(fence_key) => {
-                                let counter: i64 = scripts::ACQUIRE_FENCED
-                                    .key(&*key)
-                                    .key(&*fence_key)
+                                let mut cmd = scripts::evalsha(&scripts::ACQUIRE_FENCED, 2);
+                                cmd.arg(&*key)
+                                    .arg(&*fence_key)
                                     .arg(token.as_bytes())
-                                    .arg(ttl_ms)
-                                    .invoke_async(&mut conn)
-                                    .await?;
+                                    .arg(ttl_ms);
+                                let counter: i64 =
+                                    scripts::run(&mut conn, &scripts::ACQUIRE_FENCED, &cmd).await?;
                                 Ok(u64::try_from(counter).ok())
                             }
                             None => {
@@ -470,13 +467,12 @@ impl Redlock {
                     let key = key.clone();
                     let fence_key = fence_key.clone();
                     async move {
-                        scripts::FENCE
-                            .key(&*key)
-                            .key(&*fence_key)
+                        let mut cmd = scripts::evalsha(&scripts::FENCE, 2);
+                        cmd.arg(&*key)
+                            .arg(&*fence_key)
                             .arg(token.as_bytes())
-                            .arg(fencing_token)
-                            .invoke_async::<i64>(&mut conn)
-                            .await
+                            .arg(fencing_token);
+                        scripts::run::<i64>(&mut conn, &scripts::FENCE, &cmd).await
                     }
                 },
                 |written| *written == 1,
@@ -557,16 +553,15 @@ impl Redlock {
             |mut conn| {
                 let key = key.clone();
                 async move {
-                    let (code, pttl_ms): (i64, i64) = scripts::RELEASE
-                        .key(&*key)
-                        .arg(token.as_bytes())
-                        .arg(flag)
-                        .invoke_async(&mut conn)
-                        .await?;
+                    let mut cmd = scripts::evalsha(&scripts::RELEASE, 1);
+                    cmd.arg(&*key).arg(token.as_bytes()).arg(flag);
+                    let code: i64 = scripts::run(&mut conn, &scripts::RELEASE, &cmd).await?;
                     Ok(match code {
                         1 => Release::Deleted,
                         0 => Release::Absent,
-                        _ => Release::HeldByOther { pttl_ms },
+                        _ => Release::HeldByOther {
+                            pttl_ms: (-3i64).saturating_sub(code),
+                        },
                     })
                 }
             },
@@ -618,6 +613,7 @@ impl Redlock {
             .collect();
         let (quorum, n) = (self.inner.quorum, nodes.len());
         let (mut wins, mut losses) = (0, 0);
+        let started = Instant::now();
         while let Some((i, result)) = pending.next().await {
             match &result {
                 Ok(value) if win(value) => wins += 1,
@@ -629,8 +625,20 @@ impl Redlock {
             }
         }
         if !pending.is_empty() && early == Some(Stragglers::Finish) {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move { while pending.next().await.is_some() {} });
+            // Healthy nodes answer within moments of each other: give them a short grace
+            // (as long as the quorum took, at least 1 ms) before handing the rest to a
+            // background task, so that the common case spawns nothing.
+            let grace = started.elapsed().max(Duration::from_millis(1)).min(timeout);
+            let drain = async {
+                while let Some((i, result)) = pending.next().await {
+                    results[i] = Some(result);
+                }
+            };
+            let _ = tokio::time::timeout(grace, drain).await;
+            if !pending.is_empty() {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move { while pending.next().await.is_some() {} });
+                }
             }
         }
         results

@@ -3,14 +3,40 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionManager;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+/// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
+/// computed once, when the script is first used.
+pub(crate) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(numkeys);
+    cmd
+}
+
+/// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
+/// `NOSCRIPT` (a node restarted, or one that never saw it).
+pub(crate) async fn run<T: FromRedisValue>(
+    conn: &mut ConnectionManager,
+    script: &Script,
+    cmd: &Cmd,
+) -> RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
 
 /// Deletes the key only if it holds our token (the Redis docs' release script), tells
 /// apart "it had expired" from "another holder has it", and on deletion publishes on the
 /// channel named after the key when ARGV[2] is `1`, to wake waiters.
 ///
-/// Returns `{1, 0}` when deleted, `{0, -2}` when the key is gone, and `{-1, pttl}` when it
-/// holds another token, with the holder's remaining TTL in ms (-1: no expiry).
+/// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds another
+/// token, where `pttl` is the holder's remaining TTL in ms (-1: no expiry); one integer,
+/// the cheapest reply to build and parse.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -20,11 +46,11 @@ if v == ARGV[1] then
   if ARGV[2] == '1' then
     redis.call('PUBLISH', KEYS[1], '')
   end
-  return {1, 0}
+  return 1
 elseif not v then
-  return {0, -2}
+  return 0
 end
-return {-1, redis.call('PTTL', KEYS[1])}
+return -3 - redis.call('PTTL', KEYS[1])
 ",
     )
 });
