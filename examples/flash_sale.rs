@@ -181,7 +181,7 @@ async fn create_order(State(app): State<AppState>, headers: axum::http::HeaderMa
         .unwrap_or_default()
         .trim_matches('"')
         .to_owned();
-    let order_id = format!("ord_{:016x}", getrandom::u64().unwrap_or_default());
+    let order_id = format!("ord_{:016x}", rand::random::<u64>());
     (
         StatusCode::CREATED,
         Json(json!({"order_id": order_id, "idempotency_key": key})),

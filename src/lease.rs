@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A random value that names one acquisition: 128 bits from the operating system's random
-/// source (`getrandom`), stored as the lock key's value and shown as 32 lowercase hex digits.
+/// A random value that names one acquisition: 128 bits from a cryptographically secure
+/// generator seeded by the operating system, stored as the lock key's value and shown as
+/// 32 lowercase hex digits.
 ///
 /// Only the holder of the token can extend or release the lock, so a holder whose lease
 /// ran out cannot delete the lock of the next holder.
@@ -13,15 +14,13 @@ use std::time::{Duration, Instant};
 pub struct Token([u8; 32]);
 
 impl Token {
-    /// Draws a new token.
-    ///
-    /// # Panics
-    ///
-    /// When the operating system's random source fails, which `getrandom` reports only on
-    /// broken systems; a lock token must never be guessable, so there is no fallback.
+    /// Draws a new token from `rand`'s thread-local generator: a cryptographically
+    /// secure generator (ChaCha12) seeded from the operating system's random source and
+    /// reseeded periodically, so a token costs no system call.
     pub fn random() -> Self {
+        use rand::RngCore;
         let mut raw = [0u8; 16];
-        getrandom::fill(&mut raw).expect("the OS random source failed; cannot draw a lock token");
+        rand::rng().fill_bytes(&mut raw);
         let mut hex = [0u8; 32];
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         for (i, byte) in raw.iter().enumerate() {

@@ -95,8 +95,8 @@ impl Policy {
         let (min, max) = self.retry_delay;
         let span = u64::try_from(max.saturating_sub(min).as_millis()).unwrap_or(u64::MAX);
         let jitter = match span.checked_add(1) {
-            Some(n) => getrandom::u64().unwrap_or(0) % n,
-            None => getrandom::u64().unwrap_or(0),
+            Some(n) => rand::random::<u64>() % n,
+            None => rand::random::<u64>(),
         };
         min.saturating_add(Duration::from_millis(jitter))
     }

@@ -108,7 +108,7 @@ impl Drop for WaitTicket<'_> {
 /// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
 pub(crate) fn jitter(max: Duration) -> Duration {
     let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);
-    Duration::from_micros(getrandom::u64().unwrap_or(0) % span.saturating_add(1))
+    Duration::from_micros(rand::random::<u64>() % span.saturating_add(1))
 }
 
 /// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
