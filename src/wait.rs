@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,8 @@ pub(crate) const MAX_FALLBACK: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(crate) struct Waiters {
     keys: Mutex<HashMap<Arc<str>, Waiting>>,
+    /// How many keys are waited on: lets a release skip the lock when nobody waits.
+    waited: AtomicUsize,
 }
 
 struct Waiting {
@@ -50,9 +52,12 @@ impl Waiters {
 
     pub(crate) fn register(&self, key: &Arc<str>) -> WaitTicket<'_> {
         let mut keys = self.keys();
-        let entry = keys.entry(key.clone()).or_insert_with(|| Waiting {
-            notify: Arc::new(Notify::new()),
-            count: 0,
+        let entry = keys.entry(key.clone()).or_insert_with(|| {
+            self.waited.fetch_add(1, Ordering::AcqRel);
+            Waiting {
+                notify: Arc::new(Notify::new()),
+                count: 0,
+            }
         });
         entry.count += 1;
         WaitTicket {
@@ -65,6 +70,9 @@ impl Waiters {
 
     /// Wakes every waiter on `key` in this process.
     pub(crate) fn wake(&self, key: &str) {
+        if self.waited.load(Ordering::Acquire) == 0 {
+            return;
+        }
         if let Some(waiting) = self.keys().get(key) {
             waiting.notify.notify_waiters();
         }
@@ -93,6 +101,7 @@ impl WaitTicket<'_> {
             Some(waiting) if waiting.count > 1 => waiting.count -= 1,
             Some(_) => {
                 keys.remove(&self.key);
+                self.waiters.waited.fetch_sub(1, Ordering::AcqRel);
             }
             None => {}
         }
