@@ -79,6 +79,27 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
+/// Builds `{prefix}{scope}:{value}` in one allocation: the layer's fixed scope if it has
+/// one, else the extractor's.
+pub(crate) fn build_key<K: KeyExtractor + ?Sized>(
+    prefix: &str,
+    scope: Option<&str>,
+    extractor: &K,
+    parts: &Parts,
+    value: &str,
+) -> String {
+    let scope_len = scope.map_or(64, str::len);
+    let mut key = String::with_capacity(prefix.len() + scope_len + 1 + value.len());
+    key.push_str(prefix);
+    match scope {
+        Some(scope) => key.push_str(scope),
+        None => extractor.write_scope(parts, &mut key),
+    }
+    key.push(':');
+    key.push_str(value);
+    key
+}
+
 /// Takes a lock key from a request.
 ///
 /// Ready implementations: [`HeaderKey`] (`LockLayer::by_header`), [`PathParamKey`]

@@ -21,6 +21,24 @@ pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 pub const MAX_RESOURCE_LEN: usize = 1024;
 const MAX_PREFIX_LEN: usize = 128;
 
+/// Checks a resource name given to a backend directly: not empty, at most
+/// [`MAX_RESOURCE_LEN`] bytes, no control characters.
+pub(crate) fn check_resource(resource: &str) -> Result<(), KeyError> {
+    if resource.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if resource.len() > MAX_RESOURCE_LEN {
+        return Err(KeyError::TooLong {
+            len: resource.len(),
+            max: MAX_RESOURCE_LEN,
+        });
+    }
+    if resource.chars().any(char::is_control) {
+        return Err(KeyError::ControlCharacter);
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
     pub(crate) ttl: Duration,
@@ -72,18 +90,7 @@ impl Policy {
 
     /// `{prefix}{resource}`, after checking the resource.
     pub(crate) fn full_key(&self, resource: &str) -> Result<Arc<str>, KeyError> {
-        if resource.is_empty() {
-            return Err(KeyError::Empty);
-        }
-        if resource.len() > MAX_RESOURCE_LEN {
-            return Err(KeyError::TooLong {
-                len: resource.len(),
-                max: MAX_RESOURCE_LEN,
-            });
-        }
-        if resource.chars().any(char::is_control) {
-            return Err(KeyError::ControlCharacter);
-        }
+        check_resource(resource)?;
         let mut key = String::with_capacity(self.prefix.len() + resource.len());
         key.push_str(&self.prefix);
         key.push_str(resource);

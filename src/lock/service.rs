@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::Config;
-use crate::key::{KeyExtractor, validate_value};
+use crate::key::{KeyExtractor, build_key, validate_value};
 use crate::problem::Problem;
 
 /// The service of [`LockLayer`](super::LockLayer): locks each request before calling the
@@ -93,19 +93,15 @@ where
                 ));
             }
         };
+        // The whole key, `{prefix}{scope}:{value}`, in one allocation.
         let key = value.map(|value| {
-            // The whole key, `{prefix}{scope}:{value}`, in one allocation.
-            let prefix = config.locks.prefix();
-            let scope_len = config.scope.as_ref().map_or(64, |s| s.len());
-            let mut key = String::with_capacity(prefix.len() + scope_len + 1 + value.len());
-            key.push_str(prefix);
-            match &config.scope {
-                Some(scope) => key.push_str(scope),
-                None => config.extractor.write_scope(&parts, &mut key),
-            }
-            key.push(':');
-            key.push_str(&value);
-            key
+            build_key(
+                config.locks.prefix(),
+                config.scope.as_deref(),
+                &*config.extractor,
+                &parts,
+                &value,
+            )
         });
         let req = Request::from_parts(parts, body);
         // The service that was driven to readiness is the one we call.

@@ -12,7 +12,9 @@ use redis::{Client, Script};
 use super::quota::{Quota, Usage};
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 use crate::key::KeyError;
+#[cfg(test)]
 use crate::policy::MAX_RESOURCE_LEN;
+use crate::policy::check_resource;
 
 /// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock:rate:"`.
 pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock:rate:";
@@ -133,22 +135,6 @@ impl RateLimiter {
             Backend::Redis(_) => None,
         }
     }
-}
-
-fn check_resource(resource: &str) -> Result<(), KeyError> {
-    if resource.is_empty() {
-        return Err(KeyError::Empty);
-    }
-    if resource.len() > MAX_RESOURCE_LEN {
-        return Err(KeyError::TooLong {
-            len: resource.len(),
-            max: MAX_RESOURCE_LEN,
-        });
-    }
-    if resource.chars().any(char::is_control) {
-        return Err(KeyError::ControlCharacter);
-    }
-    Ok(())
 }
 
 /// Fixed-window counters on one Redis node, shared by every replica that uses that node.

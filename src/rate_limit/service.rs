@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::Config;
-use crate::key::{KeyExtractor, validate_value};
+use crate::key::{KeyExtractor, build_key, validate_value};
 
 /// The service of [`RateLimitLayer`](super::RateLimitLayer): counts each request before
 /// calling the inner service `S`.
@@ -80,15 +80,13 @@ where
             Err(e) => return ResponseFuture::answered(Config::invalid(&e)),
         };
         let resource = value.map(|value| {
-            let scope_len = config.scope.as_ref().map_or(32, |s| s.len());
-            let mut resource = String::with_capacity(scope_len + 1 + value.len());
-            match &config.scope {
-                Some(scope) => resource.push_str(scope),
-                None => self.extractor.write_scope(&parts, &mut resource),
-            }
-            resource.push(':');
-            resource.push_str(&value);
-            resource
+            build_key(
+                "",
+                config.scope.as_deref(),
+                &*self.extractor,
+                &parts,
+                &value,
+            )
         });
         let req = Request::from_parts(parts, body);
         // The service that was driven to readiness is the one we call.
