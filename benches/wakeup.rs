@@ -19,21 +19,6 @@ enum Mode {
     Polling,
 }
 
-async fn subscribers(nodes: &[support::RedisNode], channel: &str) -> i64 {
-    let mut total = 0;
-    for node in nodes {
-        let mut conn = node.conn().await;
-        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += counts.iter().map(|(_, n)| n).sum::<i64>();
-    }
-    total
-}
-
 async fn measure(nodes: &[support::RedisNode], mode: Mode, rounds: usize) -> Vec<Duration> {
     let redlock = Redlock::builder(support::urls(nodes))
         .ttl(Duration::from_secs(30))
@@ -62,7 +47,7 @@ async fn measure(nodes: &[support::RedisNode], mode: Mode, rounds: usize) -> Vec
         match mode {
             Mode::PubSub => {
                 let channel = format!("tower-redlock:{key}");
-                while subscribers(nodes, &channel).await < nodes.len() as i64 {
+                while support::subscribers(nodes, &channel).await < nodes.len() as i64 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }

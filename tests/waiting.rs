@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, eventually, nodes, serve, urls};
+use support::{RedisNode, eventually, nodes, serve, subscribers, urls};
 use tower_redlock::{LockError, LockLayer, Locks, MemoryLocks, Redlock};
 
 async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
@@ -17,22 +17,6 @@ async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
         .build()
         .await
         .unwrap()
-}
-
-/// Subscribers on `channel` across the nodes.
-async fn subscribers(nodes: &[RedisNode], channel: &str) -> i64 {
-    let mut total = 0;
-    for node in nodes {
-        let mut conn = node.conn().await;
-        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += counts.iter().map(|(_, n)| n).sum::<i64>();
-    }
-    total
 }
 
 async fn woken_on_release(nodes: &[RedisNode]) {

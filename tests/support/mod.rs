@@ -234,3 +234,19 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Subscribers on `channel`, summed over the nodes (`PUBSUB NUMSUB`).
+pub async fn subscribers(nodes: &[RedisNode], channel: &str) -> i64 {
+    let mut total = 0;
+    for node in nodes {
+        let mut conn = node.conn().await;
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += counts.iter().map(|(_, n)| n).sum::<i64>();
+    }
+    total
+}
