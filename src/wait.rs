@@ -1,9 +1,10 @@
 //! Waiting for a held lock: waiters are woken when the holder releases.
 //!
-//! A release deletes the key and publishes on a channel named after the key (in the same
-//! Lua script). A process with waiters subscribes to that channel on every node it can
-//! reach, and wakes its waiters for the key when a message arrives; each waiter then tries
-//! again. As Redisson does. A message can be missed (a node restarts, a connection drops)
+//! A process with waiters subscribes to a channel named after the key on every node it
+//! can reach, and wakes its waiters for the key when a message arrives; each waiter then
+//! tries again, as Redisson does. Once subscribed, a waiter's attempts mark the holder's
+//! value (a `+` after the token), and the release of a marked key publishes on the channel
+//! in the same Lua script; a key nobody waits for is released without a `PUBLISH`. A message can be missed (a node restarts, a connection drops)
 //! and a lease can simply expire without a release, so every wait also has a fallback
 //! timer: the holder's remaining TTL, capped at one second, with jitter.
 

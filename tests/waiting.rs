@@ -4,6 +4,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use axum::Router;
 use axum::routing::post;
 use support::{RedisNode, eventually, nodes, serve, subscribers, urls};
@@ -215,10 +217,129 @@ async fn failed_attempts_wake_nobody() {
     // 2 seeding SETs, then a handful of attempts per node: never a storm.
     assert!(sets < 2 + 3 * 10, "{sets} SET calls while waiting");
     r.unlock(lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn release_nobody_waits_for_publishes_nothing() {
+    let nodes = nodes(1);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    let channel = "tower-redlock:quiet";
+    // A plain listener is no waiter: it does not mark the key.
+    let mut listener = redis::Client::open(nodes[0].url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    listener.subscribe(channel).await.unwrap();
+    let lease = r.try_lock("quiet").await.unwrap();
+    r.unlock(lease).await.unwrap();
+    // Messages on one channel arrive in order: had the release published, its message
+    // would come first.
+    let mut conn = nodes[0].conn().await;
+    let receivers: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg("sentinel")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(receivers, 1);
+    let first = tokio::time::timeout(Duration::from_secs(5), listener.on_message().next())
+        .await
+        .expect("the sentinel arrives")
+        .unwrap();
+    assert_eq!(first.get_payload::<String>().unwrap(), "sentinel");
+    assert_eq!(calls(&nodes[0], "publish").await, 1, "only the sentinel");
+}
+
+/// Each node's value for `key`.
+async fn values(nodes: &[RedisNode], key: &str) -> Vec<Option<String>> {
+    let mut values = Vec::new();
+    for node in nodes {
+        let mut conn = node.conn().await;
+        values.push(
+            redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+        );
+    }
+    values
+}
+
+async fn marked_lease_extends_and_release_wakes(fencing: bool) {
+    let nodes = nodes(3);
+    let build = || {
+        Redlock::builder(urls(&nodes))
+            .ttl(Duration::from_secs(30))
+            .node_timeout(Duration::from_millis(200))
+            .fencing_tokens(fencing)
+            .build()
+    };
+    let (holder_side, waiter_side) = (build().await.unwrap(), build().await.unwrap());
+    let mut holder = holder_side.try_lock("marked").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let lease = waiter_side
+            .lock_within("marked", Duration::from_secs(10))
+            .await;
+        (lease, Instant::now())
+    });
+    let marked = format!("{}+", holder.token());
+    let all_marked = eventually(Duration::from_secs(5), || async {
+        values(&nodes, "tower-redlock:marked")
+            .await
+            .iter()
+            .all(|v| v.as_deref() == Some(marked.as_str()))
+    })
+    .await;
+    assert!(
+        all_marked,
+        "the waiter did not mark the holder's key on every node"
+    );
+    // The mark keeps the TTL, and the holder still owns the key.
+    holder_side
+        .extend(&mut holder)
+        .await
+        .expect("a marked lease extends");
+    for node in &nodes {
+        let mut conn = node.conn().await;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg("tower-redlock:marked")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 20_000, "PTTL {pttl} after extending");
+    }
+    let released_at = Instant::now();
+    holder_side
+        .unlock(holder)
+        .await
+        .expect("a marked lease releases");
+    let (lease, acquired_at) = waiter.await.unwrap();
+    let lease = lease.expect("the waiter gets the lock");
+    let delay = acquired_at - released_at;
+    // The fallback timer would take 1 s: the release published.
+    assert!(delay < Duration::from_millis(300), "woken after {delay:?}");
+    if fencing {
+        assert!(lease.fencing_token().is_some());
+    }
     let published: u64 = calls(&nodes[0], "publish").await
         + calls(&nodes[1], "publish").await
         + calls(&nodes[2], "publish").await;
-    assert_eq!(published, 3, "a real release publishes on every node");
+    assert_eq!(
+        published, 3,
+        "the release of a marked key publishes on every node"
+    );
+}
+
+#[tokio::test]
+async fn marked_lease_extends_and_its_release_wakes_the_waiter() {
+    marked_lease_extends_and_release_wakes(false).await;
+}
+
+#[tokio::test]
+async fn marked_fenced_lease_extends_and_its_release_wakes_the_waiter() {
+    marked_lease_extends_and_release_wakes(true).await;
 }
 
 #[tokio::test]

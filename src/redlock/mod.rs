@@ -183,7 +183,7 @@ impl Redlock {
     ///   characters.
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
-        self.acquire(key).await
+        self.acquire(key, false).await
     }
 
     /// Like [`try_lock`](Self::try_lock), retrying up to the retry count after a random
@@ -196,7 +196,7 @@ impl Redlock {
         let key = self.inner.policy.full_key(resource)?;
         let mut attempt = 0;
         loop {
-            match self.acquire(key.clone()).await {
+            match self.acquire(key.clone(), false).await {
                 Err(LockError::InvalidKey(e)) => return Err(LockError::InvalidKey(e)),
                 Err(_) if attempt < self.inner.policy.retry_count => {
                     attempt += 1;
@@ -208,8 +208,9 @@ impl Redlock {
     }
 
     /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when the
-    /// holder releases (the release script publishes on a channel named after the key,
-    /// to which waiters subscribe on every node), and re-tries on a jittered fallback timer
+    /// holder releases (waiters subscribe to a channel named after the key on every node
+    /// and mark the holder's value, a `+` after its token; the release of a marked key
+    /// publishes on that channel), and re-tries on a jittered fallback timer
     /// (the holder's remaining TTL, at most 1 s) in case a notification is missed or the
     /// lease simply expires. A zero `max_wait` is one attempt, like
     /// [`try_lock`](Self::try_lock).
@@ -233,7 +234,7 @@ impl Redlock {
         key: Arc<str>,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match self.acquire(key.clone()).await {
+        match self.acquire(key.clone(), false).await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
         }
@@ -254,7 +255,8 @@ impl Redlock {
             waiters,
             &key,
             max_wait,
-            || self.acquire(key.clone()),
+            // Subscribed by now: mark the holder's key, so that its release publishes.
+            || self.acquire(key.clone(), notifier.is_some()),
             subscribe,
         )
         .await
@@ -344,7 +346,9 @@ impl Redlock {
             .unwrap_or(LockError::Expired { taken_over }))
     }
 
-    async fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+    /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the key's
+    /// channel) marks the key where it is held, so that its holder's release publishes.
+    async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
         if self.inner.fence_key.as_ref() == Some(&key) {
             return Err(KeyError::Reserved.into());
         }
@@ -371,10 +375,19 @@ impl Redlock {
                                 cmd.arg(&*key)
                                     .arg(&*fence_key)
                                     .arg(token.as_bytes())
-                                    .arg(ttl_ms);
+                                    .arg(ttl_ms)
+                                    .arg(if waiting { "1" } else { "0" });
                                 let counter: i64 =
                                     scripts::run(&mut conn, &scripts::ACQUIRE_FENCED, &cmd).await?;
                                 Ok(u64::try_from(counter).ok())
+                            }
+                            None if waiting => {
+                                let mut cmd = scripts::evalsha(&scripts::ACQUIRE_WAITING, 1);
+                                cmd.arg(&*key).arg(token.as_bytes()).arg(ttl_ms);
+                                let set: i64 =
+                                    scripts::run(&mut conn, &scripts::ACQUIRE_WAITING, &cmd)
+                                        .await?;
+                                Ok(u64::try_from(set).ok())
                             }
                             None => {
                                 let mut cmd = redis::cmd("SET");
@@ -738,7 +751,9 @@ impl RedlockBuilder {
     /// Whether [`lock_within`](Redlock::lock_within) waiters subscribe to release
     /// notifications (Redis pub/sub, one subscriber connection per node while anybody in
     /// this process waits). Default on; off, waiters only re-try on their fallback timer
-    /// (the holder's remaining TTL, capped at 1 s). Releases always publish.
+    /// (the holder's remaining TTL, capped at 1 s), and do not mark the keys they wait
+    /// for. A release publishes only when a subscribed waiter (of any process) marked the
+    /// key, so a lock nobody waits for costs no `PUBLISH`.
     pub fn notify_waiters(mut self, enabled: bool) -> Self {
         self.notify_waiters = enabled;
         self

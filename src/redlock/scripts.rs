@@ -30,9 +30,15 @@ pub(crate) async fn run<T: FromRedisValue>(
     }
 }
 
-/// Deletes the key only if it holds our token (the Redis docs' release script), tells
-/// apart "it had expired" from "another holder has it", and on deletion publishes on the
-/// channel named after the key when ARGV[2] is `1`, to wake waiters.
+/// Deletes the key only if it holds our token (the Redis docs' release script), and tells
+/// apart "it had expired" from "another holder has it".
+///
+/// Waking waiters: a waiter that subscribed to the key's channel marks the holder's value
+/// with a `+` after the token ([`ACQUIRE_WAITING`]). When the key holds `{token}+` and
+/// ARGV[2] is `1`, the release publishes on the channel named after the key. A key nobody
+/// waits for is released without a `PUBLISH`, at the cost of the bare compare-and-delete.
+/// The cleanup of a failed attempt passes `0`: waking the waiters for a lock nobody
+/// released would make them spin.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds another
 /// token, where `pttl` is the holder's remaining TTL in ms (-1: no expiry); one integer,
@@ -43,26 +49,30 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  return 1
+elseif not v then
+  return 0
+elseif v == ARGV[1] .. '+' then
+  redis.call('DEL', KEYS[1])
   if ARGV[2] == '1' then
     redis.call('PUBLISH', KEYS[1], '')
   end
   return 1
-elseif not v then
-  return 0
 end
 return -3 - redis.call('PTTL', KEYS[1])
 ",
     )
 });
 
-/// Sets a new TTL (ARGV[2], ms) only if the key holds our token (ARGV[1]).
+/// Sets a new TTL (ARGV[2], ms) only if the key holds our token (ARGV[1]), marked by a
+/// waiter or not.
 ///
 /// Returns 1 when extended, 0 when the key is gone, -1 when it holds another token.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if v == ARGV[1] or (v and v == ARGV[1] .. '+') then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 elseif not v then
@@ -73,25 +83,50 @@ return -1
     )
 });
 
-/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
-/// stands (0 when unset), read atomically with the SET. Returns -1 when the key is held.
-pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
+/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and when the key is held,
+/// the waiter's mark on the holder's value (once; `APPEND` keeps the TTL), so that the
+/// holder's release publishes. Only this crate's 32-digit tokens are marked.
+///
+/// Returns 0 when set, -1 when the key is held.
+pub(crate) static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
+  return 0
+end
+if redis.call('STRLEN', KEYS[1]) == 32 then
+  redis.call('APPEND', KEYS[1], '+')
 end
 return -1
 ",
     )
 });
 
-/// Raises the fencing counter KEYS[2] to ARGV[2] while KEYS[1] holds our token ARGV[1].
+/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
+/// stands (0 when unset), read atomically with the SET. Returns -1 when the key is held,
+/// after marking it as [`ACQUIRE_WAITING`] does when ARGV[3] is `1` (a waiter's attempt).
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+if ARGV[3] == '1' and redis.call('STRLEN', KEYS[1]) == 32 then
+  redis.call('APPEND', KEYS[1], '+')
+end
+return -1
+",
+    )
+});
+
+/// Raises the fencing counter KEYS[2] to ARGV[2] while KEYS[1] holds our token ARGV[1]
+/// (marked by a waiter or not).
 /// Returns 1 when done (or already higher), 0 when the key does not hold our token.
 pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
