@@ -36,43 +36,22 @@
 //! is bimodal (caller and connection task on one worker, or a wake-up across workers), so
 //! compare the ratios of one run rather than absolute times across runs.
 
-use std::future::Future;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use axum::serve::ListenerExt;
-use bytes::Bytes;
-use futures_util::future::join_all;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use redis::Value;
-use redis::aio::MultiplexedConnection;
+use http::StatusCode;
 use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
 
-/// Lock TTL for every client: 10 s, this crate's default.
-const TTL: Duration = Duration::from_secs(10);
-const TTL_MS: u64 = 10_000;
-/// The key prefix this crate puts before every key; the floor and rslock use it too, so
-/// that every client sends keys of the same length.
-const PREFIX: &str = "tower-redlock:";
-/// The compare-and-delete script of the Redis docs' "Distributed Locks with Redis" page.
-/// This crate's release script does a little more on the server (the holder's PTTL on a
-/// mismatch, a PUBLISH to wake waiters on deletion); that work is counted as the crate's.
-const RELEASE_SCRIPT: &str = r#"
-if redis.call("get", KEYS[1]) == ARGV[1] then
-  return redis.call("del", KEYS[1])
-else
-  return 0
-end
-"#;
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use common::{Floor, TTL, connect, floor_app, ok_handler, post_key, prefixed, serve};
+
 const LOCK_TASKS: usize = 64;
 const HTTP_WORKERS: usize = 32;
 const HOT_REQUESTS: usize = 200;
@@ -146,14 +125,14 @@ fn main() {
     let filter: Option<String> = args.iter().find(|a| !a.starts_with('-')).cloned();
     let plan = Plan::from_env();
 
-    let nodes: Vec<RedisNode> = (0..3).map(|_| RedisNode::start()).collect();
-    let urls: Vec<String> = nodes.iter().map(RedisNode::url).collect();
+    let nodes = support::nodes(3);
+    let urls = support::urls(&nodes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("build the Tokio runtime");
 
-    let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let pids: Vec<u32> = nodes.iter().filter_map(support::RedisNode::pid).collect();
     let cpu_before = CpuSnapshot::take(&pids);
     let started = Instant::now();
     // On a worker thread, as a server's tasks are: a future driven by `block_on` runs on
@@ -260,94 +239,6 @@ impl Locker {
     }
 }
 
-/// The bare commands on redis-rs multiplexed connections.
-struct Floor {
-    conns: Vec<MultiplexedConnection>,
-    sha: String,
-    quorum: usize,
-}
-
-impl Floor {
-    async fn connect(urls: &[String]) -> Self {
-        let mut conns = Vec::new();
-        let mut sha = String::new();
-        for url in urls {
-            let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to the bench's Redis node");
-            sha = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RELEASE_SCRIPT)
-                .query_async(&mut conn)
-                .await
-                .expect("SCRIPT LOAD");
-            conns.push(conn);
-        }
-        Floor {
-            quorum: conns.len() / 2 + 1,
-            conns,
-            sha,
-        }
-    }
-
-    async fn cycle(&self, resource: &str) -> bool {
-        let key = prefixed(resource);
-        let token = token();
-        let set = self
-            .on_all(|mut conn| {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(&key)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL_MS);
-                async move { cmd.query_async::<Value>(&mut conn).await }
-            })
-            .await;
-        let acquired = set.iter().filter(|r| matches!(r, Ok(Value::Okay))).count();
-        let released = self
-            .on_all(|mut conn| {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&self.sha).arg(1).arg(&key).arg(&token[..]);
-                async move { cmd.query_async::<Value>(&mut conn).await }
-            })
-            .await;
-        acquired >= self.quorum && released.iter().all(Result::is_ok)
-    }
-
-    async fn on_all<F, Fut>(&self, op: F) -> Vec<redis::RedisResult<Value>>
-    where
-        F: Fn(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = redis::RedisResult<Value>>,
-    {
-        if let [conn] = self.conns.as_slice() {
-            return vec![op(conn.clone()).await];
-        }
-        join_all(self.conns.iter().map(|conn| op(conn.clone()))).await
-    }
-}
-
-fn prefixed(resource: &str) -> String {
-    let mut key = String::with_capacity(PREFIX.len() + resource.len());
-    key.push_str(PREFIX);
-    key.push_str(resource);
-    key
-}
-
-/// A unique 32-byte token, the size of this crate's, without the OS random source.
-fn token() -> [u8; 32] {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = u128::from(NEXT.fetch_add(1, Ordering::Relaxed)) | (0x5eed_u128 << 100);
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        let nibble = ((n >> (4 * (31 - i))) & 0xf) as u8;
-        *byte = b"0123456789abcdef"[usize::from(nibble)];
-    }
-    out
-}
-
 /// A resource name not used before in this run.
 fn next_resource() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -420,8 +311,6 @@ async fn lock_cycle(
         }
     }
     let floor_p50 = serial[0].percentile(50.0);
-    let floor_rate = rates[0].per_second();
-    let rslock_rate = rates[2].per_second();
     let p50_max = if n == 1 {
         CYCLE_P50_MAX_1
     } else {
@@ -447,13 +336,13 @@ async fn lock_cycle(
             targets.push(judge(
                 misses,
                 &format!("cycle {n} node: rate >= {CYCLE_RATE_MIN_VS_FLOOR:.2}x floor"),
-                rate / floor_rate,
+                rates[i].paired_ratio(&rates[0]),
                 Bound::AtLeast(CYCLE_RATE_MIN_VS_FLOOR),
             ));
             targets.push(judge(
                 misses,
                 &format!("cycle {n} node: rate >= {CYCLE_RATE_MIN_VS_RSLOCK:.2}x rslock"),
-                rate / rslock_rate,
+                rates[i].paired_ratio(&rates[2]),
                 Bound::AtLeast(CYCLE_RATE_MIN_VS_RSLOCK),
             ));
         }
@@ -464,7 +353,7 @@ async fn lock_cycle(
             p99: Some(serial[i].percentile(99.0)),
             rate: Some(rate),
             p50_ratio: Some(ratio(p50, floor_p50)),
-            rate_ratio: Some(rate / floor_rate),
+            rate_ratio: Some(rates[i].paired_ratio(&rates[0])),
             spread: Some(rates[i].spread()),
             errors: serial[i].errors + rates[i].errors,
             notes: targets.join("; "),
@@ -510,54 +399,6 @@ async fn cycle_round(locker: &Arc<Locker>, warmup: Duration, measure: Duration) 
 // ---------------------------------------------------------------------------------------
 // 2. HTTP
 // ---------------------------------------------------------------------------------------
-
-async fn ok_handler() -> &'static str {
-    "ok"
-}
-
-/// Serves `app` on a free loopback port, with TCP_NODELAY on accepted connections.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener.local_addr().expect("local address");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    addr
-}
-
-/// One keep-alive HTTP/1.1 connection.
-async fn connect(addr: SocketAddr) -> SendRequest<Empty<Bytes>> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the app");
-    stream.set_nodelay(true).expect("TCP_NODELAY");
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP/1.1 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender
-}
-
-/// POSTs to `/` with `Idempotency-Key: key`; returns the status once the body is read.
-async fn post_key(sender: &mut SendRequest<Empty<Bytes>>, key: u64) -> StatusCode {
-    sender.ready().await.expect("connection ready");
-    let request = Request::post("/")
-        .header(http::header::HOST, "bench")
-        .header("idempotency-key", key)
-        .body(Empty::<Bytes>::new())
-        .expect("a valid request");
-    let response = sender.send_request(request).await.expect("a response");
-    let status = response.status();
-    let _ = response.into_body().collect().await.expect("the body");
-    status
-}
 
 fn next_key() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -609,10 +450,19 @@ async fn http_round(
     (all, errors)
 }
 
+/// One HTTP case: a name, the nodes, the address, and for the layer on Redis the index
+/// of the floor case to judge its added latency against.
+struct HttpCase {
+    name: &'static str,
+    nodes: &'static str,
+    addr: SocketAddr,
+    floor: Option<usize>,
+}
+
 async fn http(
     plan: &Plan,
     urls: &[String],
-    floor_p50: [Option<Duration>; 2],
+    serial_floor_p50: [Option<Duration>; 2],
     table: &mut Table,
     misses: &mut Vec<String>,
 ) {
@@ -631,29 +481,47 @@ async fn http(
             .await
             .expect("Redlock, 3 nodes"),
     );
+    let floor_one = Arc::new(Floor::connect(&urls[..1]).await);
+    let floor_three = Arc::new(Floor::connect(urls).await);
     let layer = |locks: &Locks| LockLayer::by_header("Idempotency-Key").backend(locks.clone());
     let base = || Router::new().route("/", post(ok_handler));
-    // (name, nodes, address, floor p50 to compare the added latency with)
     let cases = [
-        ("no layer", "-", serve(base()).await, None),
-        (
-            "LockLayer, in-process",
-            "-",
-            serve(base().layer(layer(&memory))).await,
-            None,
-        ),
-        (
-            "LockLayer, Redlock",
-            "1",
-            serve(base().layer(layer(&one))).await,
-            floor_p50[0],
-        ),
-        (
-            "LockLayer, Redlock",
-            "3",
-            serve(base().layer(layer(&three))).await,
-            floor_p50[1],
-        ),
+        HttpCase {
+            name: "no layer",
+            nodes: "-",
+            addr: serve(base()).await,
+            floor: None,
+        },
+        HttpCase {
+            name: "LockLayer, in-process",
+            nodes: "-",
+            addr: serve(base().layer(layer(&memory))).await,
+            floor: None,
+        },
+        HttpCase {
+            name: "floor cycle in handler",
+            nodes: "1",
+            addr: serve(floor_app(floor_one)).await,
+            floor: None,
+        },
+        HttpCase {
+            name: "LockLayer, Redlock",
+            nodes: "1",
+            addr: serve(base().layer(layer(&one))).await,
+            floor: Some(2),
+        },
+        HttpCase {
+            name: "floor cycle in handler",
+            nodes: "3",
+            addr: serve(floor_app(floor_three)).await,
+            floor: None,
+        },
+        HttpCase {
+            name: "LockLayer, Redlock",
+            nodes: "3",
+            addr: serve(base().layer(layer(&three))).await,
+            floor: Some(4),
+        },
     ];
 
     for (workers, duration) in [(HTTP_WORKERS, plan.duration), (1, plan.duration / 2)] {
@@ -663,7 +531,7 @@ async fn http(
         for _ in 0..plan.rounds {
             for (case, (samples, rate)) in cases.iter().zip(samples.iter_mut().zip(&mut rates)) {
                 let (latencies, errors) =
-                    http_round(case.2, workers, plan.warmup, round_time).await;
+                    http_round(case.addr, workers, plan.warmup, round_time).await;
                 rate.record(latencies.len() as u64, errors, round_time);
                 samples.extend(latencies, errors);
             }
@@ -674,8 +542,11 @@ async fn http(
             duration.as_secs_f64(),
         ));
         let base_p50 = samples[0].percentile(50.0);
-        let base_rate = rates[0].per_second();
-        for (i, (name, nodes, _, floor)) in cases.iter().enumerate() {
+        let added: Vec<Duration> = samples
+            .iter_mut()
+            .map(|s| s.percentile(50.0).saturating_sub(base_p50))
+            .collect();
+        for (i, case) in cases.iter().enumerate() {
             let p50 = samples[i].percentile(50.0);
             let rate = rates[i].per_second();
             let mut notes = Vec::new();
@@ -683,41 +554,50 @@ async fn http(
                 notes.push(judge(
                     misses,
                     &format!("HTTP in-process: req/s >= {HTTP_MEMORY_RATE_MIN:.2}x no layer"),
-                    rate / base_rate,
+                    rates[i].paired_ratio(&rates[0]),
                     Bound::AtLeast(HTTP_MEMORY_RATE_MIN),
                 ));
             }
-            if let Some(floor) = floor {
-                let added = p50.saturating_sub(base_p50);
-                let label = format!(
-                    "added p50 {} vs floor cycle p50 {}",
-                    fmt_duration(added),
-                    fmt_duration(*floor)
-                );
-                if workers == HTTP_WORKERS {
+            if case.name.starts_with("floor") {
+                notes.push(format!("adds {} p50: the floor", fmt_duration(added[i])));
+            }
+            if let Some(floor) = case.floor {
+                notes.push(format!(
+                    "adds {} p50 vs the floor's {}: {}",
+                    fmt_duration(added[i]),
+                    fmt_duration(added[floor]),
+                    judge(
+                        misses,
+                        &format!(
+                            "HTTP {} node, {workers} connection{}: added p50 <= {HTTP_ADDED_P50_MAX:.2}x the floor's",
+                            case.nodes,
+                            if workers == 1 { "" } else { "s" },
+                        ),
+                        ratio(added[i], added[floor]),
+                        Bound::AtMost(HTTP_ADDED_P50_MAX),
+                    )
+                ));
+                let serial = serial_floor_p50[usize::from(case.nodes != "1")];
+                if let (1, Some(serial)) = (workers, serial) {
                     notes.push(format!(
-                        "{label}: {}",
-                        judge(
-                            misses,
-                            &format!(
-                                "HTTP {nodes} node, {workers} connections: added p50 <= {HTTP_ADDED_P50_MAX:.2}x floor cycle p50"
-                            ),
-                            ratio(added, *floor),
-                            Bound::AtMost(HTTP_ADDED_P50_MAX),
-                        )
+                        "{:.2}x the serial floor cycle of section 1 ({})",
+                        ratio(added[i], serial),
+                        fmt_duration(serial)
                     ));
-                } else {
-                    notes.push(format!("{label}: {:.2}x (no target)", ratio(added, *floor)));
                 }
             }
             table.row(Row {
-                case: (*name).to_owned(),
-                nodes: (*nodes).to_owned(),
+                case: case.name.to_owned(),
+                nodes: case.nodes.to_owned(),
                 p50: Some(p50),
                 p99: Some(samples[i].percentile(99.0)),
                 rate: Some(rate),
                 p50_ratio: Some(ratio(p50, base_p50)),
-                rate_ratio: Some(rate / base_rate),
+                rate_ratio: Some(if i == 0 {
+                    1.0
+                } else {
+                    rates[i].paired_ratio(&rates[0])
+                }),
                 spread: Some(rates[i].spread()),
                 errors: samples[i].errors,
                 notes: notes.join("; "),
@@ -934,6 +814,24 @@ impl Rate {
         self.count as f64 / self.time.as_secs_f64()
     }
 
+    /// The median over the rounds of this rate against `base`'s in the same round: rounds
+    /// run back to back, so a drift of the machine (or of the scheduler's placement of
+    /// tasks, which can shift a whole round by a third) cancels out of each ratio.
+    fn paired_ratio(&self, base: &Rate) -> f64 {
+        let mut ratios: Vec<f64> = self
+            .rounds
+            .iter()
+            .zip(&base.rounds)
+            .map(|(rate, base)| rate / base)
+            .collect();
+        ratios.sort_unstable_by(f64::total_cmp);
+        match ratios.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => ratios[n / 2],
+            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+        }
+    }
+
     /// (max - min) / mean over the rounds.
     fn spread(&self) -> f64 {
         let max = self.rounds.iter().copied().fold(f64::MIN, f64::max);
@@ -1146,90 +1044,4 @@ fn process_ticks(path: &str) -> Option<u64> {
 
 fn fmt_share(share: Option<f64>) -> String {
     share.map_or_else(|| "?".to_owned(), |s| format!("{:.0}%", s * 100.0))
-}
-
-// ---------------------------------------------------------------------------------------
-// Redis nodes (the node-starting part of tests/support)
-// ---------------------------------------------------------------------------------------
-
-/// One `redis-server` process on a free loopback port, without persistence; stopped on
-/// drop.
-struct RedisNode {
-    port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisNode {
-    fn start() -> Self {
-        for _ in 0..5 {
-            if let Some(node) = Self::try_start() {
-                return node;
-            }
-        }
-        panic!("redis-server did not start on any of 5 free ports");
-    }
-
-    fn try_start() -> Option<Self> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed: the bench starts its own Redis nodes. \
-                 Install it (Debian/Ubuntu: `apt-get install redis-server`; macOS: `brew install redis`)."
-            ),
-            Err(e) => panic!("cannot start redis-server: {e}"),
-        };
-        let mut node = RedisNode {
-            port,
-            child,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if node.answers_ping() {
-                return Some(node);
-            }
-            if node.child.try_wait().ok().flatten().is_some() {
-                return None; // most likely the port was taken meanwhile
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-
-    fn answers_ping(&self) -> bool {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut buf = [0u8; 7];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut buf).is_ok()
-            && &buf == b"+PONG\r\n"
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

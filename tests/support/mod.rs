@@ -91,6 +91,11 @@ impl RedisNode {
         stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
+    /// The process id, while the node runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
