@@ -13,7 +13,9 @@
 
 #[cfg(feature = "axum")]
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
 
 use http::HeaderName;
 use http::request::Parts;
@@ -90,14 +92,64 @@ pub(crate) fn build_key<K: KeyExtractor + ?Sized>(
 ) -> String {
     let scope_len = scope.map_or(64, str::len);
     let mut key = String::with_capacity(prefix.len() + scope_len + 1 + value.len());
+    write_key(&mut key, prefix, scope, extractor, parts, value);
+    key
+}
+
+/// [`build_key`] straight into the `Arc<str>` a lease keeps: one allocation, no copy
+/// from a `String` of its own.
+pub(crate) fn build_shared_key<K: KeyExtractor + ?Sized>(
+    prefix: &str,
+    scope: Option<&str>,
+    extractor: &K,
+    parts: &Parts,
+    value: &str,
+) -> Arc<str> {
+    shared_key(|key| write_key(key, prefix, scope, extractor, parts, value))
+}
+
+fn write_key<K: KeyExtractor + ?Sized>(
+    key: &mut String,
+    prefix: &str,
+    scope: Option<&str>,
+    extractor: &K,
+    parts: &Parts,
+    value: &str,
+) {
     key.push_str(prefix);
     match scope {
         Some(scope) => key.push_str(scope),
-        None => extractor.write_scope(parts, &mut key),
+        None => extractor.write_scope(parts, key),
     }
     key.push(':');
     key.push_str(value);
-    key
+}
+
+/// Writes a key into this thread's scratch buffer and copies it into an `Arc<str>`, the
+/// key's only allocation.
+pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
+    /// Scratch buffers above this capacity are not kept.
+    const KEEP: usize = 4096;
+    thread_local! {
+        static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buffer) => {
+            buffer.clear();
+            write(&mut buffer);
+            let key = Arc::from(buffer.as_str());
+            if buffer.capacity() > KEEP {
+                *buffer = String::new();
+            }
+            key
+        }
+        // Only if `write` itself builds a key.
+        Err(_) => {
+            let mut buffer = String::new();
+            write(&mut buffer);
+            Arc::from(buffer)
+        }
+    })
 }
 
 /// Takes a lock key from a request.

@@ -91,10 +91,10 @@ impl Policy {
     /// `{prefix}{resource}`, after checking the resource.
     pub(crate) fn full_key(&self, resource: &str) -> Result<Arc<str>, KeyError> {
         check_resource(resource)?;
-        let mut key = String::with_capacity(self.prefix.len() + resource.len());
-        key.push_str(&self.prefix);
-        key.push_str(resource);
-        Ok(Arc::from(key))
+        Ok(crate::key::shared_key(|key| {
+            key.push_str(&self.prefix);
+            key.push_str(resource);
+        }))
     }
 
     /// A random delay in `retry_delay`, uniformly, in whole milliseconds.

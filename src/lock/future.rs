@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -139,14 +140,14 @@ where
     pub(crate) fn acquire<K>(
         service: S,
         request: Request<ReqB>,
-        key: String,
+        key: Arc<str>,
         config: &Config<K>,
     ) -> Self {
         let locks = config.locks.clone();
         let max_wait = config.settings.max_wait;
         if let Some(memory) = locks.as_memory().filter(|_| max_wait.is_zero()) {
             // The in-process backend answers at once: no task, no boxed future.
-            return match memory.acquire(key.into()) {
+            return match memory.acquire(key) {
                 Ok(lease) => Self {
                     state: run(service, request, locks, lease, &config.settings),
                 },
@@ -158,9 +159,7 @@ where
         let acquire_with = locks.clone();
         Self {
             state: State::Acquiring {
-                acquire: Box::pin(async move {
-                    acquire_with.lock_key_within(key.into(), max_wait).await
-                }),
+                acquire: Box::pin(async move { acquire_with.lock_key_within(key, max_wait).await }),
                 service: Some(service),
                 request: Some(request),
                 locks,

@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::Config;
-use crate::key::{KeyExtractor, build_key, validate_value};
+use crate::key::{KeyExtractor, build_shared_key, validate_value};
 use crate::problem::Problem;
 
 /// The service of [`LockLayer`](super::LockLayer): locks each request before calling the
@@ -95,7 +95,7 @@ where
         };
         // The whole key, `{prefix}{scope}:{value}`, in one allocation.
         let key = value.map(|value| {
-            build_key(
+            build_shared_key(
                 config.locks.prefix(),
                 config.scope.as_deref(),
                 &*config.extractor,

@@ -18,11 +18,11 @@
 mod scripts;
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
@@ -591,6 +591,8 @@ impl Redlock {
     /// `win` holds) reach the quorum, or losses make it unreachable. A hung node then costs
     /// nothing once a quorum has answered; its operation is dropped, or finished in the
     /// background ([`Stragglers::Finish`]), as a release must be.
+    ///
+    /// All nodes start at once, so one timer (the common deadline) bounds them all.
     async fn on_nodes<F, Fut, T>(
         &self,
         op: F,
@@ -603,58 +605,69 @@ impl Redlock {
         T: Send + 'static,
     {
         let timeout = self.inner.node_timeout;
-        let bounded = |fut: Fut| async move {
-            match tokio::time::timeout(timeout, fut).await {
+        let nodes = &self.inner.nodes;
+        if let [node] = nodes.as_slice() {
+            let answer = match tokio::time::timeout(timeout, op(node.conn.clone())).await {
                 Ok(Ok(value)) => Ok(value),
                 Ok(Err(e)) => Err(NodeFailureReason::Redis(e)),
                 Err(_) => Err(NodeFailureReason::Timeout(timeout)),
-            }
+            };
+            return vec![Some(answer)];
+        }
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout;
+        let mut round = Round {
+            pending: nodes
+                .iter()
+                .map(|node| Some(Box::pin(op(node.conn.clone()))))
+                .collect(),
+            results: nodes.iter().map(|_| None).collect(),
+            win,
+            wins: 0,
+            losses: 0,
         };
-        let nodes = &self.inner.nodes;
-        if let [node] = nodes.as_slice() {
-            return vec![Some(bounded(op(node.conn.clone())).await)];
-        }
-        let mut results: Vec<Option<Result<T, NodeFailureReason>>> =
-            nodes.iter().map(|_| None).collect();
-        let mut pending: FuturesUnordered<_> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let fut = bounded(op(node.conn.clone()));
-                async move { (i, fut.await) }
-            })
-            .collect();
         let (quorum, n) = (self.inner.quorum, nodes.len());
-        let (mut wins, mut losses) = (0, 0);
-        let started = Instant::now();
-        while let Some((i, result)) = pending.next().await {
-            match &result {
-                Ok(value) if win(value) => wins += 1,
-                _ => losses += 1,
+        let decided = |round: &Round<Fut, T>| {
+            early.is_some() && (round.wins >= quorum || round.losses > n - quorum)
+        };
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let timed_out = std::future::poll_fn(|cx| {
+            if round.poll_pending(cx) || decided(&round) {
+                Poll::Ready(false)
+            } else {
+                timer.as_mut().poll(cx).map(|()| true)
             }
-            results[i] = Some(result);
-            if early.is_some() && (wins >= quorum || losses > n - quorum) {
-                break;
-            }
-        }
-        if !pending.is_empty() && early == Some(Stragglers::Finish) {
+        })
+        .await;
+        if timed_out {
+            round.time_out(timeout);
+        } else if early == Some(Stragglers::Finish) && round.pending.iter().any(Option::is_some) {
             // Healthy nodes answer within moments of each other: give them a short grace
             // (as long as the quorum took, at least 1 ms) before handing the rest to a
             // background task, so that the common case spawns nothing.
-            let grace = started.elapsed().max(Duration::from_millis(1)).min(timeout);
-            let drain = async {
-                while let Some((i, result)) = pending.next().await {
-                    results[i] = Some(result);
+            let grace = started.elapsed().max(Duration::from_millis(1));
+            timer
+                .as_mut()
+                .reset(deadline.min(tokio::time::Instant::now() + grace));
+            std::future::poll_fn(|cx| {
+                if round.poll_pending(cx) {
+                    Poll::Ready(())
+                } else {
+                    timer.as_mut().poll(cx)
                 }
-            };
-            let _ = tokio::time::timeout(grace, drain).await;
-            if !pending.is_empty() {
+            })
+            .await;
+            let rest: Vec<_> = round.pending.drain(..).flatten().collect();
+            if !rest.is_empty() {
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move { while pending.next().await.is_some() {} });
+                    handle.spawn(tokio::time::timeout_at(
+                        deadline,
+                        futures_util::future::join_all(rest),
+                    ));
                 }
             }
         }
-        results
+        round.results
     }
 
     /// Releases in the background: for guards dropped outside an async context.
@@ -681,6 +694,49 @@ enum Stragglers {
     Drop,
     /// Finish their operations in the background.
     Finish,
+}
+
+/// The node operations of one [`Redlock::on_nodes`] call, polled in place.
+struct Round<Fut, T> {
+    pending: Vec<Option<Pin<Box<Fut>>>>,
+    results: Vec<Option<Result<T, NodeFailureReason>>>,
+    win: fn(&T) -> bool,
+    wins: usize,
+    losses: usize,
+}
+
+impl<Fut, T> Round<Fut, T>
+where
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
+    /// Polls the operations still pending and records their answers; true once none is.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut all_done = true;
+        for (slot, result) in self.pending.iter_mut().zip(&mut self.results) {
+            let Some(operation) = slot else { continue };
+            match operation.as_mut().poll(cx) {
+                Poll::Ready(answer) => {
+                    *slot = None;
+                    match &answer {
+                        Ok(value) if (self.win)(value) => self.wins += 1,
+                        _ => self.losses += 1,
+                    }
+                    *result = Some(answer.map_err(NodeFailureReason::Redis));
+                }
+                Poll::Pending => all_done = false,
+            }
+        }
+        all_done
+    }
+
+    /// Counts the operations still pending at the deadline as timed out, and drops them.
+    fn time_out(&mut self, timeout: Duration) {
+        for (slot, result) in self.pending.iter_mut().zip(&mut self.results) {
+            if slot.take().is_some() {
+                *result = Some(Err(NodeFailureReason::Timeout(timeout)));
+            }
+        }
+    }
 }
 
 enum Release {
