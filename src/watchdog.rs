@@ -10,10 +10,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use crate::error::LockError;
@@ -109,10 +111,41 @@ impl Renewal {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct State {
-    valid_until: Instant,
-    lost: bool,
+/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the validity (moved by
+/// renewals), the loss, and whether the holder is done.
+struct Shared {
+    /// `valid_until` as nanoseconds after `base` (an `Instant` is not atomic).
+    base: Instant,
+    valid_for_nanos: AtomicU64,
+    lost: AtomicBool,
+    /// The watchdog is gone: the holder released the lease.
+    closed: AtomicBool,
+    changed: Notify,
+}
+
+impl Shared {
+    fn new(valid_until: Instant) -> Self {
+        let base = Instant::now();
+        let shared = Self {
+            base,
+            valid_for_nanos: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            changed: Notify::new(),
+        };
+        shared.set_valid_until(valid_until);
+        shared
+    }
+
+    fn valid_until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.valid_for_nanos.load(Ordering::Acquire))
+    }
+
+    fn set_valid_until(&self, valid_until: Instant) {
+        let nanos = valid_until.saturating_duration_since(self.base).as_nanos();
+        self.valid_for_nanos
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+    }
 }
 
 /// A live view of a held lease: its current validity (moved by each renewal) and whether
@@ -124,15 +157,14 @@ struct State {
 /// [`Locked`]: crate::Locked
 #[derive(Clone)]
 pub struct LeaseStatus {
-    rx: watch::Receiver<State>,
+    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for LeaseStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = *self.rx.borrow();
         f.debug_struct("LeaseStatus")
-            .field("valid_until", &state.valid_until)
-            .field("lost", &state.lost)
+            .field("valid_until", &self.valid_until())
+            .field("lost", &self.shared.lost.load(Ordering::Acquire))
             .finish()
     }
 }
@@ -140,7 +172,7 @@ impl fmt::Debug for LeaseStatus {
 impl LeaseStatus {
     /// The instant the validity ends now (monotonic clock); each renewal moves it.
     pub fn valid_until(&self) -> Instant {
-        self.rx.borrow().valid_until
+        self.shared.valid_until()
     }
 
     /// The validity left; zero once it has ended.
@@ -150,24 +182,26 @@ impl LeaseStatus {
 
     /// Whether the lease was lost: a renewal found the token gone, or the validity ended.
     pub fn is_lost(&self) -> bool {
-        let state = *self.rx.borrow();
-        state.lost || Instant::now() >= state.valid_until
+        self.shared.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
     }
 
     /// Resolves when the lease is lost, or when the holder released it (the watchdog is
     /// gone); use [`is_lost`](Self::is_lost) to tell which.
     pub async fn lost(&self) {
-        let mut rx = self.rx.clone();
+        let shared = &*self.shared;
         loop {
-            let state = *rx.borrow_and_update();
-            if state.lost {
+            // Armed before the state is read, so that a change in between is not missed.
+            let changed = shared.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if shared.lost.load(Ordering::Acquire) || shared.closed.load(Ordering::Acquire) {
                 return;
             }
-            let deadline = tokio::time::sleep_until(state.valid_until.into());
+            let valid_until = shared.valid_until();
             tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return },
-                () = deadline => {
-                    if Instant::now() >= rx.borrow().valid_until {
+                () = changed => {}
+                () = tokio::time::sleep_until(valid_until.into()) => {
+                    if Instant::now() >= shared.valid_until() {
                         return;
                     }
                 }
@@ -185,7 +219,7 @@ pub(crate) struct Watchdog {
     next_renewal: Instant,
     extending: Option<BoxFuture<Result<Lease, LockError>>>,
     timer: Option<Pin<Box<Sleep>>>,
-    status: watch::Sender<State>,
+    status: Arc<Shared>,
     lost: bool,
 }
 
@@ -203,10 +237,7 @@ impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         let (every, max_hold) = renewal.resolve(lease.ttl());
         let now = Instant::now();
-        let (status, _) = watch::channel(State {
-            valid_until: lease.valid_until(),
-            lost: false,
-        });
+        let status = Arc::new(Shared::new(lease.valid_until()));
         Self {
             next_renewal: every
                 .and_then(|every| now.checked_add(every))
@@ -224,7 +255,15 @@ impl Watchdog {
 
     pub(crate) fn status(&self) -> LeaseStatus {
         LeaseStatus {
-            rx: self.status.subscribe(),
+            shared: self.status.clone(),
+        }
+    }
+
+    /// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle
+    /// exists besides our own.
+    fn notify_status(&self) {
+        if Arc::strong_count(&self.status) > 1 {
+            self.status.changed.notify_waiters();
         }
     }
 
@@ -242,7 +281,8 @@ impl Watchdog {
         self.lost = true;
         self.extending = None;
         self.timer = None;
-        self.status.send_modify(|s| s.lost = true);
+        self.status.lost.store(true, Ordering::Release);
+        self.notify_status();
         Poll::Ready(())
     }
 
@@ -259,8 +299,8 @@ impl Watchdog {
                     match result {
                         Ok(renewed) => {
                             self.lease.valid_until = renewed.valid_until;
-                            self.status
-                                .send_modify(|s| s.valid_until = renewed.valid_until);
+                            self.status.set_valid_until(renewed.valid_until);
+                            self.notify_status();
                             self.next_renewal = now
                                 .checked_add(self.every.unwrap_or_default())
                                 .unwrap_or(now);
@@ -313,6 +353,13 @@ impl Watchdog {
     }
 }
 
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.status.closed.store(true, Ordering::Release);
+        self.notify_status();
+    }
+}
+
 pin_project_lite::pin_project! {
     /// Runs `work` while `watchdog` renews; never polls `work` once the lease is lost.
     pub(crate) struct Protected<F> {
@@ -337,5 +384,106 @@ impl<F: Future> Future for Protected<F> {
             return Poll::Ready(Err(LockError::Lost));
         }
         this.work.poll(cx).map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Renewal, Watchdog};
+    use crate::{Locks, MemoryLocks};
+
+    fn locks(ttl: Duration) -> Locks {
+        Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
+    }
+
+    #[tokio::test]
+    async fn lost_resolves_when_the_holder_releases() {
+        let locks = locks(Duration::from_secs(30));
+        let lease = locks.try_lock("released").await.unwrap();
+        let watchdog = Watchdog::new(locks, lease, Renewal::default());
+        let status = watchdog.status();
+        let waiter = tokio::spawn({
+            let status = status.clone();
+            async move { status.lost().await }
+        });
+        // On this single-threaded runtime the yield runs the waiter until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(watchdog);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("lost() resolves once the watchdog is gone")
+            .unwrap();
+        assert!(!status.is_lost(), "a release is not a loss");
+    }
+
+    #[tokio::test]
+    async fn lost_resolves_when_the_validity_ends() {
+        let ttl = Duration::from_millis(150);
+        let locks = locks(ttl);
+        let lease = locks.try_lock("expiring").await.unwrap();
+        let watchdog = Watchdog::new(locks, lease, Renewal::disabled());
+        let status = watchdog.status();
+        let start = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), status.lost())
+            .await
+            .expect("lost() resolves at the end of the validity");
+        assert!(status.is_lost());
+        assert!(start.elapsed() < ttl + Duration::from_secs(1));
+        assert_eq!(status.remaining(), Duration::ZERO);
+        drop(watchdog);
+    }
+
+    #[tokio::test]
+    async fn renewals_move_the_status_and_mark_loss() {
+        let ttl = Duration::from_millis(300);
+        let locks = locks(ttl);
+        let lease = locks.try_lock("renewed").await.unwrap();
+        let first = lease.valid_until();
+        let copy = lease.clone();
+        let mut watchdog = Watchdog::new(
+            locks.clone(),
+            lease,
+            Renewal::default().every(Duration::from_millis(50)),
+        );
+        let status = watchdog.status();
+        // Drive the watchdog until a renewal has moved the validity.
+        let moved = tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| {
+                let _ = watchdog.poll_lost(cx);
+                if status.valid_until() > first {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            }),
+        )
+        .await;
+        assert!(moved.is_ok(), "no renewal moved the validity");
+        assert!(!status.is_lost());
+        // The key is released behind the watchdog's back and taken by another holder: the
+        // next renewal finds the token gone, and the status says lost.
+        let waiter = tokio::spawn({
+            let status = status.clone();
+            async move { status.lost().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        locks.unlock(copy).await.unwrap();
+        let _thief = locks.try_lock("renewed").await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| watchdog.poll_lost(cx)),
+        )
+        .await
+        .expect("the renewal finds the token gone");
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("lost() resolves on the loss")
+            .unwrap();
+        assert!(status.is_lost());
     }
 }
