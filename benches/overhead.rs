@@ -28,13 +28,18 @@
 //! 3. **Hot key**: 200 requests at once on one key, the handler holding it 200 ms: how fast
 //!    the losers get their 409, and a check that exactly one handler runs at a time.
 //!
+//! The clients and the app run on a Tokio runtime of one worker thread (`BENCH_WORKERS=n`
+//! for more), so that on a small machine the Redis nodes keep a core of their own, as they
+//! would on their own hosts. With two workers on two cores, the workers and `redis-server`
+//! fight for the CPUs, and the rates jump between two regimes by a third from one round to
+//! the next (a wake-up across workers or not), which drowns the differences measured here.
+//!
 //! Noise: throughput cases are measured in interleaved rounds (floor, crate, rslock,
 //! floor, ...) and serial cycles one of each locker in turn, so that a burst of other work
-//! on the machine hits all of them alike. The `spread` column is the range of the
-//! per-round rates over their mean, and each section says how much CPU time other
-//! processes took while it ran. On a small multi-threaded runtime the serial cycle time
-//! is bimodal (caller and connection task on one worker, or a wake-up across workers), so
-//! compare the ratios of one run rather than absolute times across runs.
+//! on the machine hits all of them alike; throughput ratios are the median of the
+//! per-round ratios. The `spread` column is the range of the per-round rates over their
+//! mean, and each section says how much CPU time other processes took while it ran.
+//! Compare the ratios of one run rather than absolute times across runs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -127,7 +132,13 @@ fn main() {
 
     let nodes = support::nodes(3);
     let urls = support::urls(&nodes);
+    let workers = std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|w| w.parse::<usize>().ok())
+        .filter(|w| *w > 0)
+        .unwrap_or(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("build the Tokio runtime");
@@ -146,10 +157,11 @@ fn main() {
 
     println!();
     println!(
-        "tower-redlock overhead bench: {} mode, {} CPUs, {} rounds per case, {:.0} s; \
+        "tower-redlock overhead bench: {} mode, {} CPUs, {workers} runtime worker{}, {} rounds per case, {:.0} s; \
          other processes used {} of the CPU time meanwhile (noise)",
         if plan.quick { "quick" } else { "full" },
         std::thread::available_parallelism().map_or(0, usize::from),
+        if workers == 1 { "" } else { "s" },
         plan.rounds,
         started.elapsed().as_secs_f64(),
         fmt_share(foreign),
