@@ -84,7 +84,9 @@ impl Lease {
         &self.key
     }
 
-    /// The token that proves ownership.
+    /// The token that proves ownership. On Redis the key's value is this token, followed by
+    /// a `+` once a waiter (see [`Redlock::lock_within`](crate::Redlock::lock_within))
+    /// asked to be woken when it is released.
     pub fn token(&self) -> &Token {
         &self.token
     }

@@ -8,7 +8,7 @@
 //! and a lease can simply expire without a release, so every wait also has a fallback
 //! timer: the holder's remaining TTL, capped at one second, with jitter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,8 +42,6 @@ pub(crate) struct WaitTicket<'a> {
     waiters: &'a Waiters,
     key: Arc<str>,
     pub(crate) notify: Arc<Notify>,
-    /// Whether this is the first waiter on the key in this process.
-    pub(crate) first: bool,
 }
 
 impl Waiters {
@@ -65,7 +63,6 @@ impl Waiters {
             waiters: self,
             key: key.clone(),
             notify: entry.notify.clone(),
-            first: entry.count == 1,
         }
     }
 
@@ -152,6 +149,8 @@ struct NodeSubscriber {
 struct Subscriber {
     sink: PubSubSink,
     alive: Arc<AtomicBool>,
+    /// The channels this connection's subscription to is confirmed.
+    channels: HashSet<Arc<str>>,
 }
 
 impl Notifier {
@@ -169,8 +168,12 @@ impl Notifier {
         }
     }
 
-    /// Subscribes to `key`'s release channel on every node that answers in time.
-    /// Failures are left to the fallback timer.
+    /// Subscribes to `key`'s release channel on every node that answers in time, and
+    /// returns once each subscription is confirmed: only then may a waiter mark the key.
+    /// Cheap when the channel is already subscribed (by another waiter of this process);
+    /// a waiter arriving while another's subscription is in flight waits for it under the
+    /// node's lock, and subscribes itself if that one gave up. Failures are left to the
+    /// fallback timer.
     pub(crate) async fn subscribe(&self, key: &Arc<str>) {
         futures_util::future::join_all(self.nodes.iter().map(|node| self.subscribe_on(node, key)))
             .await;
@@ -189,9 +192,15 @@ impl Notifier {
             let Some(open) = sink.as_mut() else {
                 return Ok(());
             };
+            if open.channels.contains(key) {
+                return Ok(());
+            }
             let subscribed = open.sink.subscribe(&**key).await;
-            if subscribed.is_err() {
-                *sink = None;
+            match subscribed {
+                Ok(()) => {
+                    open.channels.insert(key.clone());
+                }
+                Err(_) => *sink = None,
             }
             subscribed
         };
@@ -219,6 +228,7 @@ impl Notifier {
                     return;
                 }
                 if let Some(open) = sink.as_mut() {
+                    open.channels.remove(&key);
                     let _ = tokio::time::timeout(this.timeout, open.sink.unsubscribe(&*key)).await;
                 }
             }
@@ -246,7 +256,11 @@ impl Notifier {
             sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
                 .await?;
         }
-        Ok(Subscriber { sink, alive })
+        Ok(Subscriber {
+            sink,
+            alive,
+            channels: waited.into_iter().collect(),
+        })
     }
 }
 
@@ -256,8 +270,8 @@ fn fallback(retry_after: Duration, left: Duration) -> Duration {
     base.saturating_add(jitter(base)).min(left)
 }
 
-/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` if first,
-/// then alternates `attempt` and sleeps (until woken or the fallback timer) while the lock
+/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (which
+/// returns once the release channel is subscribed), then alternates `attempt` and sleeps (until woken or the fallback timer) while the lock
 /// is taken. The notification is armed before each attempt, so a release during the
 /// attempt is not missed.
 pub(crate) async fn bounded_wait<A, AF, S>(
@@ -274,10 +288,8 @@ where
 {
     let deadline = Instant::now().checked_add(max_wait);
     let ticket = waiters.register(key);
-    if ticket.first {
-        // Bounded by the wait itself, as well as by the notifier's own timeout.
-        let _ = tokio::time::timeout(max_wait, subscribe).await;
-    }
+    // Bounded by the wait itself, as well as by the notifier's own timeout.
+    let _ = tokio::time::timeout(max_wait, subscribe).await;
     loop {
         let notified = ticket.notify.notified();
         let mut notified = std::pin::pin!(notified);

@@ -376,3 +376,23 @@ async fn cancelled_waits_leave_no_subscription() {
     .await;
     assert!(gone, "cancelled waits left their subscriptions behind");
 }
+
+#[tokio::test]
+async fn waiting_on_a_key_of_another_type_is_taken_not_an_outage() {
+    let nodes = nodes(1);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    let mut conn = nodes[0].conn().await;
+    let () = redis::cmd("HSET")
+        .arg("tower-redlock:typed")
+        .arg("field")
+        .arg("value")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The waiter's attempts try to mark the holder's value; a hash is no token to mark.
+    let err = r
+        .lock_within("typed", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+}

@@ -360,6 +360,7 @@ impl Redlock {
             key: &key,
             token,
             armed: true,
+            quorum: false,
         };
         let ttl_ms = self.inner.policy.ttl_ms();
         let fence_key = self.inner.fence_key.as_ref();
@@ -420,6 +421,9 @@ impl Redlock {
             }
         }
         if acquired >= self.inner.quorum {
+            // From here a failure gives up a lock that waiters may be marking: its release
+            // wakes them.
+            guard.quorum = true;
             let fencing_token = match fence_key {
                 Some(fence_key) => {
                     self.raise_fence(&key, token, fence_key, highest_counter)
@@ -551,9 +555,10 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    /// Deletes the key on every node where it holds `token`. `publish` wakes waiters (a
-    /// real release; not the cleanup of a failed attempt, which would wake them for
-    /// nothing). `early`: see [`on_nodes`](Self::on_nodes).
+    /// Deletes the key on every node where it holds `token`. `publish` wakes the waiters
+    /// that marked the key: a release of a lock held by a quorum, not the cleanup of an
+    /// attempt that fell short (see the RELEASE script). `early`: see
+    /// [`on_nodes`](Self::on_nodes).
     async fn release_all(
         &self,
         key: &Arc<str>,
@@ -657,6 +662,9 @@ impl Redlock {
                 }
             })
             .await;
+            if tokio::time::Instant::now() >= deadline {
+                round.time_out(timeout);
+            }
             let rest: Vec<_> = round.pending.drain(..).flatten().collect();
             if !rest.is_empty() {
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -759,13 +767,15 @@ struct AcquireGuard<'a> {
     key: &'a Arc<str>,
     token: Token,
     armed: bool,
+    /// Whether a quorum of nodes was acquired (the release then wakes marked waiters).
+    quorum: bool,
 }
 
 impl Drop for AcquireGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.redlock
-                .release_detached(self.key.clone(), self.token, false);
+                .release_detached(self.key.clone(), self.token, self.quorum);
         }
     }
 }

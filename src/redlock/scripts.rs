@@ -37,8 +37,9 @@ pub(crate) async fn run<T: FromRedisValue>(
 /// with a `+` after the token ([`ACQUIRE_WAITING`]). When the key holds `{token}+` and
 /// ARGV[2] is `1`, the release publishes on the channel named after the key. A key nobody
 /// waits for is released without a `PUBLISH`, at the cost of the bare compare-and-delete.
-/// The cleanup of a failed attempt passes `0`: waking the waiters for a lock nobody
-/// released would make them spin.
+/// The cleanup of an attempt that fell short of a quorum passes `0`: two waiters that split
+/// the nodes between them would otherwise wake each other in a loop while the holder
+/// keeps the lock.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds another
 /// token, where `pttl` is the holder's remaining TTL in ms (-1: no expiry); one integer,
@@ -85,7 +86,8 @@ return -1
 
 /// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and when the key is held,
 /// the waiter's mark on the holder's value (once; `APPEND` keeps the TTL), so that the
-/// holder's release publishes. Only this crate's 32-digit tokens are marked.
+/// holder's release publishes. Only this crate's 32-digit tokens are marked (`pcall`: a key
+/// of another type is just held, not an error).
 ///
 /// Returns 0 when set, -1 when the key is held.
 pub(crate) static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
@@ -94,7 +96,7 @@ pub(crate) static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
-if redis.call('STRLEN', KEYS[1]) == 32 then
+if redis.pcall('STRLEN', KEYS[1]) == 32 then
   redis.call('APPEND', KEYS[1], '+')
 end
 return -1
@@ -111,7 +113,7 @@ pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-if ARGV[3] == '1' and redis.call('STRLEN', KEYS[1]) == 32 then
+if ARGV[3] == '1' and redis.pcall('STRLEN', KEYS[1]) == 32 then
   redis.call('APPEND', KEYS[1], '+')
 end
 return -1
