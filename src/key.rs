@@ -26,15 +26,16 @@ use http::request::Parts;
 /// while keeping every Redis key small.
 pub const MAX_KEY_LEN: usize = 256;
 
-/// Why a key value was refused. The HTTP layer answers `400 Bad Request` for each.
+/// Why a key value (of a lock or of a rate limit) was refused. The HTTP layers answer
+/// `400 Bad Request` for each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
     /// The value is empty.
-    #[error("the lock key is empty")]
+    #[error("the key is empty")]
     Empty,
     /// The value is longer than [`MAX_KEY_LEN`] bytes.
-    #[error("the lock key is {len} bytes long; at most {max} are accepted")]
+    #[error("the key is {len} bytes long; at most {max} are accepted")]
     TooLong {
         /// Length of the value, in bytes.
         len: usize,
@@ -42,11 +43,11 @@ pub enum KeyError {
         max: usize,
     },
     /// The value contains a control character (such as NUL, CR, LF or DEL).
-    #[error("the lock key contains a control character")]
+    #[error("the key contains a control character")]
     ControlCharacter,
     /// The key is one the backend keeps for itself (the fencing counter,
     /// `{prefix}fencing-counter`, when fencing tokens are on).
-    #[error("the lock key is reserved by the backend; pick another name")]
+    #[error("the key is reserved by the backend; pick another name")]
     Reserved,
     /// A header value is not visible ASCII, or a quoted string (RFC 8941) is malformed.
     #[error("the {0} header is not a valid string: use a bare token or an RFC 8941 quoted string")]

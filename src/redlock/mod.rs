@@ -929,15 +929,24 @@ impl RedlockBuilder {
                 policy: self.policy,
             }),
         };
-        let pings = redlock
+        // Loading the scripts now also checks that the nodes answer. An acquisition
+        // returns once the quorum is decided and drops the slower nodes' commands, so on
+        // a node that lacks a script (flushed, restarted) the `NOSCRIPT` fallback might
+        // never run there; releases and extensions finish theirs and load it again.
+        let loads = redlock
             .on_nodes(
-                |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await },
+                |mut conn| async move {
+                    for script in scripts::ALL {
+                        script.load_async(&mut conn).await?;
+                    }
+                    Ok(())
+                },
                 |()| true,
                 None,
             )
             .await;
-        for (node, ping) in redlock.inner.nodes.iter().zip(pings) {
-            if let Some(Err(reason)) = ping {
+        for (node, load) in redlock.inner.nodes.iter().zip(loads) {
+            if let Some(Err(reason)) = load {
                 tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
             }
         }

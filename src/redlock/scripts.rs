@@ -14,6 +14,10 @@ pub(crate) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
     cmd
 }
 
+/// Every script, to load on each node when the client is built.
+pub(crate) static ALL: [&LazyLock<Script>; 5] =
+    [&RELEASE, &EXTEND, &ACQUIRE_WAITING, &ACQUIRE_FENCED, &FENCE];
+
 /// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
 /// `NOSCRIPT` (a node restarted, or one that never saw it).
 pub(crate) async fn run<T: FromRedisValue>(
