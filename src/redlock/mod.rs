@@ -853,9 +853,10 @@ impl RedlockBuilder {
         self
     }
 
-    /// Checks the configuration and opens a connection to every node, each bounded by the
-    /// node timeout. A node that cannot be reached now is not an error: it is retried on
-    /// every later operation, and locks are granted while a quorum answers.
+    /// Checks the configuration, opens a connection to every node and loads the Lua
+    /// scripts there, each node bounded by the node timeout. A node that cannot be reached
+    /// now is not an error: it is retried on every later operation, and locks are granted
+    /// while a quorum answers.
     ///
     /// Needs a Tokio runtime with the time driver.
     ///
