@@ -10,8 +10,8 @@
 //!
 //! What it shows: what is built once is not built per request. The script hashes are
 //! computed when a script is first used, the key prefix is copied into the one allocation
-//! of the whole key, and the header names are constants; what is left per operation is
-//! the key, the lease, the Redis commands and their replies.
+//! of the whole key, and the header name is parsed when the layer is built; what is left
+//! per operation is the key, the lease, the Redis commands and their replies.
 
 use std::sync::Arc;
 

@@ -1,0 +1,127 @@
+//! A driver to profile one case at a time, for instruction counts under callgrind (the
+//! overhead bench measures time; this one runs a fixed number of operations, so that two
+//! runs can be subtracted).
+//!
+//! ```text
+//! cargo bench --bench profile --no-run
+//! BIN=$(ls -t target/release/deps/profile-* | grep -v '\.d$' | head -1)
+//! valgrind --tool=callgrind $BIN --bench http-layer 0      # setup alone
+//! valgrind --tool=callgrind $BIN --bench http-layer 3000   # setup and 3,000 requests
+//! ```
+//!
+//! The difference of the two totals ("Collected"), divided by the count, is the cost of
+//! one operation. Cases:
+//! - `cycle-floor`, `cycle-crate`: lock cycles on 1 node by 64 tasks (the count is per
+//!   task), as in the overhead bench's throughput section;
+//! - `http-none`, `http-memory`, `http-floor`, `http-layer`: requests on one keep-alive
+//!   connection to the app without a layer, with `LockLayer` on the in-process backend,
+//!   with the floor's lock cycle in the handler, and with `LockLayer` on 1 node.
+//!
+//! Everything runs on a Tokio runtime of one worker. It starts its own `redis-server`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::routing::post;
+use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
+
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use common::{Floor, TTL, connect, floor_app, ok_handler, post_key, serve};
+
+const TASKS: u64 = 64;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") {
+        println!("profile: a driver for callgrind; see the doc comment of benches/profile.rs");
+        return;
+    }
+    let words: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let (Some(case), Some(count)) = (words.first(), words.get(1)) else {
+        // `cargo bench` runs every bench without arguments: nothing to profile then.
+        println!(
+            "profile: give a case and a count (cycle-floor, cycle-crate, http-none, \
+             http-memory, http-floor, http-layer); see the doc comment of benches/profile.rs"
+        );
+        return;
+    };
+    let count: u64 = count.parse().expect("a count of operations");
+    let nodes = support::nodes(1);
+    let urls = support::urls(&nodes);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("build the Tokio runtime");
+    runtime.block_on(async move {
+        match case.as_str() {
+            "cycle-floor" | "cycle-crate" => cycles(case, &urls, count).await,
+            "http-none" | "http-memory" | "http-floor" | "http-layer" => {
+                requests(case, &urls, count).await;
+            }
+            other => panic!("unknown case {other}"),
+        }
+    });
+    drop(nodes);
+}
+
+async fn cycles(case: &str, urls: &[String], per_task: u64) {
+    let floor = Arc::new(Floor::connect(urls).await);
+    let redlock = Redlock::builder(urls)
+        .ttl(TTL)
+        .build()
+        .await
+        .expect("Redlock");
+    let crate_cycles = case == "cycle-crate";
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (floor, redlock) = (floor.clone(), redlock.clone());
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let resource = format!("profile:{task}:{i}");
+                    let ok = if crate_cycles {
+                        match redlock.try_lock(&resource).await {
+                            Ok(lease) => redlock.unlock(lease).await.is_ok(),
+                            Err(_) => false,
+                        }
+                    } else {
+                        floor.cycle(&resource).await
+                    };
+                    assert!(ok, "a lock cycle failed");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("cycle task");
+    }
+}
+
+async fn requests(case: &str, urls: &[String], count: u64) {
+    // Everything is built in every case, so that the setup costs the same.
+    let floor = Arc::new(Floor::connect(urls).await);
+    let redlock = Redlock::builder(urls)
+        .ttl(TTL)
+        .build()
+        .await
+        .expect("Redlock");
+    let base = || Router::new().route("/", post(ok_handler));
+    let app = match case {
+        "http-none" => base(),
+        "http-memory" => base().layer(
+            LockLayer::by_header("Idempotency-Key").backend(Locks::from(MemoryLocks::new())),
+        ),
+        "http-floor" => floor_app(floor),
+        _ => base().layer(LockLayer::by_header("Idempotency-Key").backend(Locks::from(redlock))),
+    };
+    let mut sender = connect(serve(app).await).await;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    for _ in 0..count {
+        let status = post_key(&mut sender, NEXT.fetch_add(1, Ordering::Relaxed)).await;
+        assert_eq!(status, http::StatusCode::OK);
+    }
+}
