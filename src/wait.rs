@@ -240,6 +240,13 @@ impl Notifier {
     async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<Subscriber> {
         let pubsub = node.client.get_async_pubsub().await?;
         let (mut sink, mut stream) = pubsub.split();
+        let waited = self.waiters.keys_waited();
+        if !waited.is_empty() {
+            sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
+                .await?;
+        }
+        // Only now: should this future be dropped (the subscribe timed out) or fail before,
+        // both halves go with it and the connection is closed, not left to a reader task.
         let waiters = self.waiters.clone();
         let alive = Arc::new(AtomicBool::new(true));
         let reader_alive = alive.clone();
@@ -251,11 +258,6 @@ impl Notifier {
             // Whoever waits now would miss notifications from this node: let them re-try.
             waiters.wake_all();
         });
-        let waited = self.waiters.keys_waited();
-        if !waited.is_empty() {
-            sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
-                .await?;
-        }
         Ok(Subscriber {
             sink,
             alive,

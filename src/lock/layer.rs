@@ -235,7 +235,8 @@ impl<K> LockLayer<K> {
     /// woken when the holder releases (Redis pub/sub; see
     /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again. Default
     /// zero: answer at once. The wait counts against the client's own timeout, so keep it
-    /// short.
+    /// short. An acquisition attempt in flight at the deadline runs to its end, so the
+    /// answer can come up to one node timeout after `max_wait`.
     #[must_use]
     pub fn max_wait(mut self, max_wait: std::time::Duration) -> Self {
         self.config.settings.max_wait = max_wait;

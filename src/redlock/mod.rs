@@ -213,7 +213,8 @@ impl Redlock {
     /// publishes on that channel), and re-tries on a jittered fallback timer
     /// (the holder's remaining TTL, at most 1 s) in case a notification is missed or the
     /// lease simply expires. A zero `max_wait` is one attempt, like
-    /// [`try_lock`](Self::try_lock).
+    /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
+    /// (bounded by the node timeout) rather than being cut off.
     ///
     /// # Errors
     ///
