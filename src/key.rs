@@ -76,7 +76,12 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
             max: MAX_KEY_LEN,
         });
     }
-    if value.chars().any(char::is_control) {
+    let control = if value.is_ascii() {
+        value.bytes().any(|b| b.is_ascii_control())
+    } else {
+        value.chars().any(char::is_control)
+    };
+    if control {
         return Err(KeyError::ControlCharacter);
     }
     Ok(())

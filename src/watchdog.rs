@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -114,9 +114,10 @@ impl Renewal {
 /// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the validity (moved by
 /// renewals), the loss, and whether the holder is done.
 struct Shared {
-    /// `valid_until` as nanoseconds after `base` (an `Instant` is not atomic).
+    /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
+    /// nanoseconds (an `Instant` is not atomic).
     base: Instant,
-    valid_for_nanos: AtomicU64,
+    offset_nanos: AtomicI64,
     lost: AtomicBool,
     /// The watchdog is gone: the holder released the lease.
     closed: AtomicBool,
@@ -125,26 +126,34 @@ struct Shared {
 
 impl Shared {
     fn new(valid_until: Instant) -> Self {
-        let base = Instant::now();
-        let shared = Self {
-            base,
-            valid_for_nanos: AtomicU64::new(0),
+        Self {
+            base: valid_until,
+            offset_nanos: AtomicI64::new(0),
             lost: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             changed: Notify::new(),
-        };
-        shared.set_valid_until(valid_until);
-        shared
+        }
     }
 
     fn valid_until(&self) -> Instant {
-        self.base + Duration::from_nanos(self.valid_for_nanos.load(Ordering::Acquire))
+        let offset = self.offset_nanos.load(Ordering::Acquire);
+        let magnitude = Duration::from_nanos(offset.unsigned_abs());
+        // Every offset stored came from a representable `Instant`: these cannot fail.
+        if offset >= 0 {
+            self.base.checked_add(magnitude)
+        } else {
+            self.base.checked_sub(magnitude)
+        }
+        .unwrap_or(self.base)
     }
 
     fn set_valid_until(&self, valid_until: Instant) {
-        let nanos = valid_until.saturating_duration_since(self.base).as_nanos();
-        self.valid_for_nanos
-            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let offset = match valid_until.checked_duration_since(self.base) {
+            Some(later) => nanos(later),
+            None => -nanos(self.base.duration_since(valid_until)),
+        };
+        self.offset_nanos.store(offset, Ordering::Release);
     }
 }
 
@@ -236,13 +245,17 @@ impl fmt::Debug for Watchdog {
 impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         let (every, max_hold) = renewal.resolve(lease.ttl());
-        let now = Instant::now();
-        let status = Arc::new(Shared::new(lease.valid_until()));
+        // The acquisition started a little before `valid_until - ttl` (by the time it took
+        // and the drift allowance): counting from there renews and stops renewing a little
+        // early, never late, and reads no clock.
+        let valid_until = lease.valid_until();
+        let acquired = valid_until.checked_sub(lease.ttl()).unwrap_or(valid_until);
+        let status = Arc::new(Shared::new(valid_until));
         Self {
             next_renewal: every
-                .and_then(|every| now.checked_add(every))
-                .unwrap_or(now),
-            stop_renewing_at: now.checked_add(max_hold),
+                .and_then(|every| acquired.checked_add(every))
+                .unwrap_or(acquired),
+            stop_renewing_at: acquired.checked_add(max_hold),
             locks,
             lease,
             every,
