@@ -4,7 +4,7 @@
 //! (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>), with the
 //! defaults of go-redsync where the page leaves a choice:
 //!
-//! 1. Draw a 128-bit token from the OS random source.
+//! 1. Draw a 128-bit token from a CSPRNG seeded by the OS.
 //! 2. Send `SET key token NX PX ttl` to every node at once, each bounded by the node timeout.
 //! 3. Succeed only if at least `N/2 + 1` nodes said OK and the validity left,
 //!    `ttl - elapsed - (ttl * drift_factor + 2 ms)`, measured on the monotonic clock, is
@@ -13,7 +13,8 @@
 //!    caller's future is dropped mid-acquire: the release is spawned), and retry after a
 //!    random delay if retries are left.
 //!
-//! Release and extension are Lua scripts that act only if the key still holds our token.
+//! Release and extension are Lua scripts that act only if the key still holds our token
+//! (followed by `+` once a waiter marked it; see [`Redlock::lock_within`]).
 
 mod scripts;
 
