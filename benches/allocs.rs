@@ -18,13 +18,15 @@ use std::sync::Arc;
 use allocation_counter::AllocationInfo;
 use axum::Router;
 use axum::routing::post;
-use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
+use tower_redlock::{LockLayer, Locks, MemoryLocks};
 
 mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{Floor, TTL, connect, floor_app, ok_handler, post_key, prefixed, serve};
+use common::{
+    Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, rslock_cycle, serve,
+};
 
 /// Operations measured per case, after as many to warm up.
 const OPS: u64 = 2_000;
@@ -83,11 +85,7 @@ fn main() {
         let (floor, redlock, rslock) = runtime.block_on(async {
             (
                 Floor::connect(urls).await,
-                Redlock::builder(urls)
-                    .ttl(TTL)
-                    .build()
-                    .await
-                    .expect("Redlock"),
+                redlock(urls).await,
                 rslock::LockManager::new(urls.to_vec()),
             )
         });
@@ -103,10 +101,7 @@ fn main() {
             baseline: None,
         });
         let (per_op, bytes_per_op) = count(&runtime, async |i| {
-            match redlock.try_lock(&format!("alloc-crate:{i}")).await {
-                Ok(lease) => redlock.unlock(lease).await.is_ok(),
-                Err(_) => false,
-            }
+            crate_cycle(&redlock, &format!("alloc-crate:{i}")).await
         });
         rows.push(Row {
             case: "lock cycle, tower-redlock".to_owned(),
@@ -116,14 +111,7 @@ fn main() {
             baseline: Some(floor_row),
         });
         let (per_op, bytes_per_op) = count(&runtime, async |i| {
-            let key = prefixed(&format!("alloc-rslock:{i}"));
-            match rslock.lock(key.as_bytes(), TTL).await {
-                Ok(lock) => {
-                    rslock.unlock(&lock).await;
-                    true
-                }
-                Err(_) => false,
-            }
+            rslock_cycle(&rslock, &format!("alloc-rslock:{i}")).await
         });
         rows.push(Row {
             case: "lock cycle, rslock 0.10".to_owned(),
@@ -150,20 +138,8 @@ fn main() {
 
     // HTTP requests on one keep-alive connection, a distinct Idempotency-Key each.
     let apps = runtime.block_on(async {
-        let one = Locks::from(
-            Redlock::builder(&urls[..1])
-                .ttl(TTL)
-                .build()
-                .await
-                .expect("Redlock"),
-        );
-        let three = Locks::from(
-            Redlock::builder(&urls)
-                .ttl(TTL)
-                .build()
-                .await
-                .expect("Redlock"),
-        );
+        let one = Locks::from(redlock(&urls[..1]).await);
+        let three = Locks::from(redlock(&urls).await);
         let layer = |locks: Locks| LockLayer::by_header("Idempotency-Key").backend(locks);
         let base = || Router::new().route("/", post(ok_handler));
         vec![

@@ -57,7 +57,9 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{Floor, TTL, connect, floor_app, ok_handler, post_key, prefixed, serve};
+use common::{
+    Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, rslock_cycle, serve,
+};
 
 const LOCK_TASKS: usize = 64;
 const HTTP_WORKERS: usize = 32;
@@ -235,20 +237,8 @@ impl Locker {
     async fn cycle(&self, resource: &str) -> bool {
         match self {
             Locker::Floor(floor) => floor.cycle(resource).await,
-            Locker::Crate(redlock) => match redlock.try_lock(resource).await {
-                Ok(lease) => redlock.unlock(lease).await.is_ok(),
-                Err(_) => false,
-            },
-            Locker::Rslock(manager) => {
-                let key = prefixed(resource);
-                match manager.lock(key.as_bytes(), TTL).await {
-                    Ok(lock) => {
-                        manager.unlock(&lock).await;
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+            Locker::Crate(redlock) => crate_cycle(redlock, resource).await,
+            Locker::Rslock(manager) => rslock_cycle(manager, resource).await,
         }
     }
 }
@@ -267,11 +257,7 @@ async fn lock_cycle(
     misses: &mut Vec<String>,
 ) -> Duration {
     let n = urls.len();
-    let redlock = Redlock::builder(urls)
-        .ttl(TTL)
-        .build()
-        .await
-        .expect("build the Redlock client");
+    let redlock = redlock(urls).await;
     let lockers = [
         Arc::new(Locker::Floor(Floor::connect(urls).await)),
         Arc::new(Locker::Crate(redlock)),
@@ -481,20 +467,8 @@ async fn http(
     misses: &mut Vec<String>,
 ) {
     let memory = Locks::from(MemoryLocks::new());
-    let one = Locks::from(
-        Redlock::builder(&urls[..1])
-            .ttl(TTL)
-            .build()
-            .await
-            .expect("Redlock, 1 node"),
-    );
-    let three = Locks::from(
-        Redlock::builder(urls)
-            .ttl(TTL)
-            .build()
-            .await
-            .expect("Redlock, 3 nodes"),
-    );
+    let one = Locks::from(redlock(&urls[..1]).await);
+    let three = Locks::from(redlock(urls).await);
     let floor_one = Arc::new(Floor::connect(&urls[..1]).await);
     let floor_three = Arc::new(Floor::connect(urls).await);
     let layer = |locks: &Locks| LockLayer::by_header("Idempotency-Key").backend(locks.clone());
@@ -688,28 +662,8 @@ async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table) {
 
     let backends = [
         ("in-process", "-", Locks::from(MemoryLocks::new())),
-        (
-            "Redlock",
-            "1",
-            Locks::from(
-                Redlock::builder(&urls[..1])
-                    .ttl(TTL)
-                    .build()
-                    .await
-                    .expect("Redlock, 1 node"),
-            ),
-        ),
-        (
-            "Redlock",
-            "3",
-            Locks::from(
-                Redlock::builder(urls)
-                    .ttl(TTL)
-                    .build()
-                    .await
-                    .expect("Redlock, 3 nodes"),
-            ),
-        ),
+        ("Redlock", "1", Locks::from(redlock(&urls[..1]).await)),
+        ("Redlock", "3", Locks::from(redlock(urls).await)),
     ];
     for (name, nodes, locks) in backends {
         let running = Arc::new(Running::default());

@@ -30,7 +30,7 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{Floor, TTL, connect, floor_app, ok_handler, post_key, serve};
+use common::{Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, serve};
 
 const TASKS: u64 = 64;
 
@@ -69,13 +69,14 @@ fn main() {
     drop(nodes);
 }
 
+/// The floor and this crate's client, both built in every case so that the setup costs
+/// the same.
+async fn clients(urls: &[String]) -> (Arc<Floor>, Redlock) {
+    (Arc::new(Floor::connect(urls).await), redlock(urls).await)
+}
+
 async fn cycles(case: &str, urls: &[String], per_task: u64) {
-    let floor = Arc::new(Floor::connect(urls).await);
-    let redlock = Redlock::builder(urls)
-        .ttl(TTL)
-        .build()
-        .await
-        .expect("Redlock");
+    let (floor, redlock) = clients(urls).await;
     let crate_cycles = case == "cycle-crate";
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
@@ -84,10 +85,7 @@ async fn cycles(case: &str, urls: &[String], per_task: u64) {
                 for i in 0..per_task {
                     let resource = format!("profile:{task}:{i}");
                     let ok = if crate_cycles {
-                        match redlock.try_lock(&resource).await {
-                            Ok(lease) => redlock.unlock(lease).await.is_ok(),
-                            Err(_) => false,
-                        }
+                        crate_cycle(&redlock, &resource).await
                     } else {
                         floor.cycle(&resource).await
                     };
@@ -102,13 +100,7 @@ async fn cycles(case: &str, urls: &[String], per_task: u64) {
 }
 
 async fn requests(case: &str, urls: &[String], count: u64) {
-    // Everything is built in every case, so that the setup costs the same.
-    let floor = Arc::new(Floor::connect(urls).await);
-    let redlock = Redlock::builder(urls)
-        .ttl(TTL)
-        .build()
-        .await
-        .expect("Redlock");
+    let (floor, redlock) = clients(urls).await;
     let base = || Router::new().route("/", post(ok_handler));
     let app = match case {
         "http-none" => base(),

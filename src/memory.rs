@@ -196,16 +196,11 @@ impl MemoryLocks {
     /// The error of the last attempt.
     pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
-        let mut attempt = 0;
-        loop {
-            match self.acquire(key.clone()) {
-                Err(LockError::Taken { .. }) if attempt < self.inner.policy.retry_count => {
-                    attempt += 1;
-                    tokio::time::sleep(self.inner.policy.retry_delay()).await;
-                }
-                result => return result,
-            }
-        }
+        // The only error of an attempt on a valid key is `Taken`.
+        self.inner
+            .policy
+            .with_retries(|| std::future::ready(self.acquire(key.clone())))
+            .await
     }
 
     /// Waits up to `max_wait` for the lock when it is held: woken at once when the holder

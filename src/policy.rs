@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, LockError};
 use crate::key::KeyError;
+use crate::lease::Lease;
 
 /// Default lease TTL: 10 s.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -20,6 +21,20 @@ pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 /// Longest key (prefix excluded) accepted by the backends, in bytes.
 pub const MAX_RESOURCE_LEN: usize = 1024;
 const MAX_PREFIX_LEN: usize = 128;
+
+/// Checks a key prefix: at most 128 bytes, no control characters.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
+            len: prefix.len(),
+            max: MAX_PREFIX_LEN,
+        }));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter));
+    }
+    Ok(())
+}
 
 /// Checks a resource name given to a backend directly: not empty, at most
 /// [`MAX_RESOURCE_LEN`] bytes, no control characters.
@@ -76,16 +91,7 @@ impl Policy {
         if min > max {
             return Err(ConfigError::InvalidRetryDelay { min, max });
         }
-        if self.prefix.len() > MAX_PREFIX_LEN {
-            return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
-                len: self.prefix.len(),
-                max: MAX_PREFIX_LEN,
-            }));
-        }
-        if self.prefix.chars().any(char::is_control) {
-            return Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter));
-        }
-        Ok(())
+        check_prefix(&self.prefix)
     }
 
     /// `{prefix}{resource}`, after checking the resource.
@@ -95,6 +101,25 @@ impl Policy {
             key.push_str(&self.prefix);
             key.push_str(resource);
         }))
+    }
+
+    /// Runs `attempt`, and again after a random [`retry_delay`](Self::retry_delay) up to
+    /// the retry count while it fails on anything but the key itself; the last result.
+    pub(crate) async fn with_retries<F, Fut>(&self, mut attempt: F) -> Result<Lease, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Lease, LockError>>,
+    {
+        let mut retries = 0;
+        loop {
+            match attempt().await {
+                Err(e) if !matches!(e, LockError::InvalidKey(_)) && retries < self.retry_count => {
+                    retries += 1;
+                    tokio::time::sleep(self.retry_delay()).await;
+                }
+                result => return result,
+            }
+        }
     }
 
     /// A random delay in `retry_delay`, uniformly, in whole milliseconds.

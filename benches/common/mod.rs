@@ -36,6 +36,35 @@ else
   return 0
 end
 "#;
+/// This crate's Redlock client on `urls`, with the bench's TTL.
+pub async fn redlock(urls: &[String]) -> tower_redlock::Redlock {
+    tower_redlock::Redlock::builder(urls)
+        .ttl(TTL)
+        .build()
+        .await
+        .expect("build the Redlock client")
+}
+
+/// One lock cycle of this crate: `try_lock` then `unlock`; false if either failed.
+pub async fn crate_cycle(redlock: &tower_redlock::Redlock, resource: &str) -> bool {
+    match redlock.try_lock(resource).await {
+        Ok(lease) => redlock.unlock(lease).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// One lock cycle of rslock: `lock` then `unlock`, on the prefixed key; false if it failed.
+pub async fn rslock_cycle(manager: &rslock::LockManager, resource: &str) -> bool {
+    let key = prefixed(resource);
+    match manager.lock(key.as_bytes(), TTL).await {
+        Ok(lock) => {
+            manager.unlock(&lock).await;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// The bare commands on redis-rs multiplexed connections.
 pub struct Floor {
     conns: Vec<MultiplexedConnection>,

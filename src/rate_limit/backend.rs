@@ -20,7 +20,6 @@ use crate::policy::check_resource;
 pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock:rate:";
 /// Default bound on one Redis call of [`RedisRateLimiter`]: 100 ms.
 pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
-const MAX_PREFIX_LEN: usize = 128;
 
 /// The fixed-window counter, atomically: `INCR` the key, set its expiry on the first hit
 /// only, answer `{count, pttl_ms}`.
@@ -288,15 +287,7 @@ impl RedisRateLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
-        if self.prefix.len() > MAX_PREFIX_LEN {
-            return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
-                len: self.prefix.len(),
-                max: MAX_PREFIX_LEN,
-            }));
-        }
-        if self.prefix.chars().any(char::is_control) {
-            return Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter));
-        }
+        crate::policy::check_prefix(&self.prefix)?;
         let client = self.client?;
         let label = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()

@@ -195,17 +195,10 @@ impl Redlock {
     /// The error of the last attempt, as [`try_lock`](Self::try_lock).
     pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
-        let mut attempt = 0;
-        loop {
-            match self.acquire(key.clone(), false).await {
-                Err(LockError::InvalidKey(e)) => return Err(LockError::InvalidKey(e)),
-                Err(_) if attempt < self.inner.policy.retry_count => {
-                    attempt += 1;
-                    tokio::time::sleep(self.inner.policy.retry_delay()).await;
-                }
-                result => return result,
-            }
-        }
+        self.inner
+            .policy
+            .with_retries(|| self.acquire(key.clone(), false))
+            .await
     }
 
     /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when the

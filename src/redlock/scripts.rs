@@ -95,34 +95,37 @@ return -1
 ///
 /// Returns 0 when set, -1 when the key is held.
 pub(crate) static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
-if redis.pcall('STRLEN', KEYS[1]) == 32 then
-  redis.call('APPEND', KEYS[1], '+')
-end
+{MARK}
 return -1
-",
-    )
+"
+    ))
 });
+
+/// Marks the holder's value of KEYS[1] for a waiter: one `+` after a 32-digit token.
+const MARK: &str = r"if redis.pcall('STRLEN', KEYS[1]) == 32 then
+  redis.call('APPEND', KEYS[1], '+')
+end";
 
 /// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
 /// stands (0 when unset), read atomically with the SET. Returns -1 when the key is held,
 /// after marking it as [`ACQUIRE_WAITING`] does when ARGV[3] is `1` (a waiter's attempt).
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-if ARGV[3] == '1' and redis.pcall('STRLEN', KEYS[1]) == 32 then
-  redis.call('APPEND', KEYS[1], '+')
+if ARGV[3] == '1' then
+  {MARK}
 end
 return -1
-",
-    )
+"
+    ))
 });
 
 /// Raises the fencing counter KEYS[2] to ARGV[2] while KEYS[1] holds our token ARGV[1]
