@@ -9,12 +9,12 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::backend::handle::Locks;
+use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::key::validate_value;
 use crate::lease::Lease;
-use crate::locks::Locks;
 use crate::problem::Problem;
-use crate::watchdog::{LeaseStatus, Renewal, Watchdog};
 
 /// Turns an extracted value into a lock key.
 ///

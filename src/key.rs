@@ -26,6 +26,10 @@ use http::request::Parts;
 /// while keeping every Redis key small.
 pub const MAX_KEY_LEN: usize = 256;
 
+/// The longest resource name (prefix excluded) the backends accept from a direct call
+/// ([`Locks::lock`](crate::Locks::lock) and the others), in bytes: 1024.
+pub const MAX_RESOURCE_LEN: usize = 1024;
+
 /// Why a key value (of a lock or of a rate limit) was refused. The HTTP layers answer
 /// `400 Bad Request` for each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,11 +11,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::layer::{Config, Settings};
+use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::watchdog::{OnLockLoss, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::locks::{LeaseGuard, Locks};
 use crate::problem::Problem;
-use crate::watchdog::{OnLockLoss, Watchdog};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 

@@ -6,9 +6,9 @@ use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
 
 use super::service::Lock;
+use crate::backend::handle::Locks;
+use crate::backend::watchdog::{OnLockLoss, Renewal};
 use crate::key::{FnKey, HeaderKey, KeyExtractor};
-use crate::locks::Locks;
-use crate::watchdog::{OnLockLoss, Renewal};
 
 /// A [`Layer`] that locks each request on a key taken from it; see the
 /// [module docs](crate::lock).

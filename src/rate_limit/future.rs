@@ -9,9 +9,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::backend::RateLimitError;
 use super::layer::Config;
-use super::quota::Usage;
+use crate::backend::rate_limit::RateLimitError;
+use crate::backend::rate_limit::quota::Usage;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 

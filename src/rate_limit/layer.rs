@@ -9,10 +9,10 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use super::backend::RateLimiter;
 use super::key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
-use super::quota::{Quota, Usage};
 use super::service::RateLimit;
+use crate::backend::rate_limit::RateLimiter;
+use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::key::{FnKey, HeaderKey, KeyError, KeyExtractor};
 use crate::problem::{Problem, retry_after_secs};
 

@@ -73,19 +73,17 @@
 //! # Ok(()) }
 //! ```
 
-mod backend;
 mod future;
 mod key;
 mod layer;
-mod quota;
 mod service;
 
-pub use backend::{
+pub use crate::backend::rate_limit::quota::{Quota, QuotaError, Usage};
+pub use crate::backend::rate_limit::{
     DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, MemoryRateLimiter, RateLimitError, RateLimiter,
     RedisRateLimiter, RedisRateLimiterBuilder,
 };
 pub use future::ResponseFuture;
 pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
 pub use layer::RateLimitLayer;
-pub use quota::{Quota, QuotaError, Usage};
 pub use service::RateLimit;

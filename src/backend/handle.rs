@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use std::future::Future;
 
+use crate::backend::memory::MemoryLocks;
+use crate::backend::redlock::Redlock;
+use crate::backend::watchdog::{LeaseStatus, Protected, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::memory::MemoryLocks;
-use crate::redlock::Redlock;
-use crate::watchdog::{LeaseStatus, Protected, Renewal, Watchdog};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -25,12 +25,6 @@ pub struct Locks {
 enum Backend {
     Redlock(Redlock),
     Memory(MemoryLocks),
-}
-
-/// A process-unique id for a backend instance, so that a lease can tell which one issued it.
-pub(crate) fn next_backend_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Default for Locks {

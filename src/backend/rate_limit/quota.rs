@@ -146,7 +146,7 @@ fn parse_digits(text: &str) -> Option<u64> {
 
 /// Where one key stands in its current window, after counting this request.
 ///
-/// The [`RateLimitLayer`](super::RateLimitLayer) puts it in the request extensions of
+/// The [`RateLimitLayer`](crate::RateLimitLayer) puts it in the request extensions of
 /// every request it lets through, so a handler can read it (`Extension<Usage>` in axum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {

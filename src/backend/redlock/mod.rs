@@ -16,6 +16,7 @@
 //! Release and extension are Lua scripts that act only if the key still holds our token
 //! (followed by `+` once a waiter marked it; see [`Redlock::lock_within`]).
 
+mod notify;
 mod scripts;
 
 use std::fmt;
@@ -27,11 +28,12 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
+use crate::backend::settings::{Policy, policy_setters};
+use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::key::KeyError;
 use crate::lease::{Lease, Token};
-use crate::policy::{Policy, policy_setters};
-use crate::wait::{Notifier, UnsubscribeOnDrop, Waiters, bounded_wait};
+use notify::{Notifier, UnsubscribeOnDrop};
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
 const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
@@ -180,7 +182,7 @@ impl Redlock {
     /// - [`LockError::NoQuorum`] when too few nodes answered within the node timeout;
     /// - [`LockError::TooSlow`] when a quorum agreed but too late to leave any validity;
     /// - [`LockError::InvalidKey`] for an empty key, one over
-    ///   [`MAX_RESOURCE_LEN`](crate::policy::MAX_RESOURCE_LEN) bytes, or one with control
+    ///   [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
     ///   characters.
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
@@ -908,7 +910,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         let redlock = Redlock {
             inner: Arc::new(Inner {
-                id: crate::locks::next_backend_id(),
+                id: crate::backend::next_backend_id(),
                 nodes,
                 notifier: self.notify_waiters.then(|| {
                     Arc::new(Notifier::new(

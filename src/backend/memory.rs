@@ -6,10 +6,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use crate::backend::settings::{Policy, policy_setters};
+use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
-use crate::policy::{Policy, policy_setters};
-use crate::wait::{Waiters, bounded_wait};
 
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
@@ -111,7 +111,7 @@ impl MemoryLocks {
     fn with_policy(policy: Policy) -> Self {
         Self {
             inner: Arc::new(Shared {
-                id: crate::locks::next_backend_id(),
+                id: crate::backend::next_backend_id(),
                 policy,
                 state: Mutex::new(State {
                     held: HashMap::new(),

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
-use super::quota::{Quota, Usage};
+pub(crate) mod quota;
+
+use crate::backend::settings::check_resource;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 use crate::key::KeyError;
 #[cfg(test)]
-use crate::policy::MAX_RESOURCE_LEN;
-use crate::policy::check_resource;
+use crate::key::MAX_RESOURCE_LEN;
+use quota::{Quota, Usage};
 
 /// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock:rate:"`.
 pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock:rate:";
@@ -52,12 +54,12 @@ return {count, ttl}
 #[non_exhaustive]
 pub enum RateLimitError {
     /// The store did not answer in time, or failed (connection refused, Redis error).
-    /// The [`RateLimitLayer`](super::RateLimitLayer) then lets the request through or
-    /// answers 503, as configured ([`fail_open`](super::RateLimitLayer::fail_open)).
+    /// The [`RateLimitLayer`](crate::RateLimitLayer) then lets the request through or
+    /// answers 503, as configured ([`fail_open`](crate::RateLimitLayer::fail_open)).
     #[error("the rate limit store is unavailable: {0}")]
     Unavailable(NodeFailure),
     /// The key cannot be used: empty, longer than
-    /// [`MAX_RESOURCE_LEN`](crate::policy::MAX_RESOURCE_LEN) bytes, or with control
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or with control
     /// characters. The layer answers 400.
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
@@ -220,7 +222,7 @@ impl RedisRateLimiter {
     ///
     /// [`RateLimitError::Unavailable`] when Redis does not answer within the timeout or
     /// fails; [`RateLimitError::InvalidKey`] for an empty key, one over
-    /// [`MAX_RESOURCE_LEN`](crate::policy::MAX_RESOURCE_LEN) bytes, or one with control
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
     /// characters.
     pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         check_resource(resource)?;
@@ -287,7 +289,7 @@ impl RedisRateLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
-        crate::policy::check_prefix(&self.prefix)?;
+        crate::backend::settings::check_prefix(&self.prefix)?;
         let client = self.client?;
         let label = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()
@@ -386,7 +388,7 @@ impl MemoryRateLimiter {
     /// # Errors
     ///
     /// [`RateLimitError::InvalidKey`] for an empty key, one over
-    /// [`MAX_RESOURCE_LEN`](crate::policy::MAX_RESOURCE_LEN) bytes, or one with control
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
     /// characters. It never answers [`RateLimitError::Unavailable`].
     pub fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         check_resource(resource)?;

@@ -1,122 +1,15 @@
-//! Waiting for a held lock: waiters are woken when the holder releases.
-//!
-//! A process with waiters subscribes to a channel named after the key on every node it
-//! can reach, and wakes its waiters for the key when a message arrives; each waiter then
-//! tries again, as Redisson does. Once subscribed, a waiter's attempts mark the holder's
-//! value (a `+` after the token), and the release of a marked key publishes on the channel
-//! in the same Lua script; a key nobody waits for is released without a `PUBLISH`. A message can be missed (a node restarts, a connection drops)
-//! and a lease can simply expire without a release, so every wait also has a fallback
-//! timer: the holder's remaining TTL, capped at one second, with jitter.
+//! Release notifications over Redis pub/sub: one subscriber connection per node, opened on
+//! the first wait, waking this process's waiters (see [`Waiters`]) when a holder releases.
 
-use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
-use tokio::sync::Notify;
 
-use crate::error::LockError;
-use crate::lease::Lease;
-
-/// The longest a waiter sleeps before trying again without a notification.
-pub(crate) const MAX_FALLBACK: Duration = Duration::from_secs(1);
-
-/// The waiters of this process, per key.
-#[derive(Default)]
-pub(crate) struct Waiters {
-    keys: Mutex<HashMap<Arc<str>, Waiting>>,
-    /// How many keys are waited on: lets a release skip the lock when nobody waits.
-    waited: AtomicUsize,
-}
-
-struct Waiting {
-    notify: Arc<Notify>,
-    count: usize,
-}
-
-/// One registered waiter; unregisters on drop.
-pub(crate) struct WaitTicket<'a> {
-    waiters: &'a Waiters,
-    key: Arc<str>,
-    pub(crate) notify: Arc<Notify>,
-}
-
-impl Waiters {
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Waiting>> {
-        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn register(&self, key: &Arc<str>) -> WaitTicket<'_> {
-        let mut keys = self.keys();
-        let entry = keys.entry(key.clone()).or_insert_with(|| {
-            self.waited.fetch_add(1, Ordering::AcqRel);
-            Waiting {
-                notify: Arc::new(Notify::new()),
-                count: 0,
-            }
-        });
-        entry.count += 1;
-        WaitTicket {
-            waiters: self,
-            key: key.clone(),
-            notify: entry.notify.clone(),
-        }
-    }
-
-    /// Wakes every waiter on `key` in this process.
-    pub(crate) fn wake(&self, key: &str) {
-        if self.waited.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        if let Some(waiting) = self.keys().get(key) {
-            waiting.notify.notify_waiters();
-        }
-    }
-
-    fn wake_all(&self) {
-        for waiting in self.keys().values() {
-            waiting.notify.notify_waiters();
-        }
-    }
-
-    /// Whether anybody waits on `key`.
-    pub(crate) fn is_waited(&self, key: &str) -> bool {
-        self.keys().contains_key(key)
-    }
-
-    fn keys_waited(&self) -> Vec<Arc<str>> {
-        self.keys().keys().cloned().collect()
-    }
-}
-
-impl WaitTicket<'_> {
-    fn leave(&self) {
-        let mut keys = self.waiters.keys();
-        match keys.get_mut(&self.key) {
-            Some(waiting) if waiting.count > 1 => waiting.count -= 1,
-            Some(_) => {
-                keys.remove(&self.key);
-                self.waiters.waited.fetch_sub(1, Ordering::AcqRel);
-            }
-            None => {}
-        }
-    }
-}
-
-impl Drop for WaitTicket<'_> {
-    fn drop(&mut self) {
-        self.leave();
-    }
-}
-
-/// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
-pub(crate) fn jitter(max: Duration) -> Duration {
-    let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);
-    Duration::from_micros(rand::random::<u64>() % span.saturating_add(1))
-}
+use crate::backend::wait::Waiters;
 
 /// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
 /// unless someone in the process waits on it again.
@@ -263,53 +156,5 @@ impl Notifier {
             alive,
             channels: waited.into_iter().collect(),
         })
-    }
-}
-
-/// How long to sleep after a `Taken` with `retry_after`, given `left` until the deadline.
-fn fallback(retry_after: Duration, left: Duration) -> Duration {
-    let base = retry_after.min(MAX_FALLBACK);
-    base.saturating_add(jitter(base)).min(left)
-}
-
-/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (which
-/// returns once the release channel is subscribed), then alternates `attempt` and sleeps (until woken or the fallback timer) while the lock
-/// is taken. The notification is armed before each attempt, so a release during the
-/// attempt is not missed.
-pub(crate) async fn bounded_wait<A, AF, S>(
-    waiters: &Waiters,
-    key: &Arc<str>,
-    max_wait: Duration,
-    mut attempt: A,
-    subscribe: S,
-) -> Result<Lease, LockError>
-where
-    A: FnMut() -> AF,
-    AF: Future<Output = Result<Lease, LockError>>,
-    S: Future<Output = ()>,
-{
-    let deadline = Instant::now().checked_add(max_wait);
-    let ticket = waiters.register(key);
-    // Bounded by the wait itself, as well as by the notifier's own timeout.
-    let _ = tokio::time::timeout(max_wait, subscribe).await;
-    loop {
-        let notified = ticket.notify.notified();
-        let mut notified = std::pin::pin!(notified);
-        notified.as_mut().enable();
-        match attempt().await {
-            Err(LockError::Taken { retry_after }) => {
-                let left = deadline.map_or(Duration::MAX, |d| {
-                    d.saturating_duration_since(Instant::now())
-                });
-                if left.is_zero() {
-                    return Err(LockError::Taken { retry_after });
-                }
-                tokio::select! {
-                    () = notified => {}
-                    () = tokio::time::sleep(fallback(retry_after, left)) => {}
-                }
-            }
-            other => return other,
-        }
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{ConfigError, LockError};
-use crate::key::KeyError;
+use crate::key::{KeyError, MAX_RESOURCE_LEN};
 use crate::lease::Lease;
 
 /// Default lease TTL: 10 s.
@@ -18,8 +18,6 @@ pub(crate) const DEFAULT_RETRY_DELAY: (Duration, Duration) =
 pub(crate) const DEFAULT_PREFIX: &str = "tower-redlock:";
 /// Longest TTL accepted: 2^32 - 1 ms (about 49.7 days).
 pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
-/// Longest key (prefix excluded) accepted by the backends, in bytes.
-pub const MAX_RESOURCE_LEN: usize = 1024;
 const MAX_PREFIX_LEN: usize = 128;
 
 /// Checks a key prefix: at most 128 bytes, no control characters.

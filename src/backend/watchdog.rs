@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
+use crate::backend::handle::Locks;
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::locks::Locks;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
