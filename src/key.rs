@@ -127,12 +127,48 @@ fn write_key<K: KeyExtractor + ?Sized>(
     value: &str,
 ) {
     key.push_str(prefix);
+    let scope_at = key.len();
     match scope {
         Some(scope) => key.push_str(scope),
         None => extractor.write_scope(parts, key),
     }
+    escape_from(key, scope_at);
     key.push(':');
-    key.push_str(value);
+    push_escaped(key, value);
+}
+
+/// Appends `part` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`), so that a
+/// key never holds a Redis Cluster hash tag by accident and stays one-to-one with its parts.
+///
+/// Hash tags are chosen on purpose: every auxiliary key of a lock is named
+/// `{<lock key>}<suffix>`, which lands in the lock key's slot only because the lock key has
+/// no braces of its own.
+pub(crate) fn push_escaped(out: &mut String, part: &str) {
+    if !part.bytes().any(needs_escape) {
+        out.push_str(part);
+        return;
+    }
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// [`push_escaped`] in place on what `out` holds from byte `from` on.
+pub(crate) fn escape_from(out: &mut String, from: usize) {
+    if !out.as_bytes()[from..].iter().copied().any(needs_escape) {
+        return;
+    }
+    let tail = out.split_off(from);
+    push_escaped(out, &tail);
+}
+
+fn needs_escape(b: u8) -> bool {
+    matches!(b, b'%' | b'{' | b'}')
 }
 
 /// Writes a key into this thread's scratch buffer and copies it into an `Arc<str>`, the
@@ -359,6 +395,21 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn escaping_keeps_braces_and_percent_out_of_keys_one_to_one() {
+        let mut out = String::from("p:");
+        push_escaped(&mut out, "a{b}%c");
+        assert_eq!(out, "p:a%7Bb%7D%25c");
+        let mut plain = String::new();
+        push_escaped(&mut plain, "%7B");
+        let mut brace = String::new();
+        push_escaped(&mut brace, "{");
+        assert_ne!(plain, brace);
+        let mut tail = String::from("x{/items/{id}}");
+        escape_from(&mut tail, 1);
+        assert_eq!(tail, "x%7B/items/%7Bid%7D%7D");
+    }
+
     use super::*;
 
     fn parts(header: &str) -> Parts {

@@ -92,12 +92,13 @@ impl Policy {
         check_prefix(&self.prefix)
     }
 
-    /// `{prefix}{resource}`, after checking the resource.
+    /// `{prefix}{resource}`, after checking the resource, with `%`, `{` and `}` in the
+    /// resource percent-encoded (see [`push_escaped`](crate::key::push_escaped)).
     pub(crate) fn full_key(&self, resource: &str) -> Result<Arc<str>, KeyError> {
         check_resource(resource)?;
         Ok(crate::key::shared_key(|key| {
             key.push_str(&self.prefix);
-            key.push_str(resource);
+            crate::key::push_escaped(key, resource);
         }))
     }
 
