@@ -1,4 +1,4 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("docs/crate.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
@@ -24,3 +24,8 @@ pub use problem::Problem;
 pub use rate_limit::{
     MemoryRateLimiter, Quota, RateLimitError, RateLimitLayer, RateLimiter, RedisRateLimiter, Usage,
 };
+
+// The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
