@@ -402,3 +402,28 @@ async fn memory_backend_window_resets_and_remaining_counts_down() {
     .await;
     countdown_then_reset(&base, 3, Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn memory_backend_client_rotating_ids_cannot_grow_the_store_past_its_cap() {
+    let store = MemoryRateLimiter::with_max_keys(50);
+    let open = serve(buy_app(store.clone().into(), quota("1/3600"), true)).await;
+    let closed = serve(buy_app(store.clone().into(), quota("1/3600"), false)).await;
+    let client = reqwest::Client::new();
+    // A known client, counted before the store fills.
+    assert_eq!(buy(&client, &open, Some("known")).await.status(), 200);
+    for i in 0..200 {
+        let resp = buy(&client, &open, Some(&format!("rotating-{i}"))).await;
+        assert_eq!(resp.status(), 200, "fail open: a new id is let through");
+        // Counted while there was room, uncounted after.
+        assert_eq!(header(&resp, "ratelimit").is_some(), i < 49, "request {i}");
+        assert!(store.len() <= 50, "{} windows", store.len());
+    }
+    assert_eq!(store.len(), 50);
+    // Failing closed, a new id is not let through uncounted.
+    let resp = buy(&client, &closed, Some("rotating-new")).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(header(&resp, "retry-after"), Some("1"));
+    // The known client is still limited, on either layer.
+    assert_eq!(buy(&client, &open, Some("known")).await.status(), 429);
+    assert_eq!(buy(&client, &closed, Some("known")).await.status(), 429);
+}
