@@ -12,8 +12,11 @@ use crate::backend::connection::Connection;
 use crate::backend::settings::check_resource;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 
-/// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock:rate:"`.
-pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock:rate:";
+/// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock-rate:"`.
+///
+/// It is not inside the lock backends' default prefix (`"tower-redlock:"`), so that no
+/// lock key (whatever its scope) can be a rate-limit key: the two differ at the 14th byte.
+pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock-rate:";
 /// Default bound on one Redis call of [`RedisRateLimiter`]: 100 ms.
 pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -177,7 +180,10 @@ impl RedisRateLimiterBuilder {
     }
 
     /// The prefix put before every key, so that several applications can share Redis.
-    /// Default `"tower-redlock:rate:"`; at most 128 bytes, no control characters.
+    /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
+    /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
+    /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal a
+    /// counter's key.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -201,9 +207,12 @@ impl RedisRateLimiterBuilder {
     ///
     /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
-    /// characters.
+    /// characters, [`ConfigError::PrefixWithHashTag`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
         crate::backend::settings::check_prefix(&self.prefix)?;
+        if self.prefix.contains(['{', '}']) {
+            return Err(ConfigError::PrefixWithHashTag(self.prefix));
+        }
         let client = self.client?;
         let label = client.get_connection_info().addr().to_string();
         let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
