@@ -172,4 +172,10 @@ pub enum ConfigError {
     /// The key prefix contains control bytes or is longer than 128 bytes.
     #[error("invalid key prefix: {0}")]
     InvalidPrefix(KeyError),
+    /// The key prefix contains `{` or `}`: every key would carry a Redis Cluster hash tag
+    /// by accident. The crate chooses hash tags itself (see [`key`](crate::key)).
+    #[error(
+        "invalid key prefix {0:?}: '{{' and '}}' would make a Redis Cluster hash tag; use another character"
+    )]
+    PrefixWithHashTag(String),
 }

@@ -10,6 +10,7 @@
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
 //!   waiters).
 
+pub(crate) mod connection;
 pub(crate) mod handle;
 pub(crate) mod memory;
 pub(crate) mod rate_limit;

@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
+use crate::backend::connection::Connection;
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
@@ -44,9 +44,10 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
 /// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
 ///
-/// Cloning is cheap and shares the connections. Connections are multiplexed and reconnect
-/// by themselves (redis-rs `ConnectionManager`); a node that is down at start or goes down
-/// later is retried on later operations.
+/// Cloning is cheap and shares the connections. Connections are multiplexed, and replaced
+/// after any kind of failure; a node that is down at start, goes down later, or whose port
+/// answered something else for a while is used again soon after it answers (see
+/// [`RedlockBuilder::node_timeout`] for the bound).
 ///
 /// Use it through [`Locks`](crate::Locks) (`Locks::from(redlock)`) with the layer and the
 /// extractor, or on its own:
@@ -83,7 +84,7 @@ struct Inner {
 
 struct Node {
     label: String,
-    conn: ConnectionManager,
+    conn: Connection,
 }
 
 impl fmt::Debug for Redlock {
@@ -602,7 +603,7 @@ impl Redlock {
         early: Option<Stragglers>,
     ) -> Vec<Option<Result<T, NodeFailureReason>>>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Connection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
         T: Send + 'static,
     {
@@ -798,6 +799,16 @@ impl RedlockBuilder {
     /// costs nothing while the others agree; the timeout bounds the wait when the verdict
     /// needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
     /// network.
+    ///
+    /// Recovery: a node's connection that fails in any way (refused, reset, an answer that
+    /// is not Redis, a refused handshake) is replaced by the next operation, with at most
+    /// one connection attempt per 100 ms, each bounded by the node timeout or 500 ms,
+    /// whichever is longer. Once the node serves Redis again, operations use it within
+    /// about 100 ms plus one connection (measured: 70 to 95 ms). A connection that goes
+    /// silent without failing (its peer gone without a reset) is probed with `PING` when
+    /// an operation gives up on it with nothing else answered, at most once a second, and
+    /// replaced when the probe gets no answer within 1 s: within the node timeout plus
+    /// 2 s.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -887,24 +898,14 @@ impl RedlockBuilder {
         if self.nodes.is_empty() {
             return Err(ConfigError::NoNodes);
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(node_timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(None)
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(500));
+        let connect_timeout = node_timeout.max(Duration::from_millis(500));
         let mut nodes = Vec::with_capacity(self.nodes.len());
         let mut clients = Vec::with_capacity(self.nodes.len());
         for client in self.nodes {
             let client = client?;
             clients.push(client.clone());
             let label = client.get_connection_info().addr().to_string();
-            let conn = ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(
-                |source| ConfigError::InvalidUrl {
-                    index: nodes.len(),
-                    source,
-                },
-            )?;
+            let conn = Connection::new(client, connect_timeout);
             nodes.push(Node { label, conn });
         }
         let quorum = nodes.len() / 2 + 1;

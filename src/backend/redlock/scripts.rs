@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::backend::connection::Connection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 /// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
@@ -21,7 +21,7 @@ pub(crate) static ALL: [&LazyLock<Script>; 5] =
 /// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
 /// `NOSCRIPT` (a node restarted, or one that never saw it).
 pub(crate) async fn run<T: FromRedisValue>(
-    conn: &mut ConnectionManager,
+    conn: &mut Connection,
     script: &Script,
     cmd: &Cmd,
 ) -> RedisResult<T> {
