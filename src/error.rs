@@ -98,6 +98,12 @@ pub enum NodeFailureReason {
     Redis(redis::RedisError),
 }
 
+impl From<redis::RedisError> for NodeFailureReason {
+    fn from(e: redis::RedisError) -> Self {
+        NodeFailureReason::Redis(e)
+    }
+}
+
 impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {

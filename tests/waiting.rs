@@ -396,3 +396,52 @@ async fn waiting_on_a_key_of_another_type_is_taken_not_an_outage() {
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
 }
+
+/// Every command's calls on the node so far (`INFO commandstats`), `info` itself left out.
+async fn command_calls(node: &RedisNode) -> std::collections::BTreeMap<String, u64> {
+    let mut conn = node.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn release_nobody_waits_for_costs_no_publish() {
+    let nodes = nodes(1);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    const RELEASES: u64 = 50;
+    let mut leases = Vec::new();
+    for i in 0..RELEASES {
+        leases.push(r.try_lock(&format!("unwatched-{i}")).await.unwrap());
+    }
+    let before = command_calls(&nodes[0]).await;
+    for lease in leases {
+        r.unlock(lease).await.unwrap();
+    }
+    let after = command_calls(&nodes[0]).await;
+    let mut per_release = Vec::new();
+    for (name, calls) in &after {
+        let delta = calls - before.get(name).copied().unwrap_or(0);
+        if delta > 0 {
+            per_release.push(format!("{name} {:.2}", delta as f64 / RELEASES as f64));
+        }
+    }
+    eprintln!(
+        "commands per release nobody waits for: {}",
+        per_release.join(", ")
+    );
+    assert_eq!(
+        after.get("publish").copied().unwrap_or(0),
+        before.get("publish").copied().unwrap_or(0),
+        "a release nobody waits for published"
+    );
+}
