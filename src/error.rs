@@ -12,7 +12,8 @@ use crate::key::KeyError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another holder has the lock.
+    /// Another holder has the lock: at least a quorum of nodes answered, and those that
+    /// said "held" leave too few for a quorum of OKs.
     ///
     /// `retry_after` is how long until the holder's lease runs out on enough nodes for a
     /// quorum to be free again, from the holders' remaining TTL (`PTTL`). It is an upper
@@ -23,9 +24,11 @@ pub enum LockError {
         retry_after: Duration,
     },
 
-    /// Fewer than a quorum of nodes answered in time, so nothing can be said about the
-    /// lock. Retry later; check the listed nodes.
-    #[error("no quorum: {} of {nodes} nodes failed, {quorum} needed to answer ({})", failures.len(), DisplayFailures(failures))]
+    /// The answers that came in time decide nothing: fewer than a quorum of nodes
+    /// answered an acquisition, or the nodes that failed could still hold the lease's
+    /// token on a quorum (so it is not known to be lost). Retryable: retry later; check
+    /// the listed nodes.
+    #[error("no quorum: {} of {nodes} nodes failed, and the answers of the others ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
     NoQuorum {
         /// How many nodes must agree.
         quorum: usize,
@@ -48,8 +51,10 @@ pub enum LockError {
 
     /// The lease is no longer held: its TTL ran out before it was released or extended.
     ///
-    /// `taken_over` is true when another holder has the key now. Work done under the
-    /// lease after its validity ended was not protected.
+    /// Said only when the answers prove it: N - quorum + 1 nodes (3 of 5, 2 of 3) answered
+    /// that the token is gone, so it cannot be on a quorum. `taken_over` is true when one
+    /// of them holds another token. Work done under the lease after its validity ended
+    /// was not protected.
     #[error("the lease had already expired{}", if *taken_over { " and another holder has the key now" } else { "" })]
     Expired {
         /// Whether another holder now has the key.

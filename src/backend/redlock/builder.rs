@@ -7,7 +7,7 @@ use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::notify::Notifier;
-use super::round::{self, Stragglers, Vote};
+use super::round::{self, Rule, Stragglers, Vote};
 use super::{Inner, Node, Redlock, scripts};
 use crate::backend::settings::{Policy, policy_setters};
 use crate::error::ConfigError;
@@ -51,9 +51,11 @@ impl RedlockBuilder {
     /// How long to wait for one node's answer before counting it as failed. Default 5% of
     /// the TTL (500 ms for the default 10 s), as go-redsync. It must be shorter than the
     /// TTL, and should be much shorter so that a dead node cannot eat the validity.
-    /// Operations return as soon as a quorum has answered (or cannot), so a hung node
-    /// costs nothing while the others agree; the timeout bounds the wait when the verdict
-    /// needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
+    /// Every operation returns as soon as the answers in hand decide its verdict (a
+    /// quorum of OKs; for `Taken`, a quorum of answers with too many "held"; for
+    /// `Expired`, N - quorum + 1 "gone"), and finishes its cleanup on the slower nodes in
+    /// the background, so a hung node costs nothing while the others agree; the timeout
+    /// bounds the wait when the verdict needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
     /// network.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
@@ -197,6 +199,7 @@ impl RedlockBuilder {
             node_timeout,
             quorum,
             |()| Vote::For,
+            Rule::Proof,
             Stragglers::Await,
         )
         .await;

@@ -35,7 +35,7 @@ use crate::key::KeyError;
 use crate::lease::{Lease, Token};
 pub use builder::RedlockBuilder;
 use notify::{Notifier, UnsubscribeOnDrop};
-use round::{Answers, Stragglers, Verdict, Vote};
+use round::{Answers, Rule, Stragglers, Verdict, Vote};
 use scripts::Release;
 
 /// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
@@ -159,8 +159,10 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Taken`] when another holder has it, with how long until it frees;
-    /// - [`LockError::NoQuorum`] when too few nodes answered within the node timeout;
+    /// - [`LockError::Taken`] when another holder has it (at least a quorum of nodes
+    ///   answered, and too many of them said "held"), with how long until it frees;
+    /// - [`LockError::NoQuorum`] when fewer than a quorum of nodes answered within the
+    ///   node timeout, whatever the others said;
     /// - [`LockError::TooSlow`] when a quorum agreed but too late to leave any validity;
     /// - [`LockError::InvalidKey`] for an empty key, one over
     ///   [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
@@ -246,22 +248,18 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`LockError::Expired`] when too few nodes still hold the token (the lease is lost),
-    /// [`LockError::NoQuorum`] when too few nodes answered, [`LockError::TooSlow`] when
-    /// the answers came too late. On error the lease is left as it was.
+    /// [`LockError::Expired`] when N - quorum + 1 nodes answered that the token is gone
+    /// (the lease is lost), [`LockError::NoQuorum`] when the nodes that failed leave it
+    /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
+    /// answers came too late. On error the lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
             .on_nodes(
                 |conn| scripts::extend(conn, lease.key.clone(), lease.token, ttl_ms),
-                |reply| {
-                    if *reply == 1 {
-                        Vote::For
-                    } else {
-                        Vote::Against
-                    }
-                },
+                |reply| Vote::of(*reply == 1),
+                Rule::Proof,
                 Stragglers::Finish,
             )
             .await;
@@ -285,12 +283,13 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`LockError::Expired`] when fewer than a quorum of nodes still held the token (it
-    /// had run out; `taken_over` says whether another holder has it now), or
-    /// [`LockError::NoQuorum`] when too few nodes answered (the keys expire by their TTL).
+    /// [`LockError::Expired`] when N - quorum + 1 nodes answered that the token was gone
+    /// (it had run out; `taken_over` says whether another holder has it now), or
+    /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
+    /// left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         let round = self
-            .release_all(&lease.key, lease.token, true, Stragglers::Finish)
+            .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;
         match round.verdict {
             Verdict::Won => Ok(()),
@@ -333,13 +332,8 @@ impl Redlock {
                         waiting,
                     )
                 },
-                |set| {
-                    if set.is_some() {
-                        Vote::For
-                    } else {
-                        Vote::Against
-                    }
-                },
+                |set| Vote::of(set.is_some()),
+                Rule::Contest,
                 Stragglers::Drop,
             )
             .await;
@@ -348,9 +342,10 @@ impl Redlock {
             // Released in the background by the guard: nothing to wait for.
             Verdict::NoQuorum => return Err(self.no_quorum(round)),
             Verdict::Lost => {
-                // Taken: the release also tells how long the holders have left.
+                // Taken: the release also tells how long the holders have left. A quorum
+                // of answers is enough for that; the rest finish in the background.
                 let cleanup = self
-                    .release_all(&key, token, false, Stragglers::Await)
+                    .release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
                     .await;
                 guard.armed = false;
                 return Err(LockError::Taken {
@@ -404,13 +399,8 @@ impl Redlock {
                 |conn| {
                     scripts::raise_fence(conn, key.clone(), fence_key.clone(), token, fencing_token)
                 },
-                |written| {
-                    if *written == 1 {
-                        Vote::For
-                    } else {
-                        Vote::Against
-                    }
-                },
+                |written| Vote::of(*written == 1),
+                Rule::Proof,
                 Stragglers::Finish,
             )
             .await;
@@ -474,25 +464,22 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    /// Deletes the key on every node where it holds `token`. `publish` wakes the waiters
-    /// that marked the key: a release of a lock held by a quorum, not the cleanup of an
-    /// attempt that fell short (see the RELEASE script).
+    /// Deletes the key on every node where it holds `token`, with the answers counted by
+    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked the key: a
+    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
+    /// (see the RELEASE script).
     async fn release_all(
         &self,
         key: &Arc<str>,
         token: Token,
         publish: bool,
+        vote: fn(&Release) -> Vote,
         stragglers: Stragglers,
     ) -> Answers<Release> {
         self.on_nodes(
             |conn| scripts::release(conn, key.clone(), token, publish),
-            |r| {
-                if matches!(r, Release::Deleted) {
-                    Vote::For
-                } else {
-                    Vote::Against
-                }
-            },
+            vote,
+            Rule::Proof,
             stragglers,
         )
         .await
@@ -503,6 +490,7 @@ impl Redlock {
         &self,
         op: F,
         vote: fn(&T) -> Vote,
+        rule: Rule,
         stragglers: Stragglers,
     ) -> Answers<T>
     where
@@ -516,6 +504,7 @@ impl Redlock {
             self.inner.node_timeout,
             self.inner.quorum,
             vote,
+            rule,
             stragglers,
         )
         .await
@@ -528,7 +517,7 @@ impl Redlock {
                 let redlock = self.clone();
                 handle.spawn(async move {
                     redlock
-                        .release_all(&key, token, publish, Stragglers::Await)
+                        .release_all(&key, token, publish, deleted, Stragglers::Await)
                         .await;
                 });
             }
@@ -538,6 +527,11 @@ impl Redlock {
             ),
         }
     }
+}
+
+/// A release's vote: for where it deleted our token.
+fn deleted(release: &Release) -> Vote {
+    Vote::of(matches!(release, Release::Deleted))
 }
 
 impl Node {

@@ -22,6 +22,13 @@ pub(super) enum Vote {
     Against,
 }
 
+impl Vote {
+    /// For when `agrees`, else against.
+    pub(super) fn of(agrees: bool) -> Self {
+        if agrees { Vote::For } else { Vote::Against }
+    }
+}
+
 /// What the answers of a round say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verdict {
@@ -81,23 +88,53 @@ impl Tally {
         self.won + self.against + self.failed + self.pending
     }
 
-    /// The verdict, once the answers so far decide it (whatever the pending nodes say);
-    /// `None` while they could still change it. Always `Some` once nothing is pending.
-    pub(super) fn verdict(&self, quorum: usize) -> Option<Verdict> {
-        let nodes = self.nodes();
+    /// The verdict under `rule`, once the answers so far decide it (whatever the pending
+    /// nodes say); `None` while they could still change it. Always `Some` once nothing
+    /// is pending.
+    pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<Verdict> {
         if self.won >= quorum {
             return Some(Verdict::Won);
         }
-        let tolerated = nodes.saturating_sub(quorum);
-        if self.against + self.failed > tolerated {
-            return Some(if self.failed > tolerated {
-                Verdict::NoQuorum
-            } else {
-                Verdict::Lost
-            });
+        let can_win = self.won + self.pending >= quorum;
+        match rule {
+            Rule::Contest => {
+                let answered = self.won + self.against;
+                if can_win {
+                    None
+                } else if answered >= quorum {
+                    Some(Verdict::Lost)
+                } else if answered + self.pending < quorum {
+                    Some(Verdict::NoQuorum)
+                } else {
+                    None
+                }
+            }
+            Rule::Proof => {
+                // Against on N - quorum + 1 nodes: the rest cannot make a quorum.
+                let proof = self.nodes().saturating_sub(quorum) + 1;
+                if self.against >= proof {
+                    Some(Verdict::Lost)
+                } else if !can_win && self.against + self.pending < proof {
+                    Some(Verdict::NoQuorum)
+                } else {
+                    None
+                }
+            }
         }
-        None
     }
+}
+
+/// What it takes for a round to be lost rather than without a quorum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rule {
+    /// An acquisition: lost (the lock is taken) once at least a quorum of nodes answered
+    /// and the votes for can no longer reach a quorum. With fewer answers, whatever they
+    /// said, nothing is known about the lock: no quorum.
+    Contest,
+    /// An operation on a held lease (extend, release, the fencing write): lost (the lease
+    /// is gone) only once N - quorum + 1 nodes voted against, so that the token cannot
+    /// be on a quorum; when the nodes that failed could still hold it, no quorum.
+    Proof,
 }
 
 /// Every node's answer in node order (`None` for a node whose answer was not awaited),
@@ -129,6 +166,7 @@ pub(super) fn run<I, Fut, T>(
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
+    rule: Rule,
     stragglers: Stragglers,
 ) -> impl Future<Output = Answers<T>>
 where
@@ -144,8 +182,8 @@ where
     let pending: Vec<_> = ops.map(|op| Some(Box::pin(op))).collect();
     async move {
         match single {
-            Some(op) => run_one(op, timeout, quorum, vote).await,
-            None => run_many(pending, timeout, quorum, vote, stragglers).await,
+            Some(op) => run_one(op, timeout, quorum, vote, rule).await,
+            None => run_many(pending, timeout, quorum, vote, rule, stragglers).await,
         }
     }
 }
@@ -155,6 +193,7 @@ async fn run_one<Fut, T>(
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
+    rule: Rule,
 ) -> Answers<T>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>>,
@@ -165,7 +204,7 @@ where
     let mut tally = Tally::new(1);
     tally.record(answer.as_ref().ok().map(vote));
     Answers {
-        verdict: tally.verdict(quorum).unwrap_or(Verdict::NoQuorum),
+        verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
         answers: vec![Some(answer)],
     }
 }
@@ -175,6 +214,7 @@ async fn run_many<Fut, T>(
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
+    rule: Rule,
     stragglers: Stragglers,
 ) -> Answers<T>
 where
@@ -193,7 +233,7 @@ where
     let early = stragglers != Stragglers::Await;
     let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
     let timed_out = std::future::poll_fn(|cx| {
-        if round.poll_pending(cx) || (early && round.tally.verdict(quorum).is_some()) {
+        if round.poll_pending(cx) || (early && round.tally.verdict(quorum, rule).is_some()) {
             Poll::Ready(false)
         } else {
             timer.as_mut().poll(cx).map(|()| true)
@@ -232,7 +272,10 @@ where
         }
     }
     Answers {
-        verdict: round.tally.verdict(quorum).unwrap_or(Verdict::NoQuorum),
+        verdict: round
+            .tally
+            .verdict(quorum, rule)
+            .unwrap_or(Verdict::NoQuorum),
         answers: round.answers,
     }
 }
@@ -291,31 +334,159 @@ mod tests {
         }
     }
 
+    const RULES: [Rule; 2] = [Rule::Contest, Rule::Proof];
+
     #[test]
     fn a_quorum_of_votes_wins_whatever_is_pending() {
-        assert_eq!(tally(2, 0, 0, 1).verdict(2), Some(Verdict::Won));
-        assert_eq!(tally(3, 1, 1, 0).verdict(3), Some(Verdict::Won));
-        assert_eq!(tally(1, 0, 0, 0).verdict(1), Some(Verdict::Won));
+        for rule in RULES {
+            assert_eq!(tally(2, 0, 0, 1).verdict(2, rule), Some(Verdict::Won));
+            assert_eq!(tally(3, 1, 1, 0).verdict(3, rule), Some(Verdict::Won));
+            assert_eq!(tally(1, 0, 0, 0).verdict(1, rule), Some(Verdict::Won));
+        }
+    }
+
+    #[test]
+    fn taken_needs_a_quorum_of_answers() {
+        // 5 nodes, 3 killed: two "held" answers decide nothing.
+        assert_eq!(
+            tally(0, 2, 3, 0).verdict(3, Rule::Contest),
+            Some(Verdict::NoQuorum)
+        );
+        // Two held and one failed, two to come: a quorum of OKs is out of reach, but
+        // whether a quorum answers is not known yet.
+        assert_eq!(tally(0, 2, 1, 2).verdict(3, Rule::Contest), None);
+        assert_eq!(
+            tally(0, 3, 1, 1).verdict(3, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        // 3 nodes, one hung: two held answers are a quorum of answers.
+        assert_eq!(
+            tally(0, 2, 0, 1).verdict(2, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        // One OK, one held, the third could still be an OK.
+        assert_eq!(tally(1, 1, 0, 1).verdict(2, Rule::Contest), None);
+        // A quorum answered, with the failed node's OK it still would not be a quorum.
+        assert_eq!(
+            tally(1, 2, 1, 0).verdict(3, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 1, 1, 0).verdict(2, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 0, 2, 0).verdict(2, Rule::Contest),
+            Some(Verdict::NoQuorum)
+        );
+    }
+
+    #[test]
+    fn expired_needs_n_minus_quorum_plus_one_answers_against() {
+        // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
+        assert_eq!(
+            tally(2, 2, 1, 0).verdict(3, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
+        assert_eq!(tally(2, 2, 0, 1).verdict(3, Rule::Proof), None);
+        // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
+        assert_eq!(
+            tally(0, 3, 0, 2).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 3, 1, 0).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(0, 2, 0, 1).verdict(2, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        // 3 nodes: gone on 1, one failed, one holds: no proof either way.
+        assert_eq!(
+            tally(1, 1, 1, 0).verdict(2, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
+        // 4 nodes, quorum 3: gone on 2 leaves at most 2.
+        assert_eq!(
+            tally(1, 2, 0, 1).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        // 1 node.
+        assert_eq!(
+            tally(0, 1, 0, 0).verdict(1, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(0, 0, 1, 0).verdict(1, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
     }
 
     #[test]
     fn undecided_while_pending_nodes_could_still_change_it() {
-        assert_eq!(tally(1, 0, 0, 2).verdict(2), None);
-        assert_eq!(tally(1, 1, 0, 1).verdict(2), None);
-        assert_eq!(tally(2, 1, 0, 2).verdict(3), None);
+        for rule in RULES {
+            assert_eq!(tally(1, 0, 0, 2).verdict(2, rule), None);
+            assert_eq!(tally(1, 1, 0, 1).verdict(2, rule), None);
+            assert_eq!(tally(2, 1, 0, 2).verdict(3, rule), None);
+        }
     }
 
     #[test]
-    fn every_tally_with_nothing_pending_has_a_verdict() {
+    fn every_tally_has_one_verdict_once_nothing_is_pending() {
         for nodes in 1..=7 {
             let quorum = nodes / 2 + 1;
             for won in 0..=nodes {
                 for against in 0..=nodes - won {
                     let failed = nodes - won - against;
-                    assert!(
-                        tally(won, against, failed, 0).verdict(quorum).is_some(),
-                        "{won}/{against}/{failed} of {nodes}"
-                    );
+                    for rule in RULES {
+                        let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
+                        let expected = if won >= quorum {
+                            Verdict::Won
+                        } else if rule == Rule::Contest && won + against >= quorum {
+                            Verdict::Lost
+                        } else if rule == Rule::Proof && against > nodes - quorum {
+                            Verdict::Lost
+                        } else {
+                            Verdict::NoQuorum
+                        };
+                        assert_eq!(
+                            verdict,
+                            Some(expected),
+                            "{won}/{against}/{failed} of {nodes}, {rule:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_early_verdict_is_the_one_the_pending_nodes_cannot_change() {
+        // Whatever the pending nodes answer, the final verdict is the early one.
+        for nodes in 1..=5 {
+            let quorum = nodes / 2 + 1;
+            for known in 0..=nodes {
+                for won in 0..=known {
+                    for against in 0..=known - won {
+                        let failed = known - won - against;
+                        let pending = nodes - known;
+                        for rule in RULES {
+                            let Some(early) =
+                                tally(won, against, failed, pending).verdict(quorum, rule)
+                            else {
+                                continue;
+                            };
+                            for w in 0..=pending {
+                                for a in 0..=pending - w {
+                                    let f = pending - w - a;
+                                    let last = tally(won + w, against + a, failed + f, 0)
+                                        .verdict(quorum, rule);
+                                    assert_eq!(last, Some(early), "{rule:?}");
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -335,7 +506,7 @@ mod tests {
     }
 
     fn vote(value: &bool) -> Vote {
-        if *value { Vote::For } else { Vote::Against }
+        Vote::of(*value)
     }
 
     #[tokio::test]
@@ -347,7 +518,7 @@ mod tests {
             Box::pin(answer(true)),
         ];
         let started = std::time::Instant::now();
-        let answers = run(ops, timeout, 2, vote, Stragglers::Drop).await;
+        let answers = run(ops, timeout, 2, vote, Rule::Proof, Stragglers::Drop).await;
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(answers.verdict, Verdict::Won);
         assert!(
@@ -365,7 +536,7 @@ mod tests {
             Box::pin(std::future::pending()),
             Box::pin(std::future::pending()),
         ];
-        let answers = run(ops, timeout, 2, vote, Stragglers::Finish).await;
+        let answers = run(ops, timeout, 2, vote, Rule::Proof, Stragglers::Finish).await;
         assert_eq!(answers.verdict, Verdict::NoQuorum);
         assert!(matches!(
             answers.answers[1],
@@ -383,7 +554,15 @@ mod tests {
                 Ok(false)
             }),
         ];
-        let answers = run(ops, Duration::from_secs(5), 2, vote, Stragglers::Await).await;
+        let answers = run(
+            ops,
+            Duration::from_secs(5),
+            2,
+            vote,
+            Rule::Proof,
+            Stragglers::Await,
+        )
+        .await;
         assert_eq!(answers.verdict, Verdict::Won);
         assert!(answers.answers.iter().all(Option::is_some));
     }
