@@ -441,11 +441,13 @@ mod tests {
                     let failed = nodes - won - against;
                     for rule in RULES {
                         let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
+                        let lost = match rule {
+                            Rule::Contest => won + against >= quorum,
+                            Rule::Proof => against > nodes - quorum,
+                        };
                         let expected = if won >= quorum {
                             Verdict::Won
-                        } else if rule == Rule::Contest && won + against >= quorum {
-                            Verdict::Lost
-                        } else if rule == Rule::Proof && against > nodes - quorum {
+                        } else if lost {
                             Verdict::Lost
                         } else {
                             Verdict::NoQuorum
