@@ -28,7 +28,7 @@ pub enum LockError {
     /// answered an acquisition, or the nodes that failed could still hold the lease's
     /// token on a quorum (so it is not known to be lost). Retryable: retry later; check
     /// the listed nodes.
-    #[error("no quorum: {} of {nodes} nodes failed, and the answers of the others ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
+    #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
     NoQuorum {
         /// How many nodes must agree.
         quorum: usize,
@@ -101,6 +101,14 @@ pub enum NodeFailureReason {
     Timeout(Duration),
     /// The connection or the command failed.
     Redis(redis::RedisError),
+    /// The lock's fencing counter on this node (`{<lock key>}:fence`) holds something
+    /// other than a decimal integer below 2^53, which this crate never writes: another
+    /// client wrote it. It is left as it is; delete it to use the node again for fenced
+    /// acquisitions of this key.
+    InvalidFencingCounter {
+        /// The counter's key.
+        key: String,
+    },
 }
 
 impl From<redis::RedisError> for NodeFailureReason {
@@ -114,6 +122,11 @@ impl fmt::Display for NodeFailure {
         match &self.reason {
             NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
             NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
+            NodeFailureReason::InvalidFencingCounter { key } => write!(
+                f,
+                "{}: the fencing counter {key:?} does not hold an integer below 2^53 (written by another client?); delete it",
+                self.node
+            ),
         }
     }
 }
@@ -183,4 +196,11 @@ pub enum ConfigError {
     /// The key prefix contains control bytes or is longer than 128 bytes.
     #[error("invalid key prefix: {0}")]
     InvalidPrefix(KeyError),
+    /// The key prefix contains `{` or `}`. A lock's own keys and channels are named
+    /// `{<lock key>}:<role>` (a Redis Cluster hash tag over the lock key), which needs
+    /// lock keys without braces; pick a prefix without them.
+    #[error(
+        "invalid key prefix {0:?}: it contains '{{' or '}}', which lock keys must not (a lock's own keys are named {{<lock key>}}:<role>, a Redis Cluster hash tag); pick a prefix without braces"
+    )]
+    BraceInPrefix(String),
 }

@@ -20,8 +20,15 @@ pub(crate) const DEFAULT_PREFIX: &str = "tower-redlock:";
 pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 const MAX_PREFIX_LEN: usize = 128;
 
-/// Checks a key prefix: at most 128 bytes, no control characters.
+/// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}`.
+///
+/// Braces are refused because a lock's own keys and channels are named
+/// `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key: that needs
+/// lock keys without braces (resource names and request values are percent-encoded).
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.contains(['{', '}']) {
+        return Err(ConfigError::BraceInPrefix(prefix.to_owned()));
+    }
     if prefix.len() > MAX_PREFIX_LEN {
         return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
             len: prefix.len(),
@@ -164,7 +171,8 @@ macro_rules! policy_setters {
         }
 
         /// The prefix put before every key, so that several applications can share Redis.
-        /// Default `"tower-redlock:"`; at most 128 bytes, no control characters.
+        /// Default `"tower-redlock:"`; at most 128 bytes, no control characters, no `{`
+        /// or `}` (a lock's own keys use the lock key as a Redis Cluster hash tag).
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.policy.prefix = std::sync::Arc::from(prefix.into());
             self

@@ -10,6 +10,7 @@ use super::notify::Notifier;
 use super::round::{self, Rule, Stragglers, Vote};
 use super::{Inner, Node, Redlock, scripts};
 use crate::backend::settings::{Policy, policy_setters};
+use crate::backend::wait::MAX_FALLBACK;
 use crate::error::ConfigError;
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
@@ -31,8 +32,10 @@ pub struct RedlockBuilder {
     policy: Policy,
 }
 
-/// The resource name of the fencing counter, under the prefix.
-const FENCE_RESOURCE: &str = "fencing-counter";
+/// The shortest life of a fencing counter after its last write-back or renewal: 24 h.
+const FENCE_LIFETIME_MIN: Duration = Duration::from_secs(24 * 3600);
+/// A fencing counter lives at least this many TTLs after its last write-back or renewal.
+const FENCE_LIFETIME_TTLS: u32 = 100;
 
 impl RedlockBuilder {
     pub(super) fn new(nodes: Vec<Result<Client, ConfigError>>) -> Self {
@@ -71,11 +74,13 @@ impl RedlockBuilder {
     }
 
     /// Whether [`lock_within`](Redlock::lock_within) waiters subscribe to release
-    /// notifications (Redis pub/sub, one subscriber connection per node while anybody in
-    /// this process waits). Default on; off, waiters only re-try on their fallback timer
-    /// (the holder's remaining TTL, capped at 1 s), and do not mark the keys they wait
-    /// for. A release publishes only when a subscribed waiter (of any process) marked the
-    /// key, so a lock nobody waits for costs no `PUBLISH`.
+    /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber
+    /// connection per node, opened on the first wait and closed when the last handle of
+    /// the client is dropped). Default on; off, waiters only re-try on their fallback
+    /// timer (the holder's remaining TTL, capped at 1 s), and set no mark. A release
+    /// publishes only when a subscribed waiter (of any process) set the mark
+    /// `{<lock key>}:waiters` beside the lock, so a lock nobody waits for costs no
+    /// `PUBLISH`.
     pub fn notify_waiters(mut self, enabled: bool) -> Self {
         self.notify_waiters = enabled;
         self
@@ -84,11 +89,11 @@ impl RedlockBuilder {
     /// Issue a fencing token with every acquisition ([`Lease::fencing_token`]). Default
     /// off: it costs one more round trip per acquisition.
     ///
-    /// Each node keeps one counter, `{prefix}fencing-counter` (a reserved key name). An
-    /// acquisition reads the counter on every node atomically with its `SET NX`, takes
-    /// one above the highest value seen, and writes it back (raising, never lowering) on
-    /// every node where it holds the key, requiring a quorum of those writes before it
-    /// succeeds.
+    /// Each lock key has its own counter on every node, `{<lock key>}:fence` (in the lock
+    /// key's Redis Cluster slot; no lock key can take that name). An acquisition reads
+    /// the counter on every node atomically with its `SET NX`, takes one above the
+    /// highest value seen, and writes it back (raising, never lowering) on every node
+    /// where it holds the key, requiring a quorum of those writes before it succeeds.
     ///
     /// Why the token is monotonic across quorums, not just per node: a later acquisition
     /// of the same key succeeds on a quorum, and any two quorums share a node. On that
@@ -98,12 +103,33 @@ impl RedlockBuilder {
     /// issues a strictly greater one, even if its quorum misses the node that holds the
     /// highest counter.
     ///
+    /// Lifetime: so that counters do not fill the keyspace, a counter expires
+    /// `max(24 h, 100 × TTL)` after the last write-back or renewal
+    /// ([`Redlock::extend`]) of a fenced lease of its key on that node. The argument
+    /// above needs the shared node's counter to still be there, so the order holds
+    /// between two acquisitions of a key less than that apart, counting from the earlier
+    /// lease's last renewal on the shared node. After a longer idle time the counter
+    /// starts again from 1: storage that keeps the highest token of a key for longer than
+    /// that will refuse the new, smaller tokens (forget its tokens sooner, or keep a
+    /// key busy), and a holder paused for that long past its last renewal could write
+    /// with a token above the new holder's.
+    ///
+    /// A counter that holds anything but a decimal integer below 2^53 was not written by
+    /// this crate: it is left as it is, and that node counts as failed for fenced
+    /// acquisitions of the key ([`NodeFailureReason::InvalidFencingCounter`], naming the
+    /// key; [`LockError::NoQuorum`] when too few nodes are left).
+    ///
     /// Assumptions: nodes keep their data. A node restarted empty forgets its counter;
     /// while every other node of a later quorum took part in the earlier write-back the
     /// order still holds, but a restart combined with another failure can issue a smaller
     /// token (A writes back on X and Z while Y is down; X restarts empty; B acquires on X
-    /// and Y). Delayed restarts protect the lock, not the counter. Run the nodes with persistence (`appendonly yes`, `appendfsync always`) where
-    /// fencing matters. Tokens are exact up to 2^53 (Lua numbers).
+    /// and Y). Delayed restarts protect the lock, not the counter. Run the nodes with
+    /// persistence (`appendonly yes`, `appendfsync always`) where fencing matters. Tokens
+    /// are exact up to 2^53 (Lua numbers).
+    ///
+    /// [`NodeFailureReason::InvalidFencingCounter`]: crate::NodeFailureReason::InvalidFencingCounter
+    /// [`LockError::NoQuorum`]: crate::LockError::NoQuorum
+    /// [`Lease::fencing_token`]: crate::Lease::fencing_token
     pub fn fencing_tokens(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
         self
@@ -177,9 +203,10 @@ impl RedlockBuilder {
                         node_timeout.max(Duration::from_millis(100)),
                     ))
                 }),
-                fence_key: self
-                    .fencing
-                    .then(|| Arc::from(format!("{}{FENCE_RESOURCE}", self.policy.prefix))),
+                fence_ms: self.fencing.then(|| {
+                    millis(FENCE_LIFETIME_MIN.max(ttl.saturating_mul(FENCE_LIFETIME_TTLS)))
+                }),
+                mark_ms: millis(MAX_FALLBACK.saturating_mul(2).saturating_add(node_timeout)),
                 quorum,
                 node_timeout,
                 drift,
@@ -210,4 +237,10 @@ impl RedlockBuilder {
         }
         Ok(redlock)
     }
+}
+
+/// A duration in whole milliseconds, saturating (every duration here is bounded by
+/// [`MAX_TTL`](crate::backend::settings::MAX_TTL) times a small factor).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -13,9 +13,21 @@
 //!    caller's future is dropped mid-acquire: the release is spawned), and retry after a
 //!    random delay if retries are left.
 //!
-//! Release and extension are Lua scripts that act only if the key still holds our token
-//! (followed by `+` once a waiter marked it; see [`Redlock::lock_within`]).
+//! Release and extension are Lua scripts that act only if the key still holds our token.
+//! A value this crate did not write is never modified: other clients (redis-py's `Lock`,
+//! pottery, redsync) may share the keys. A lock's own keys and channels sit beside it as
+//! `{<lock key>}:<role>` (the waiters' mark, the release channel, the fencing counter), in
+//! the lock key's Redis Cluster slot.
+//!
+//! Verdicts say what the answers prove (see [`round`]): `Taken` needs a quorum of
+//! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
+//! failed nodes could swing is `NoQuorum`, which callers retry.
+//!
+//! The parts: this file is the client; [`acquire`] the acquisition, [`round`] the quorum
+//! round and its tally, [`scripts`] the Lua scripts and their node calls, [`notify`] the
+//! release notifications, [`builder`] the configuration.
 
+mod acquire;
 mod builder;
 mod notify;
 mod round;
@@ -31,7 +43,6 @@ use redis::aio::ConnectionManager;
 use crate::backend::settings::Policy;
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
-use crate::key::KeyError;
 use crate::lease::{Lease, Token};
 pub use builder::RedlockBuilder;
 use notify::{Notifier, UnsubscribeOnDrop};
@@ -70,7 +81,12 @@ struct Inner {
     id: u64,
     nodes: Vec<Node>,
     notifier: Option<Arc<Notifier>>,
-    fence_key: Option<Arc<str>>,
+    /// With fencing tokens: how long a fencing counter lives after the last fenced
+    /// acquisition or extension of its key, in ms.
+    fence_ms: Option<u64>,
+    /// How long a waiter's mark lives, in ms: longer than a waiter's sleep between two
+    /// attempts (which set it again), so that it lasts while anybody waits.
+    mark_ms: u64,
     quorum: usize,
     node_timeout: Duration,
     drift: Duration,
@@ -187,10 +203,11 @@ impl Redlock {
     }
 
     /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when the
-    /// holder releases (waiters subscribe to a channel named after the key on every node
-    /// and mark the holder's value, a `+` after its token; the release of a marked key
-    /// publishes on that channel), and re-tries on a jittered fallback timer
-    /// (the holder's remaining TTL, at most 1 s) in case a notification is missed or the
+    /// holder releases (waiters subscribe to the channel `{<key>}:released` on every node
+    /// and set a short-lived mark `{<key>}:waiters` beside the lock, leaving the holder's
+    /// value alone; the release of a marked lock publishes on that channel), and re-tries
+    /// on a jittered fallback timer (the holder's remaining TTL, at most 1 s) in case a
+    /// notification is missed, the holder is another client that does not publish, or the
     /// lease simply expires. A zero `max_wait` is one attempt, like
     /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
     /// (bounded by the node timeout) rather than being cut off.
@@ -235,7 +252,7 @@ impl Redlock {
             waiters,
             &key,
             max_wait,
-            // Subscribed by now: mark the holder's key, so that its release publishes.
+            // Subscribed by now: mark the lock as waited for, so that its release publishes.
             || self.acquire(key.clone(), notifier.is_some()),
             subscribe,
         )
@@ -257,7 +274,10 @@ impl Redlock {
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
             .on_nodes(
-                |conn| scripts::extend(conn, lease.key.clone(), lease.token, ttl_ms),
+                |conn| {
+                    let fence_ms = self.inner.fence_ms;
+                    scripts::extend(conn, lease.key.clone(), lease.token, ttl_ms, fence_ms)
+                },
                 |reply| Vote::of(*reply == 1),
                 Rule::Proof,
                 Stragglers::Finish,
@@ -300,140 +320,6 @@ impl Redlock {
             }),
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
-    }
-
-    /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the key's
-    /// channel) marks the key where it is held, so that its holder's release publishes.
-    async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
-        if self.inner.fence_key.as_ref() == Some(&key) {
-            return Err(KeyError::Reserved.into());
-        }
-        let token = Token::random();
-        let start = Instant::now();
-        // Releases whatever was set if this future is dropped before the verdict.
-        let mut guard = AcquireGuard {
-            redlock: self,
-            key: &key,
-            token,
-            armed: true,
-            quorum: false,
-        };
-        let ttl_ms = self.inner.policy.ttl_ms();
-        let fence_key = self.inner.fence_key.as_ref();
-        let round = self
-            .on_nodes(
-                |conn| {
-                    scripts::acquire(
-                        conn,
-                        key.clone(),
-                        fence_key.cloned(),
-                        token,
-                        ttl_ms,
-                        waiting,
-                    )
-                },
-                |set| Vote::of(set.is_some()),
-                Rule::Contest,
-                Stragglers::Drop,
-            )
-            .await;
-        match round.verdict {
-            Verdict::Won => {}
-            // Released in the background by the guard: nothing to wait for.
-            Verdict::NoQuorum => return Err(self.no_quorum(round)),
-            Verdict::Lost => {
-                // Taken: the release also tells how long the holders have left. A quorum
-                // of answers is enough for that; the rest finish in the background.
-                let cleanup = self
-                    .release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
-                    .await;
-                guard.armed = false;
-                return Err(LockError::Taken {
-                    retry_after: self.retry_after(&cleanup),
-                });
-            }
-        }
-        // From here a failure gives up a lock that waiters may be marking: its release
-        // wakes them.
-        guard.quorum = true;
-        let fencing_token = match fence_key {
-            Some(fence_key) => {
-                let highest = round.values().flatten().copied().max().unwrap_or(0);
-                Some(
-                    self.raise_fence(&key, token, fence_key, highest, start)
-                        .await?,
-                )
-            }
-            None => None,
-        };
-        let elapsed = start.elapsed();
-        // Without validity left, the guard, still armed, releases in the background.
-        let validity = self
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
-        guard.armed = false;
-        Ok(Lease {
-            key: key.clone(),
-            token,
-            ttl: self.inner.policy.ttl,
-            valid_until: start + validity,
-            fencing_token,
-            backend: self.inner.id,
-        })
-    }
-
-    /// The second round of a fenced acquisition: the token is one above the highest counter
-    /// the acquiring nodes returned, written back to every node where we hold the key.
-    /// Succeeds with a quorum of writes.
-    async fn raise_fence(
-        &self,
-        key: &Arc<str>,
-        token: Token,
-        fence_key: &Arc<str>,
-        highest_counter: u64,
-        start: Instant,
-    ) -> Result<u64, LockError> {
-        let fencing_token = highest_counter.saturating_add(1);
-        let round = self
-            .on_nodes(
-                |conn| {
-                    scripts::raise_fence(conn, key.clone(), fence_key.clone(), token, fencing_token)
-                },
-                |written| Vote::of(*written == 1),
-                Rule::Proof,
-                Stragglers::Finish,
-            )
-            .await;
-        match round.verdict {
-            Verdict::Won => Ok(fencing_token),
-            Verdict::Lost => Err(LockError::TooSlow {
-                elapsed: start.elapsed(),
-            }),
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
-        }
-    }
-
-    /// How long until enough holders' keys expire for a quorum to be free.
-    fn retry_after(&self, cleanup: &Answers<Release>) -> Duration {
-        let ttl = self.inner.policy.ttl;
-        let mut held: Vec<Duration> = Vec::with_capacity(cleanup.answers.len());
-        let mut free = 0usize;
-        for release in cleanup.values() {
-            match release {
-                Release::Deleted | Release::Absent => free += 1,
-                Release::HeldByOther { pttl_ms } => match u64::try_from(*pttl_ms) {
-                    Ok(ms) => held.push(Duration::from_millis(ms)),
-                    // -1: no expiry set (not one of ours); -2: gone meanwhile.
-                    Err(_) if *pttl_ms == -2 => free += 1,
-                    Err(_) => held.push(ttl),
-                },
-            }
-        }
-        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
-            return Duration::ZERO;
-        };
-        held.sort_unstable();
-        held.get(needed - 1).copied().unwrap_or(ttl)
     }
 
     /// The error of a round without a verdict: the nodes that failed, and why.
@@ -539,24 +425,6 @@ impl Node {
         NodeFailure {
             node: self.label.clone(),
             reason,
-        }
-    }
-}
-
-struct AcquireGuard<'a> {
-    redlock: &'a Redlock,
-    key: &'a Arc<str>,
-    token: Token,
-    armed: bool,
-    /// Whether a quorum of nodes was acquired (the release then wakes marked waiters).
-    quorum: bool,
-}
-
-impl Drop for AcquireGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.redlock
-                .release_detached(self.key.clone(), self.token, self.quorum);
         }
     }
 }
