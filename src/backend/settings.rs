@@ -180,3 +180,28 @@ macro_rules! policy_setters {
     };
 }
 pub(crate) use policy_setters;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_with_braces_control_bytes_or_too_long_are_refused() {
+        assert!(check_prefix("tower-redlock:").is_ok());
+        assert!(check_prefix("").is_ok());
+        for bad in ["{app}:", "app{", "app}"] {
+            assert!(
+                matches!(check_prefix(bad), Err(ConfigError::BraceInPrefix(p)) if p == bad),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            check_prefix("a\nb"),
+            Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter))
+        ));
+        assert!(matches!(
+            check_prefix(&"p".repeat(MAX_PREFIX_LEN + 1)),
+            Err(ConfigError::InvalidPrefix(KeyError::TooLong { .. }))
+        ));
+    }
+}

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use super::round::{Answers, Rule, Stragglers, Verdict, Vote};
+use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Release};
+use super::tally::{Rule, Verdict, Vote};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 

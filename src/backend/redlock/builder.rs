@@ -7,7 +7,8 @@ use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::notify::Notifier;
-use super::round::{self, Rule, Stragglers, Vote};
+use super::round::{self, Stragglers};
+use super::tally::{Rule, Vote};
 use super::{Inner, Node, Redlock, scripts};
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::MAX_FALLBACK;

@@ -19,19 +19,21 @@
 //! `{<lock key>}:<role>` (the waiters' mark, the release channel, the fencing counter), in
 //! the lock key's Redis Cluster slot.
 //!
-//! Verdicts say what the answers prove (see [`round`]): `Taken` needs a quorum of
+//! Verdicts say what the answers prove (see [`tally`]): `Taken` needs a quorum of
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
 //! failed nodes could swing is `NoQuorum`, which callers retry.
 //!
 //! The parts: this file is the client; [`acquire`] the acquisition, [`round`] the quorum
-//! round and its tally, [`scripts`] the Lua scripts and their node calls, [`notify`] the
-//! release notifications, [`builder`] the configuration.
+//! round, [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts
+//! and their node calls, [`notify`] the release notifications, [`builder`] the
+//! configuration.
 
 mod acquire;
 mod builder;
 mod notify;
 mod round;
 mod scripts;
+mod tally;
 
 use std::fmt;
 use std::sync::Arc;
@@ -46,8 +48,9 @@ use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 pub use builder::RedlockBuilder;
 use notify::{Notifier, UnsubscribeOnDrop};
-use round::{Answers, Rule, Stragglers, Verdict, Vote};
+use round::{Answers, Stragglers};
 use scripts::Release;
+use tally::{Rule, Verdict, Vote};
 
 /// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
 ///
