@@ -478,7 +478,7 @@ async fn rate_limit_prefix_with_a_brace_is_refused() {
             .build()
             .await;
         match built {
-            Err(ConfigError::PrefixWithHashTag(p)) => assert_eq!(p, prefix),
+            Err(ConfigError::BraceInPrefix(p)) => assert_eq!(p, prefix),
             other => panic!("{prefix:?}: {other:?}"),
         }
     }

@@ -207,12 +207,9 @@ impl RedisRateLimiterBuilder {
     ///
     /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
-    /// characters, [`ConfigError::PrefixWithHashTag`] for a prefix with `{` or `}`.
+    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
         crate::backend::settings::check_prefix(&self.prefix)?;
-        if self.prefix.contains(['{', '}']) {
-            return Err(ConfigError::PrefixWithHashTag(self.prefix));
-        }
         let client = self.client?;
         let label = client.get_connection_info().addr().to_string();
         let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
