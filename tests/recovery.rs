@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{FakeServer, HTTP_400, Proxy, RedisNode, eventually, nodes};
+use support::{FakeServer, HTTP_400, Proxy, RedisNode, eventually, nodes, urls};
 use tower_redlock::{Quota, RateLimitError, RedisRateLimiter, Redlock};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -198,4 +198,124 @@ async fn rate_limiter_replaces_a_connection_that_went_silent() {
         took <= bound,
         "took {took:?} to replace the silent connection"
     );
+}
+
+/// How long a killed and restarted node may go unused under continuous traffic: the
+/// documented bound (about 100 ms plus one connection), with room for a slow test machine.
+const RESTART_RECOVERY: Duration = Duration::from_secs(3);
+
+/// Node 0 is killed under continuous traffic from a few tasks, then restarted on the same
+/// port: leases taken after the restart must be held on node 0 again (their key is there
+/// while they are held). With `unlock`, every lease is released (lock/unlock cycles);
+/// without, only acquisitions run (their stragglers are dropped at the verdict), on a new
+/// resource each time. With `fencing`, acquisitions run a script, which the restarted node
+/// has to load again.
+async fn redlock_writes_to_a_restarted_node(unlock: bool, fencing: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let mut nodes = nodes(3);
+    let redlock = Redlock::builder(urls(&nodes))
+        .ttl(Duration::from_secs(5))
+        .node_timeout(NODE_TIMEOUT)
+        .retry_count(0)
+        .fencing_tokens(fencing)
+        .build()
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let locked = Arc::new(AtomicU64::new(0));
+    // A direct connection to the restarted node 0, and whether a lease was found there.
+    let node0: Arc<Mutex<Option<redis::aio::MultiplexedConnection>>> = Arc::default();
+    let held_on_node0 = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let (redlock, stop, locked) = (redlock.clone(), stop.clone(), locked.clone());
+            let (node0, held_on_node0) = (node0.clone(), held_on_node0.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    n += 1;
+                    let resource = if unlock {
+                        format!("restart-{worker}")
+                    } else {
+                        format!("restart-{worker}-{n}")
+                    };
+                    let Ok(lease) = redlock.try_lock(&resource).await else {
+                        continue;
+                    };
+                    locked.fetch_add(1, Ordering::AcqRel);
+                    let direct = node0.lock().unwrap().clone();
+                    if let Some(mut direct) = direct {
+                        let exists: bool = redis::cmd("EXISTS")
+                            .arg(lease.key())
+                            .query_async(&mut direct)
+                            .await
+                            .unwrap();
+                        if exists {
+                            held_on_node0.store(true, Ordering::Release);
+                        }
+                    }
+                    if unlock {
+                        let _ = redlock.unlock(lease).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let locks_go_on = || async {
+        let before = locked.load(Ordering::Acquire);
+        eventually(Duration::from_secs(2), || async {
+            locked.load(Ordering::Acquire) >= before + 20
+        })
+        .await
+    };
+    assert!(
+        locks_go_on().await,
+        "all nodes are up, but no lock was taken"
+    );
+
+    nodes[0].kill();
+    // Traffic goes on without node 0 for a while (the time is not a synchronisation: any
+    // length of outage must end the same way).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(locks_go_on().await, "a quorum is up, but no lock was taken");
+    nodes[0].restart();
+    *node0.lock().unwrap() = Some(nodes[0].conn().await);
+
+    let started = Instant::now();
+    let used = eventually(RESTART_RECOVERY + Duration::from_secs(2), || async {
+        held_on_node0.load(Ordering::Acquire)
+    })
+    .await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Release);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert!(used, "node 0 runs again, but no lease was ever held on it");
+    assert!(
+        took <= RESTART_RECOVERY,
+        "took {took:?} to hold a lease on node 0 again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_writes_to_a_restarted_node_under_lock_unlock_traffic() {
+    redlock_writes_to_a_restarted_node(true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_writes_to_a_restarted_node_under_acquire_traffic() {
+    redlock_writes_to_a_restarted_node(false, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_writes_to_a_restarted_node_under_fenced_lock_unlock_traffic() {
+    redlock_writes_to_a_restarted_node(true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_writes_to_a_restarted_node_under_fenced_acquire_traffic() {
+    redlock_writes_to_a_restarted_node(false, true).await;
 }
