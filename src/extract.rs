@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::extract::{FromRef, FromRequestParts, Path};
 use axum::response::{IntoResponse, Response};
@@ -15,6 +17,7 @@ use crate::error::LockError;
 use crate::key::validate_value;
 use crate::lease::Lease;
 use crate::problem::Problem;
+use crate::protect::{Lost, Protected, Watch};
 
 /// Turns an extracted value into a lock key.
 ///
@@ -142,19 +145,14 @@ impl<T> Locked<T> {
     ///
     /// [`LockError::Lost`] when the lease was lost (or released) before `work` completed.
     pub async fn protect<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
-        let Some(status) = self.status.clone() else {
+        let Some(status) = self.status.as_ref() else {
             return Ok(work.await);
         };
-        let lost = status.lost();
-        let mut work = std::pin::pin!(work);
-        let mut lost = std::pin::pin!(lost);
-        std::future::poll_fn(|cx| {
-            if lost.as_mut().poll(cx).is_ready() || status.is_lost() {
-                return std::task::Poll::Ready(Err(LockError::Lost));
-            }
-            work.as_mut().poll(cx).map(Ok)
-        })
-        .await
+        let lost = std::pin::pin!(status.lost());
+        let watch = StatusWatch { status, lost };
+        Protected::new(work, watch)
+            .await
+            .map_err(|Lost| LockError::Lost)
     }
 
     /// Releases the lock now and hands back the value. A lease reused from a
@@ -175,6 +173,26 @@ impl<T> Locked<T> {
             owned.stop().unlock(self.lease.clone()).await?;
         }
         Ok(value)
+    }
+}
+
+/// The loss of a lease renewed elsewhere (the extractor's renewer task), seen through its
+/// status: lost, or released.
+struct StatusWatch<'a, L> {
+    status: &'a LeaseStatus,
+    lost: Pin<&'a mut L>,
+}
+
+impl<L: Future<Output = ()>> Watch for StatusWatch<'_, L> {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        self.status.is_lost() || self.lost.as_mut().poll(cx).is_ready()
+    }
+
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.status.is_lost() {
+            return Poll::Ready(());
+        }
+        self.lost.as_mut().poll(cx)
     }
 }
 

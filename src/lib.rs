@@ -9,6 +9,7 @@ pub mod key;
 mod lease;
 pub mod lock;
 pub mod problem;
+mod protect;
 pub mod rate_limit;
 
 pub use backend::handle::Locks;

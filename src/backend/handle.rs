@@ -1,15 +1,15 @@
 //! [`Locks`]: one cheap handle over either backend.
 
+use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use std::future::Future;
-
 use crate::backend::memory::MemoryLocks;
 use crate::backend::redlock::Redlock;
-use crate::backend::watchdog::{LeaseStatus, Protected, Renewal, Watchdog};
+use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::protect::{Lost, Protected};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -156,7 +156,8 @@ impl Locks {
 
     /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
     /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
-    /// end. `work` gets a [`LeaseStatus`] to check the validity or await loss.
+    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
+    /// its token and fencing token), its validity, and its loss.
     ///
     /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
     /// found the token gone, or the validity ended without a successful renewal); it is
@@ -170,6 +171,10 @@ impl Locks {
     /// let locks = Locks::default();
     /// let rows = locks
     ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
+    ///         // Fence the writes: storage keeps the highest token it has seen and
+    ///         // refuses older ones.
+    ///         let fence = status.lease().fencing_token();
+    ///         assert!(fence.is_some());
     ///         // ... long work; status.remaining() says how much validity is left ...
     ///         42
     ///     })
@@ -197,7 +202,9 @@ impl Locks {
         let mut guard = LeaseGuard::new(self.clone(), lease.clone());
         let watchdog = Watchdog::new(self.clone(), lease, renewal);
         let status = watchdog.status();
-        let result = Protected::new(work(status), watchdog).await;
+        let result = Protected::new(work(status), watchdog)
+            .await
+            .map_err(|Lost| LockError::Lost);
         if let Some((locks, lease)) = guard.take() {
             if let Err(e) = locks.unlock(lease).await {
                 if result.is_ok() {

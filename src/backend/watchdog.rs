@@ -21,6 +21,7 @@ use tokio::time::Sleep;
 use crate::backend::handle::Locks;
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::protect::Watch;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -111,9 +112,11 @@ impl Renewal {
     }
 }
 
-/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the validity (moved by
-/// renewals), the loss, and whether the holder is done.
+/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the lease, its validity
+/// (moved by renewals), the loss, and whether the holder is done.
 struct Shared {
+    /// The lease as acquired.
+    lease: Lease,
     /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
     /// nanoseconds (an `Instant` is not atomic).
     base: Instant,
@@ -125,9 +128,10 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(valid_until: Instant) -> Self {
+    fn new(lease: Lease) -> Self {
         Self {
-            base: valid_until,
+            base: lease.valid_until(),
+            lease,
             offset_nanos: AtomicI64::new(0),
             lost: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -157,11 +161,13 @@ impl Shared {
     }
 }
 
-/// A live view of a held lease: its current validity (moved by each renewal) and whether
-/// it was lost. Cloning is cheap; all clones see the same lease.
+/// A live view of a held lease: the lease itself (key, token, fencing token), its current
+/// validity (moved by each renewal) and whether it was lost. Cloning is cheap; all clones
+/// see the same lease.
 ///
-/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions; [`Locked`]
-/// and [`Locks::with_lock`] hand one out.
+/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions (read it with
+/// the `LeaseStatus` extractor, feature `axum`); [`Locked`] and [`Locks::with_lock`] hand
+/// one out.
 ///
 /// [`Locked`]: crate::Locked
 #[derive(Clone)]
@@ -179,6 +185,13 @@ impl fmt::Debug for LeaseStatus {
 }
 
 impl LeaseStatus {
+    /// The lease as acquired: its key, its token and its fencing token (to pass on to
+    /// storage that rejects stale writers). Its [`valid_until`](Lease::valid_until) is the
+    /// one at acquisition; [`valid_until`](Self::valid_until) follows the renewals.
+    pub fn lease(&self) -> &Lease {
+        &self.shared.lease
+    }
+
     /// The instant the validity ends now (monotonic clock); each renewal moves it.
     pub fn valid_until(&self) -> Instant {
         self.shared.valid_until()
@@ -250,7 +263,7 @@ impl Watchdog {
         // early, never late, and reads no clock.
         let valid_until = lease.valid_until();
         let acquired = valid_until.checked_sub(lease.ttl()).unwrap_or(valid_until);
-        let status = Arc::new(Shared::new(valid_until));
+        let status = Arc::new(Shared::new(lease.clone()));
         Self {
             next_renewal: every
                 .and_then(|every| acquired.checked_add(every))
@@ -373,30 +386,17 @@ impl Drop for Watchdog {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Runs `work` while `watchdog` renews; never polls `work` once the lease is lost.
-    pub(crate) struct Protected<F> {
-        #[pin]
-        work: F,
-        watchdog: Watchdog,
+impl Watch for Watchdog {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        // A renewal that completed since the last poll is taken in first, and so is a
+        // renewal that found the token gone; otherwise the clock alone decides, and no
+        // timer is touched.
+        (self.is_renewing() || !self.is_valid())
+            && (self.poll_lost(cx).is_ready() || !self.is_valid())
     }
-}
 
-impl<F> Protected<F> {
-    pub(crate) fn new(work: F, watchdog: Watchdog) -> Self {
-        Self { work, watchdog }
-    }
-}
-
-impl<F: Future> Future for Protected<F> {
-    type Output = Result<F::Output, LockError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if this.watchdog.poll_lost(cx).is_ready() || !this.watchdog.is_valid() {
-            return Poll::Ready(Err(LockError::Lost));
-        }
-        this.work.poll(cx).map(Ok)
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Watchdog::poll_lost(self, cx)
     }
 }
 

@@ -16,6 +16,7 @@ use crate::backend::watchdog::{OnLockLoss, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::problem::Problem;
+use crate::protect::{Lost, poll_guarded};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -222,33 +223,14 @@ where
                     watchdog,
                     on_loss,
                 } => {
-                    // Checked on the clock before every poll of the inner future: once
-                    // the lease's validity has ended, the inner future is not polled
-                    // again under Abort.
-                    // A renewal that completed since the last poll is taken in first.
-                    // So is a renewal that found the token gone.
-                    let lost_before = watchdog.as_mut().is_some_and(|dog| {
-                        (dog.is_renewing() || !dog.is_valid())
-                            && (dog.poll_lost(cx).is_ready() || !dog.is_valid())
-                    });
-                    let polled = if lost_before {
-                        None
-                    } else {
-                        match future.poll(cx) {
-                            Poll::Ready(output) => Some(output),
-                            // Renewal timers are armed only once the inner future waits,
-                            // so a handler that answers at once costs no timer.
-                            Poll::Pending => {
-                                if watchdog
-                                    .as_mut()
-                                    .is_some_and(|dog| dog.poll_lost(cx).is_ready())
-                                {
-                                    None
-                                } else {
-                                    return Poll::Pending;
-                                }
-                            }
-                        }
+                    // Never polled past the lease's validity under Abort: see `protect`.
+                    let polled = match watchdog.as_mut() {
+                        Some(dog) => match poll_guarded(dog, cx, |cx| future.poll(cx)) {
+                            Poll::Ready(Ok(output)) => Some(output),
+                            Poll::Ready(Err(Lost)) => None,
+                            Poll::Pending => return Poll::Pending,
+                        },
+                        None => Some(ready!(future.poll(cx))),
                     };
                     let Some(output) = polled else {
                         *watchdog = None;
