@@ -6,6 +6,7 @@ pub mod error;
 #[cfg(feature = "axum")]
 pub mod extract;
 pub mod key;
+pub mod keyed;
 mod lease;
 pub mod lock;
 pub mod problem;

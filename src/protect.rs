@@ -15,7 +15,8 @@ use std::task::{Context, Poll};
 
 /// Something that can tell that the guarantee over some work is gone: a lease's watchdog,
 /// a lease's live status, or nothing at all (a permit that cannot be lost).
-pub(crate) trait Watch {
+#[doc(hidden)]
+pub trait Watch {
     /// Before a poll of the work: whether the guarantee is gone now. Implementations check
     /// the clock here; they may leave timers unarmed (the work may finish at once).
     fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool;

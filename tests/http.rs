@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Extension, Router};
 use support::{RedisNode, eventually, exists, nodes, serve, urls};
 use tokio::sync::Notify;
 use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks, Redlock};
@@ -194,7 +194,7 @@ async fn fail_open_runs_unlocked_when_nodes_are_down() {
     let app = Router::new()
         .route(
             "/orders",
-            post(|lease: Option<Extension<Lease>>| async move {
+            post(|lease: Option<Lease>| async move {
                 if lease.is_some() {
                     "locked"
                 } else {
@@ -333,7 +333,7 @@ async fn handler_reads_its_lease_from_extensions() {
     let app = Router::new()
         .route(
             "/jobs/{job}",
-            post(|Extension(lease): Extension<Lease>| async move {
+            post(|lease: Lease| async move {
                 format!("{} {} {}", lease.key(), lease.token(), lease.is_valid())
             }),
         )
@@ -375,7 +375,7 @@ async fn by_fn_and_optional_key() {
             })
             .scope("report")
             .backend(MemoryLocks::new())
-            .optional(),
+            .optional(true),
         );
     let base = serve(app).await;
     let client = reqwest::Client::new();
@@ -476,12 +476,18 @@ async fn locked_extractor_reuses_the_layer_lease() {
     let app = Router::new()
         .route(
             "/orders/{order_id}/pay",
-            post(|Extension(layer_lease): Extension<Lease>, order: Locked<Path<OrderId>>| async move {
-                assert_eq!(order.lease(), &layer_lease);
-                "paid"
-            }),
+            post(
+                |layer_lease: Lease, order: Locked<Path<OrderId>>| async move {
+                    assert_eq!(order.lease(), &layer_lease);
+                    "paid"
+                },
+            ),
         )
-        .route_layer(LockLayer::by_path_param("order_id").scope("order").backend(locks.clone()))
+        .route_layer(
+            LockLayer::by_path_param("order_id")
+                .scope("order")
+                .backend(locks.clone()),
+        )
         .with_state(locks.clone());
     let base = serve(app).await;
     let resp = reqwest::Client::new()
@@ -531,7 +537,7 @@ async fn client_cannot_forge_the_fencing_header() {
             LockLayer::by_header("Idempotency-Key")
                 .backend(redlock(&nodes, Duration::from_secs(10)).await)
                 .fencing_header("Fencing-Token")
-                .optional(),
+                .optional(true),
         );
     let base = serve(app).await;
     let client = reqwest::Client::new();
@@ -551,26 +557,24 @@ async fn locked_extractor_does_not_reuse_a_lease_of_another_backend() {
     let layer_locks = Locks::from(MemoryLocks::new());
     let state_locks = Locks::from(MemoryLocks::new());
     let check = state_locks.clone();
-    let app =
-        Router::new()
-            .route(
-                "/orders/{order_id}/pay",
-                post(
-                    move |Extension(layer_lease): Extension<Lease>,
-                          order: Locked<Path<OrderId>>| async move {
-                        assert_ne!(order.lease(), &layer_lease);
-                        // The extractor locked its own backend.
-                        assert!(check.try_lock("order:5").await.is_err());
-                        "paid"
-                    },
-                ),
-            )
-            .route_layer(
-                LockLayer::by_path_param("order_id")
-                    .scope("order")
-                    .backend(layer_locks),
-            )
-            .with_state(state_locks);
+    let app = Router::new()
+        .route(
+            "/orders/{order_id}/pay",
+            post(
+                move |layer_lease: Lease, order: Locked<Path<OrderId>>| async move {
+                    assert_ne!(order.lease(), &layer_lease);
+                    // The extractor locked its own backend.
+                    assert!(check.try_lock("order:5").await.is_err());
+                    "paid"
+                },
+            ),
+        )
+        .route_layer(
+            LockLayer::by_path_param("order_id")
+                .scope("order")
+                .backend(layer_locks),
+        )
+        .with_state(state_locks);
     let base = serve(app).await;
     let resp = reqwest::Client::new()
         .post(format!("{base}/orders/5/pay"))

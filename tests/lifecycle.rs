@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::Extension;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use support::{RedisNode, eventually, exists, nodes, serve, urls};
@@ -80,11 +79,7 @@ fn app(
     Router::new()
         .route(
             "/jobs",
-            post(
-                move |Extension(status): Extension<LeaseStatus>| async move {
-                    progress.work(status, work).await
-                },
-            ),
+            post(move |status: LeaseStatus| async move { progress.work(status, work).await }),
         )
         .layer(configure(LockLayer::by_header("Job-Id").backend(locks)))
 }
@@ -391,7 +386,7 @@ async fn fencing_token_reaches_the_inner_service_as_a_header() {
         .route(
             "/write",
             post(
-                |headers: HeaderMap, Extension(lease): Extension<tower_redlock::Lease>| async move {
+                |headers: HeaderMap, lease: tower_redlock::Lease| async move {
                     let header: u64 = headers["fencing-token"].to_str().unwrap().parse().unwrap();
                     assert_eq!(Some(header), lease.fencing_token());
                     header.to_string()

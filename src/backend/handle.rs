@@ -223,14 +223,20 @@ impl Locks {
         }
     }
 
-    /// Whether `lease` is the lock on `resource` in this backend (same prefixed key).
+    /// Whether `lease` is the lock on `resource` in this backend: the key that
+    /// [`lock`](Self::lock) would take for it (prefixed, escaped).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
         let id = match &self.backend {
             Backend::Redlock(r) => r.id(),
             Backend::Memory(m) => m.id(),
         };
-        lease.backend == id && lease.key().strip_prefix(self.prefix()) == Some(resource)
+        lease.backend == id
+            && crate::key::with_scratch(|key| {
+                key.push_str(self.prefix());
+                crate::key::push_escaped(key, resource);
+                lease.key() == key.as_str()
+            })
     }
 
     /// Releases without waiting: at once for the in-process backend, on a spawned task for
@@ -256,10 +262,6 @@ impl LeaseGuard {
         Self {
             held: Some((locks, lease)),
         }
-    }
-
-    pub(crate) fn none() -> Self {
-        Self { held: None }
     }
 
     pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {

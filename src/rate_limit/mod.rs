@@ -1,7 +1,8 @@
 //! [`RateLimitLayer`]: a fixed-window rate limit per key, shared by every replica that
 //! uses the same Redis.
 //!
-//! For each request the layer
+//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! [`RateLimitPolicy`])
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
@@ -19,6 +20,7 @@
 //! | within the limit | the inner service's | `RateLimit-Policy`, `RateLimit` |
 //! | over the limit | 429 Too Many Requests (RFC 6585, section 4) | `Retry-After`, `RateLimit-Policy`, `RateLimit` |
 //! | key missing (when required) or invalid | 400 | |
+//! | the server is misconfigured (no peer address, a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
 //! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
 //! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
 //!
@@ -73,17 +75,24 @@
 //! # Ok(()) }
 //! ```
 
-mod future;
 mod key;
 mod layer;
-mod service;
+mod policy;
+#[cfg(all(test, feature = "axum"))]
+mod tests;
 
 pub use crate::backend::rate_limit::quota::{Quota, QuotaError, Usage};
 pub use crate::backend::rate_limit::{
     DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, MemoryRateLimiter, RateLimitError, RateLimiter,
     RedisRateLimiter, RedisRateLimiterBuilder,
 };
-pub use future::ResponseFuture;
+use crate::keyed;
 pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
-pub use layer::RateLimitLayer;
-pub use service::RateLimit;
+pub use layer::{RateLimit, RateLimitLayer};
+pub use policy::RateLimitPolicy;
+
+/// The response future of [`RateLimit`].
+pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, RateLimitPolicy>;
+
+/// The response body of [`RateLimit`].
+pub type ResponseBody<B> = keyed::ResponseBody<B, RateLimitPolicy>;

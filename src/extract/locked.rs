@@ -1,5 +1,3 @@
-//! [`Locked<T>`]: an axum extractor that holds a lock on a value taken from the request.
-
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Deref;
@@ -24,6 +22,16 @@ use crate::protect::{Lost, Protected, Watch};
 /// The key is `{SCOPE}:{lock_key()}`. The scope keeps different kinds of values apart
 /// (order 42 and user 42); a [`LockLayer`](crate::LockLayer) with
 /// [`.scope(SCOPE)`](crate::LockLayer::scope) locks the same keys.
+///
+/// `String` and the integer types implement it with the empty scope, so that
+/// `Locked<Path<u64>>` works as is; two routes that lock `Path<u64>` then share the locks
+/// of equal ids. Give each kind of resource a newtype with a scope of its own to keep them
+/// apart.
+///
+/// When a handler with `Locked<T>` does not compile (axum's error only says the function
+/// is not a `Handler`), `T` most likely lacks `LockKey` or `FromRequestParts`, or the
+/// state has no `Locks`: put `#[axum::debug_handler]` (axum feature `macros`) on the
+/// handler, and the compiler names the missing piece.
 ///
 /// ```
 /// use std::borrow::Cow;
@@ -56,6 +64,32 @@ impl<T: LockKey> LockKey for Path<T> {
         self.0.lock_key()
     }
 }
+
+impl LockKey for String {
+    const SCOPE: &'static str = "";
+
+    fn lock_key(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
+macro_rules! integer_lock_keys {
+    ($($int:ty),*) => {
+        $(
+            impl LockKey for $int {
+                const SCOPE: &'static str = "";
+
+                fn lock_key(&self) -> Cow<'_, str> {
+                    Cow::Owned(self.to_string())
+                }
+            }
+        )*
+    };
+}
+
+integer_lock_keys!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 /// An extractor that holds a lock on `T`'s key while the handler runs.
 ///
@@ -103,8 +137,7 @@ impl<T: LockKey> LockKey for Path<T> {
 /// ```
 pub struct Locked<T> {
     value: Option<T>,
-    lease: Lease,
-    status: Option<LeaseStatus>,
+    status: LeaseStatus,
     /// Set when this extractor took the lease itself and so must release it.
     owner: Option<Owned>,
 }
@@ -128,13 +161,13 @@ impl<T> Locked<T> {
     /// The lease held (key, token, fencing token), as acquired; its validity at
     /// acquisition. [`status`](Self::status) follows the renewals.
     pub fn lease(&self) -> &Lease {
-        &self.lease
+        self.status.lease()
     }
 
     /// The live status of the lease: the validity as renewals move it, and whether it was
-    /// lost. `None` only for a lease reused from a layer that put no status in the request.
-    pub fn status(&self) -> Option<&LeaseStatus> {
-        self.status.as_ref()
+    /// lost.
+    pub fn status(&self) -> &LeaseStatus {
+        &self.status
     }
 
     /// Runs `work`, never polling it once the lease is lost: the extractor renews the lease
@@ -145,9 +178,7 @@ impl<T> Locked<T> {
     ///
     /// [`LockError::Lost`] when the lease was lost (or released) before `work` completed.
     pub async fn protect<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
-        let Some(status) = self.status.as_ref() else {
-            return Ok(work.await);
-        };
+        let status = &self.status;
         let lost = std::pin::pin!(status.lost());
         let watch = StatusWatch { status, lost };
         Protected::new(work, watch)
@@ -170,7 +201,7 @@ impl<T> Locked<T> {
             .take()
             .expect("value present until release or drop");
         if let Some(owned) = self.owner.take() {
-            owned.stop().unlock(self.lease.clone()).await?;
+            owned.stop().unlock(self.status.lease().clone()).await?;
         }
         Ok(value)
     }
@@ -209,7 +240,7 @@ impl<T> Deref for Locked<T> {
 impl<T> Drop for Locked<T> {
     fn drop(&mut self) {
         if let Some(owned) = self.owner.take() {
-            owned.stop().release_detached(self.lease.clone());
+            owned.stop().release_detached(self.status.lease().clone());
         }
     }
 }
@@ -218,7 +249,7 @@ impl<T: fmt::Debug> fmt::Debug for Locked<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locked")
             .field("value", &self.value)
-            .field("lease", &self.lease)
+            .field("lease", self.status.lease())
             .field("reused", &self.owner.is_none())
             .finish()
     }
@@ -243,12 +274,11 @@ where
         let resource = format!("{}:{}", T::SCOPE, key);
         drop(key);
         let locks = Locks::from_ref(state);
-        if let Some(lease) = parts.extensions.get::<Lease>() {
-            if locks.names(lease, &resource) {
+        if let Some(status) = parts.extensions.get::<LeaseStatus>() {
+            if locks.names(status.lease(), &resource) {
                 return Ok(Locked {
                     value: Some(value),
-                    lease: lease.clone(),
-                    status: parts.extensions.get::<LeaseStatus>().cloned(),
+                    status: status.clone(),
                     owner: None,
                 });
             }
@@ -262,8 +292,7 @@ where
                 });
                 Ok(Locked {
                     value: Some(value),
-                    lease,
-                    status: Some(status),
+                    status,
                     owner: Some(Owned {
                         locks,
                         renewer: Some(renewer),
@@ -294,7 +323,7 @@ impl<R: IntoResponse> IntoResponse for LockedRejection<R> {
     fn into_response(self) -> Response {
         match self {
             LockedRejection::Extract(r) => r.into_response(),
-            LockedRejection::Lock(p) => p.into_response(),
+            LockedRejection::Lock(p) => IntoResponse::into_response(p),
         }
     }
 }
