@@ -41,6 +41,7 @@ pin_project! {
         Deciding {
             decision: BoxFuture<Verdict<H>>,
             call: Option<(S, Request<ReqB>)>,
+            fail_open: bool,
         },
         // The inner service runs, under the permit if there is one; `lost` once the permit
         // was lost and the work runs on (when the permit does not abort on loss).
@@ -101,14 +102,20 @@ where
         }
     }
 
-    pub(crate) fn decided(verdict: Verdict<P::Permit>, service: S, request: Request<ReqB>) -> Self {
+    pub(crate) fn decided(
+        verdict: Verdict<P::Permit>,
+        fail_open: bool,
+        service: S,
+        request: Request<ReqB>,
+    ) -> Self {
         Self {
-            state: State::from_verdict(verdict, service, request),
+            state: State::from_verdict::<P>(verdict, fail_open, service, request),
         }
     }
 
     pub(crate) fn deciding(
         decision: BoxFuture<Verdict<P::Permit>>,
+        fail_open: bool,
         service: S,
         request: Request<ReqB>,
     ) -> Self {
@@ -116,6 +123,7 @@ where
             state: State::Deciding {
                 decision,
                 call: Some((service, request)),
+                fail_open,
             },
         }
     }
@@ -137,17 +145,35 @@ where
     S: Service<Request<ReqB>>,
     H: Permit,
 {
-    fn from_verdict(verdict: Verdict<H>, service: S, mut request: Request<ReqB>) -> Self {
-        match verdict {
-            Verdict::Admit(mut permit) => {
-                permit.admit(&mut request);
-                run(service, request, Some(permit))
+    fn from_verdict<P: Policy>(
+        verdict: Verdict<H>,
+        fail_open: bool,
+        service: S,
+        mut request: Request<ReqB>,
+    ) -> Self {
+        let permit = match verdict {
+            Verdict::Admit(permit) => Some(permit),
+            Verdict::Answer(response) => {
+                return State::Answered {
+                    response: Some(response),
+                };
             }
-            Verdict::Unguarded => run(service, request, None),
-            Verdict::Answer(response) => State::Answered {
-                response: Some(response),
-            },
+            Verdict::Unavailable { error, open, .. } if fail_open => {
+                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; running unguarded (fail open)");
+                open
+            }
+            Verdict::Unavailable { error, answer, .. } => {
+                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
+                return State::Answered {
+                    response: Some(answer),
+                };
+            }
+        };
+        if let Some(mut permit) = permit {
+            permit.admit(&mut request);
+            return run(service, request, Some(permit));
         }
+        run(service, request, None)
     }
 }
 
@@ -164,11 +190,15 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Deciding { decision, call } => {
+                StateProj::Deciding {
+                    decision,
+                    call,
+                    fail_open,
+                } => {
                     let verdict = ready!(decision.as_mut().poll(cx));
                     let (service, request) = call.take().expect("Deciding is left once decided");
-                    this.state
-                        .set(State::from_verdict(verdict, service, request));
+                    let next = State::from_verdict::<P>(verdict, *fail_open, service, request);
+                    this.state.set(next);
                 }
                 StateProj::Running {
                     future,

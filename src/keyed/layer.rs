@@ -32,6 +32,8 @@ pub(crate) struct Core<K, P> {
     /// A fixed scope instead of the extractor's.
     pub(crate) scope: Option<Arc<str>>,
     pub(crate) required: bool,
+    /// Whether the inner service runs when the backend cannot decide.
+    pub(crate) fail_open: bool,
     /// The 400 detail when a required key is missing.
     pub(crate) missing: Cow<'static, str>,
     /// A mistake found when the layer was built (a header name that is not one).
@@ -47,6 +49,7 @@ impl<K, P: Clone> Clone for Core<K, P> {
             extractor: self.extractor.clone(),
             scope: self.scope.clone(),
             required: self.required,
+            fail_open: self.fail_open,
             missing: self.missing.clone(),
             misconfigured: self.misconfigured.clone(),
             // A changed copy is another layer: it reports on its own.
@@ -76,20 +79,23 @@ impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
             .field("extractor", &self.extractor)
             .field("scope", &self.scope)
             .field("required", &self.required)
+            .field("fail_open", &self.fail_open)
             .field("misconfigured", &self.misconfigured)
             .field("policy", &self.policy)
             .finish()
     }
 }
 
-impl<K, P> KeyedLayer<K, P> {
-    /// A layer over `extractor` and `policy`: key required, the extractor's scope.
+impl<K, P: Policy> KeyedLayer<K, P> {
+    /// A layer over `extractor` and `policy`: key required, the extractor's scope, the
+    /// policy's default on backend failures.
     pub(crate) fn from_parts(extractor: K, policy: P, missing: Cow<'static, str>) -> Self {
         Self {
             core: Arc::new(Core {
                 extractor: Arc::new(extractor),
                 scope: None,
                 required: true,
+                fail_open: P::FAIL_OPEN,
                 missing,
                 misconfigured: None,
                 reported: AtomicBool::new(false),
@@ -135,6 +141,18 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     #[must_use]
     pub fn optional(mut self, optional: bool) -> Self {
         self.core_mut().required = !optional;
+        self
+    }
+
+    /// Whether the inner service runs when the backend cannot decide (Redis down, or
+    /// slower than its timeout): `true` runs it unguarded, `false` answers **503 Service
+    /// Unavailable** with `Retry-After: 1` and no internal details. Either way a warning
+    /// is logged. The default is the layer's: see
+    /// [`LockLayer::fail_open`](crate::lock#failing-open) (fail closed) and
+    /// [`RateLimitLayer`](crate::rate_limit#failing-open) (fail open).
+    #[must_use]
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.core_mut().fail_open = fail_open;
         self
     }
 }

@@ -37,6 +37,11 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     const KEY_NOUN: &'static str;
 
+    /// Whether the layer runs the inner service when its backend cannot decide, by
+    /// default.
+    #[doc(hidden)]
+    const FAIL_OPEN: bool;
+
     /// The prefix before `{scope}:{value}` (the backend's own, for lock keys).
     #[doc(hidden)]
     fn prefix(&self) -> &str;
@@ -72,9 +77,17 @@ pub enum Verdict<P> {
     Admit(P),
     /// Answer without running the inner service (a problem, a stored response).
     Answer(Response<Bytes>),
-    /// Run the inner service without a permit: the backend could not decide and the layer
-    /// fails open. The policy has logged why.
-    Unguarded,
+    /// The backend could not decide (down, or too slow). Failing closed, the layer sends
+    /// `answer`; failing open, it runs the inner service with `open` (a permit that guards
+    /// nothing but still adds its headers) or with none. Either way it logs `error`.
+    Unavailable {
+        /// What went wrong, for the log.
+        error: BoxError,
+        /// The answer when failing closed (503).
+        answer: Response<Bytes>,
+        /// The permit to run with when failing open.
+        open: Option<P>,
+    },
 }
 
 /// How long a permit is kept once the inner service has answered.

@@ -95,9 +95,11 @@ where
         match step {
             Step::Answer(response) => ResponseFuture::answered(response),
             Step::Unkeyed => ResponseFuture::unguarded(inner, req),
-            Step::Decided(Decision::Ready(verdict)) => ResponseFuture::decided(verdict, inner, req),
+            Step::Decided(Decision::Ready(verdict)) => {
+                ResponseFuture::decided(verdict, core.fail_open, inner, req)
+            }
             Step::Decided(Decision::Pending(decision)) => {
-                ResponseFuture::deciding(decision, inner, req)
+                ResponseFuture::deciding(decision, core.fail_open, inner, req)
             }
         }
     }

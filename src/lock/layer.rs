@@ -150,16 +150,6 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// When the backend has no quorum (Redis down): `true` runs the inner service without
-    /// a lock instead of answering 503. Default `false`, fail closed (503), because a lock
-    /// that is silently skipped protects nothing. The handler can tell: there is no lease
-    /// (take `Option<Lease>` or `Option<LeaseStatus>`).
-    #[must_use]
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.policy_mut().fail_open = fail_open;
-        self
-    }
-
     /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
     /// woken when the holder releases (Redis pub/sub; see
     /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again. Default

@@ -25,11 +25,18 @@
 //! | the lock is held by another request | 409 for `by_header`, 423 otherwise ([`LockLayer::taken_status`]); `Retry-After` |
 //! | the key is missing (when required) or invalid | 400 |
 //! | the server is misconfigured (a path parameter the route lacks, the layer outside the `Router`, a bad header name) | 500, the fix logged once |
-//! | the backend has no quorum | 503 with `Retry-After: 1` ([`LockLayer::fail_open`] lets it through instead) |
+//! | the backend has no quorum | 503 with `Retry-After: 1` (see [Failing open](#failing-open)) |
 //! | the lease was lost while the inner service ran | 503 with `Retry-After: 1` ([`OnLockLoss::Continue`](crate::OnLockLoss) runs on instead) |
 //! | the lease was lost while the body streamed | the body ends with an error |
 //!
 //! The service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//!
+//! # Failing open
+//!
+//! [`LockLayer::fail_open`]`(true)` runs the inner service without a lock when the
+//! backend has no quorum (Redis down), instead of answering 503. The default is `false`,
+//! fail closed, because a lock that is silently skipped protects nothing. The handler can
+//! tell: it has no lease (take `Option<Lease>` or `Option<LeaseStatus>`).
 
 mod layer;
 mod policy;

@@ -26,7 +26,6 @@ use crate::protect::Watch;
 pub struct LockPolicy {
     pub(crate) locks: Locks,
     pub(crate) taken_status: StatusCode,
-    pub(crate) fail_open: bool,
     pub(crate) renewal: Renewal,
     pub(crate) on_loss: OnLockLoss,
     pub(crate) fencing_header: Option<HeaderName>,
@@ -39,7 +38,6 @@ impl fmt::Debug for LockPolicy {
         f.debug_struct("LockPolicy")
             .field("locks", &self.locks)
             .field("taken_status", &self.taken_status)
-            .field("fail_open", &self.fail_open)
             .field("renewal", &self.renewal)
             .field("on_loss", &self.on_loss)
             .field("fencing_header", &self.fencing_header)
@@ -55,7 +53,6 @@ impl LockPolicy {
         Self {
             locks: Locks::default(),
             taken_status,
-            fail_open: false,
             renewal: Renewal::default(),
             on_loss: OnLockLoss::default(),
             fencing_header: None,
@@ -67,9 +64,12 @@ impl LockPolicy {
     fn verdict(&self, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
-            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) if self.fail_open => {
-                tracing::warn!(error = %e, "lock backend unavailable; running unlocked (fail open)");
-                Verdict::Unguarded
+            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
+                Verdict::Unavailable {
+                    answer: Problem::from_lock_error(&e, self.taken_status).into(),
+                    error: Box::new(e),
+                    open: None,
+                }
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
@@ -87,6 +87,7 @@ impl Policy for LockPolicy {
     type Permit = LockPermit;
     const LAYER: &'static str = "LockLayer";
     const KEY_NOUN: &'static str = "lock key";
+    const FAIL_OPEN: bool = false;
 
     fn prefix(&self) -> &str {
         self.locks.prefix()

@@ -177,22 +177,6 @@ impl<K> RateLimitLayer<K> {
         self
     }
 
-    /// What to do when the store cannot count (Redis down or slower than its timeout):
-    /// `true` runs the inner service uncounted (with `RateLimit-Policy` but no
-    /// `RateLimit` header, and no [`Usage`](crate::Usage) in the request extensions),
-    /// `false` answers **503 Service Unavailable** with `Retry-After: 1` and no internal
-    /// details. Either way a warning is logged.
-    ///
-    /// Default: `true`, fail open. A rate limit protects capacity; it does not make a
-    /// request correct, as a lock does. Failing closed would turn an outage of the limit's
-    /// Redis into an outage of every limited route. Choose `false` where the limit is a
-    /// security control, such as login attempts or a paid quota.
-    #[must_use]
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.policy_mut().fail_open = fail_open;
-        self
-    }
-
     /// Also sends the legacy headers `X-RateLimit-Limit` (the limit),
     /// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until the window resets,
     /// a delay, not a timestamp) wherever `RateLimit` is sent. Default: `false`.

@@ -27,6 +27,17 @@
 //! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
 //! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
 //!
+//! # Failing open
+//!
+//! When the store cannot count (Redis down or slower than its timeout),
+//! [`RateLimitLayer::fail_open`]`(true)`, the default, runs the inner service uncounted
+//! (with `RateLimit-Policy` but no `RateLimit` header, and no [`Usage`] on the request);
+//! `false` answers **503 Service Unavailable** with `Retry-After: 1` and no internal
+//! details. Either way a warning is logged. A rate limit protects capacity; it does not
+//! make a request correct, as a lock does, and failing closed would turn an outage of the
+//! limit's Redis into an outage of every limited route. Choose `false` where the limit is
+//! a security control, such as login attempts or a paid quota.
+//!
 //! # Headers
 //!
 //! From the IETF draft "RateLimit header fields for HTTP"

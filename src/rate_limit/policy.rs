@@ -33,7 +33,6 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 #[derive(Clone)]
 pub struct RateLimitPolicy {
     pub(crate) limiter: RateLimiter,
-    pub(crate) fail_open: bool,
     pub(crate) headers: Arc<Headers>,
 }
 
@@ -42,7 +41,6 @@ impl fmt::Debug for RateLimitPolicy {
         f.debug_struct("RateLimitPolicy")
             .field("limiter", &self.limiter)
             .field("quota", &self.headers.quota)
-            .field("fail_open", &self.fail_open)
             .field("legacy_headers", &self.headers.legacy)
             .field("policy", &self.headers.policy_value)
             .finish()
@@ -55,7 +53,6 @@ impl RateLimitPolicy {
     pub(crate) fn new(quota: Quota) -> Self {
         Self {
             limiter: RateLimiter::default(),
-            fail_open: true,
             headers: Arc::new(Headers::new(quota, "default", false)),
         }
     }
@@ -79,13 +76,16 @@ impl RateLimitPolicy {
                     .into(),
                 );
             }
-            Err(e) if self.fail_open => {
-                tracing::warn!(error = %e, "rate limit store unavailable; letting the request through (fail open)");
-                None
-            }
             Err(e) => {
-                tracing::warn!(error = %e, "rate limit store unavailable; answering 503 (fail closed)");
-                return Verdict::Answer(self.headers.unavailable());
+                // Failing open, the request runs uncounted, with the policy header.
+                return Verdict::Unavailable {
+                    error: Box::new(e),
+                    answer: self.headers.unavailable(),
+                    open: Some(RatePermit {
+                        headers: self.headers.clone(),
+                        usage: None,
+                    }),
+                };
             }
         };
         Verdict::Admit(RatePermit {
@@ -101,6 +101,7 @@ impl Policy for RateLimitPolicy {
     type Permit = RatePermit;
     const LAYER: &'static str = "RateLimitLayer";
     const KEY_NOUN: &'static str = "rate limit key";
+    const FAIL_OPEN: bool = true;
 
     fn prefix(&self) -> &str {
         // The store puts its own prefix before the key.
