@@ -286,3 +286,41 @@ impl Drop for LeaseGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
+        let locks = Locks::from(MemoryLocks::new());
+        let (key, token, fence) = locks
+            .with_lock("fenced", Renewal::default(), |status| async move {
+                let lease = status.lease();
+                (
+                    lease.key().to_owned(),
+                    lease.token().to_string(),
+                    lease.fencing_token(),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(key, "tower-redlock:fenced");
+        assert_eq!(token.len(), 32);
+        assert!(fence.is_some());
+        // Released at the end: the next holder gets a greater fencing token.
+        let next = locks.try_lock("fenced").await.unwrap();
+        assert!(next.fencing_token() > fence);
+    }
+
+    #[test]
+    fn names_compares_the_escaped_key() {
+        let memory = MemoryLocks::new();
+        let locks = Locks::from(memory.clone());
+        let lease = memory.try_lock("order:{7}").unwrap();
+        assert!(locks.names(&lease, "order:{7}"));
+        assert!(!locks.names(&lease, "order:7"));
+        let other = Locks::from(MemoryLocks::new());
+        assert!(!other.names(&lease, "order:{7}"), "another backend's lease");
+    }
+}

@@ -327,3 +327,137 @@ impl<R: IntoResponse> IntoResponse for LockedRejection<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryLocks;
+
+    /// A job id read from the `job` header.
+    #[derive(Debug)]
+    struct Job(String);
+
+    impl<S: Send + Sync> FromRequestParts<S> for Job {
+        type Rejection = StatusCode;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+            let job = parts.headers.get("job").ok_or(StatusCode::BAD_REQUEST)?;
+            Ok(Job(job.to_str().unwrap().to_owned()))
+        }
+    }
+
+    impl LockKey for Job {
+        const SCOPE: &'static str = "job";
+        fn lock_key(&self) -> Cow<'_, str> {
+            Cow::Borrowed(&self.0)
+        }
+    }
+
+    fn parts(job: &str) -> Parts {
+        http::Request::builder()
+            .header("job", job)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    async fn lock(locks: &Locks, job: &str) -> Result<Locked<Job>, LockedRejection<StatusCode>> {
+        Locked::<Job>::from_request_parts(&mut parts(job), locks).await
+    }
+
+    fn memory(ttl: Duration) -> Locks {
+        Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
+    }
+
+    #[tokio::test]
+    async fn release_frees_the_key_and_hands_back_the_value() {
+        let locks = memory(Duration::from_secs(30));
+        let held = lock(&locks, "1").await.unwrap();
+        assert_eq!(held.lease().key(), "tower-redlock:job:1");
+        assert!(matches!(
+            lock(&locks, "1").await,
+            Err(LockedRejection::Lock(p)) if p.status() == StatusCode::LOCKED
+        ));
+        let status = held.status().clone();
+        let job = held.release().await.unwrap();
+        assert_eq!(job.0, "1");
+        // The holder is done: its status says so, and the key is free.
+        tokio::time::timeout(Duration::from_secs(5), status.lost())
+            .await
+            .unwrap();
+        assert!(!status.is_lost());
+        let again = lock(&locks, "1").await.unwrap();
+        drop(again);
+        // Dropping releases too.
+        lock(&locks, "1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn protect_runs_work_while_the_lease_holds() {
+        let locks = memory(Duration::from_secs(30));
+        let held = lock(&locks, "2").await.unwrap();
+        let out = held
+            .protect(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                7
+            })
+            .await;
+        assert_eq!(out.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn protect_stops_work_once_the_lease_is_lost() {
+        let ttl = Duration::from_millis(150);
+        let locks = memory(ttl);
+        let held = lock(&locks, "3").await.unwrap();
+        // Someone else takes the key behind the holder's back: its next renewal finds the
+        // token gone.
+        locks.unlock(held.lease().clone()).await.unwrap();
+        let _thief = locks.try_lock("job:3").await.unwrap();
+        let mut polled_after_loss = false;
+        let status = held.status().clone();
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            held.protect(async {
+                loop {
+                    polled_after_loss |= status.is_lost();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }),
+        )
+        .await
+        .expect("protect returns once the lease is lost");
+        assert!(matches!(result, Err(LockError::Lost)));
+        assert!(status.is_lost());
+        assert!(!polled_after_loss, "the work was polled after the loss");
+    }
+
+    #[tokio::test]
+    async fn a_lease_reused_from_a_layer_is_left_to_the_layer() {
+        let locks = memory(Duration::from_secs(30));
+        let layer_lease = locks.try_lock("job:4").await.unwrap();
+        let watchdog = Watchdog::new(locks.clone(), layer_lease.clone(), Renewal::default());
+        let mut parts = parts("4");
+        parts.extensions.insert(watchdog.status());
+        let reused = Locked::<Job>::from_request_parts(&mut parts, &locks)
+            .await
+            .unwrap();
+        assert_eq!(reused.lease(), &layer_lease);
+        reused.release().await.unwrap();
+        assert!(
+            locks.try_lock("job:4").await.is_err(),
+            "the layer's lease was released by the extractor"
+        );
+    }
+
+    #[test]
+    fn strings_and_integers_are_lock_keys() {
+        assert_eq!(String::from("a").lock_key(), "a");
+        assert_eq!(42u64.lock_key(), "42");
+        assert_eq!((-7i32).lock_key(), "-7");
+        assert_eq!(<u8 as LockKey>::SCOPE, "");
+    }
+}

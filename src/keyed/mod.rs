@@ -29,3 +29,5 @@ pub use future::ResponseFuture;
 pub use layer::KeyedLayer;
 pub use policy::Policy;
 pub use service::Keyed;
+#[cfg(test)]
+mod tests;

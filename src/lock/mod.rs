@@ -40,6 +40,8 @@
 
 mod layer;
 mod policy;
+#[cfg(test)]
+mod tests;
 
 use crate::keyed;
 pub use layer::{Lock, LockLayer};
