@@ -21,6 +21,9 @@ use super::policy::{BoxError, Decision, End, Hold, Permit, Policy, Release, Seal
 use crate::key::FnKey;
 use crate::protect::Watch;
 
+/// Reads the probe key from the `key` header.
+type KeyFn = fn(&Parts) -> Option<String>;
+
 /// Records what the core does, in order.
 #[derive(Clone, Default)]
 struct Probe {
@@ -40,7 +43,7 @@ impl Probe {
         self.events.lock().unwrap().clone()
     }
 
-    fn layer(&self) -> KeyedLayer<FnKey<fn(&Parts) -> Option<String>>, Probe> {
+    fn layer(&self) -> KeyedLayer<FnKey<KeyFn>, Probe> {
         fn key(parts: &Parts) -> Option<String> {
             parts
                 .headers
@@ -48,7 +51,7 @@ impl Probe {
                 .map(|v| v.to_str().unwrap().to_owned())
         }
         KeyedLayer::from_parts(
-            FnKey::new(key as fn(&Parts) -> Option<String>),
+            FnKey::new(key as KeyFn),
             self.clone(),
             Cow::Borrowed("no probe key"),
         )

@@ -66,11 +66,14 @@ fn keyed(key: &str) -> Request<()> {
     Request::builder().header("job", key).body(()).unwrap()
 }
 
-fn by_job() -> LockLayer<crate::key::FnKey<fn(&http::request::Parts) -> Option<String>>> {
+/// Reads the key from the `job` header.
+type JobFn = fn(&http::request::Parts) -> Option<String>;
+
+fn by_job() -> LockLayer<crate::key::FnKey<JobFn>> {
     fn job(parts: &http::request::Parts) -> Option<String> {
         parts.headers.get("job")?.to_str().ok().map(str::to_owned)
     }
-    LockLayer::by_fn(job as fn(&http::request::Parts) -> Option<String>)
+    LockLayer::by_fn(job as JobFn)
 }
 
 #[tokio::test]
