@@ -10,8 +10,21 @@
 //! Keys travel to Redis as `KEYS` arguments of commands and scripts, never spliced into
 //! Lua source, so any byte is safe there; values are still checked (see [`validate_value`])
 //! so that a client cannot make the server store unbounded or unprintable keys.
+//!
+//! # How long a key can be
+//!
+//! Only the value comes from the client, and it is at most [`MAX_KEY_LEN`] bytes (256).
+//! `%`, `{` and `}` in the scope and the value are percent-encoded, which can triple them,
+//! so a layer's whole key is at most `prefix + scope + 1 + 3 × 256` bytes. The prefix (at
+//! most 128 bytes) and the scope are the server's: a fixed [`scope`] of the layer, or the
+//! extractor's, which never takes a client's input but the key value. [`HeaderKey`]'s
+//! scope is the header name, the method (a method outside RFC 9110's list counts as
+//! `other`) and axum's `MatchedPath` (the route template), never the request's own path:
+//! behind a layer that sits outside the `Router`, where no route has matched, the scope is
+//! the header name and the method alone.
+//!
+//! [`scope`]: crate::LockLayer::scope
 
-#[cfg(feature = "axum")]
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
@@ -56,6 +69,45 @@ pub enum KeyError {
     /// A header value is not visible ASCII, or a quoted string (RFC 8941) is malformed.
     #[error("the {0} header is not a valid string: use a bare token or an RFC 8941 quoted string")]
     MalformedHeader(HeaderName),
+    /// A path parameter is not valid UTF-8 once percent-decoded.
+    #[error("a path parameter is not valid UTF-8 once percent-decoded")]
+    MalformedPathParameter,
+}
+
+/// Why a request has no key, as the extractor sees it ([`KeyExtractor::no_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoKey {
+    /// The request lacks the key (no such header, the function returned `None`): the
+    /// layer answers 400, or lets it through unguarded when the key is optional.
+    Missing,
+    /// The key does not apply to this request: a path parameter on a request that no route
+    /// matched (the router's fallback, under `Router::layer`). It runs unguarded, so the
+    /// fallback answers (404).
+    NotApplicable,
+    /// The server is set up so that the key cannot be found: the layer answers **500**
+    /// (`application/problem+json`, nothing internal) and logs the message once per
+    /// layer, at `error` level.
+    Misconfigured(Misconfiguration),
+}
+
+/// A server mistake that keeps a layer from finding its key, with the fix: a path
+/// parameter the route lacks, a path-parameter layer outside the `Router`, a peer-address
+/// key without `ConnectInfo`, a header name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Misconfiguration(Cow<'static, str>);
+
+impl Misconfiguration {
+    /// A misconfiguration described by `message`, which should name the fix.
+    pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
+        Self(message.into())
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Checks a key value: not empty, at most [`MAX_KEY_LEN`] bytes, no control characters.
@@ -91,40 +143,15 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// Builds `{prefix}{scope}:{value}` in one allocation: the layer's fixed scope if it has
-/// one, else the extractor's.
-pub(crate) fn build_key<K: KeyExtractor + ?Sized>(
-    prefix: &str,
-    scope: Option<&str>,
-    extractor: &K,
-    parts: &Parts,
-    value: &str,
-) -> String {
-    let scope_len = scope.map_or(64, str::len);
-    let mut key = String::with_capacity(prefix.len() + scope_len + 1 + value.len());
-    write_key(&mut key, prefix, scope, extractor, parts, value);
-    key
-}
-
-/// [`build_key`] straight into the `Arc<str>` a lease keeps: one allocation, no copy
-/// from a `String` of its own.
-pub(crate) fn build_shared_key<K: KeyExtractor + ?Sized>(
-    prefix: &str,
-    scope: Option<&str>,
-    extractor: &K,
-    parts: &Parts,
-    value: &str,
-) -> Arc<str> {
-    shared_key(|key| write_key(key, prefix, scope, extractor, parts, value))
-}
-
-fn write_key<K: KeyExtractor + ?Sized>(
+/// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the
+/// extractor's, percent-encoded (see [`push_escaped`]). The value follows, with
+/// [`push_escaped`].
+pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
     key: &mut String,
     prefix: &str,
     scope: Option<&str>,
     extractor: &K,
     parts: &Parts,
-    value: &str,
 ) {
     key.push_str(prefix);
     let scope_at = key.len();
@@ -134,7 +161,6 @@ fn write_key<K: KeyExtractor + ?Sized>(
     }
     escape_from(key, scope_at);
     key.push(':');
-    push_escaped(key, value);
 }
 
 /// Appends `part` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`), so that a
@@ -171,9 +197,10 @@ fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b'{' | b'}')
 }
 
-/// Writes a key into this thread's scratch buffer and copies it into an `Arc<str>`, the
-/// key's only allocation.
-pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
+/// Runs `f` on this thread's scratch buffer, cleared: a key written there and only read (a
+/// count in memory) costs no allocation, and one that is kept is copied once, into what
+/// keeps it.
+pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut String) -> T) -> T {
     /// Scratch buffers above this capacity are not kept.
     const KEEP: usize = 4096;
     thread_local! {
@@ -182,19 +209,23 @@ pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buffer) => {
             buffer.clear();
-            write(&mut buffer);
-            let key = Arc::from(buffer.as_str());
+            let out = f(&mut buffer);
             if buffer.capacity() > KEEP {
                 *buffer = String::new();
             }
-            key
+            out
         }
-        // Only if `write` itself builds a key.
-        Err(_) => {
-            let mut buffer = String::new();
-            write(&mut buffer);
-            Arc::from(buffer)
-        }
+        // Only if `f` itself writes a key.
+        Err(_) => f(&mut String::new()),
+    })
+}
+
+/// A key written by `write`, in the `Arc<str>` a lease keeps: its only allocation.
+#[cfg(feature = "lock")]
+pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
+    with_scratch(|key| {
+        write(key);
+        Arc::<str>::from(key.as_str())
     })
 }
 
@@ -206,20 +237,32 @@ pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
 /// [`validate_value`], so an implementation only has to find it.
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key value of this request: `Ok(None)` when the request has none (the layer then
-    /// answers 400, or lets the request through when the key is optional).
+    /// answers 400, or lets the request through when the key is optional). Borrow it from
+    /// the request head when it is there as is (a header's value): the layer copies it
+    /// once, into the key.
     ///
     /// # Errors
     ///
     /// A [`KeyError`] when the request carries a key that cannot be read; the layer
     /// answers 400.
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError>;
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError>;
 
     /// Appends the scope of this request's key to `out`: what keeps keys of different
     /// resources apart. The default appends nothing: the value alone names the lock.
     /// Appending (rather than returning a string) lets the caller build the whole key in
-    /// one allocation.
+    /// one allocation. The scope must not be taken from the client's input (see the
+    /// [module docs](self)): it would let a client mint keys.
     fn write_scope(&self, parts: &Parts, out: &mut String) {
         let _ = (parts, out);
+    }
+
+    /// Why this request has no key, called when [`extract`](Self::extract) returned
+    /// `Ok(None)`. The default, [`NoKey::Missing`], blames the request; say
+    /// [`NoKey::Misconfigured`] when the server's setup is to blame (the layer answers
+    /// 500 and logs the fix once), or [`NoKey::NotApplicable`] when the key does not apply.
+    fn no_key(&self, parts: &mut Parts) -> NoKey {
+        let _ = parts;
+        NoKey::Missing
     }
 }
 
@@ -228,8 +271,10 @@ pub trait KeyExtractor: Send + Sync + 'static {
 /// The value may be an RFC 8941 string (`"8e03978e-40d5"`, as the IETF draft "The
 /// Idempotency-Key HTTP Header Field" defines it) or a bare token (`8e03978e-40d5`); the
 /// quotes are not part of the key. The scope is the header name, the method and the route
-/// (axum's `MatchedPath` when present, else the URI path), so the same key sent to two
-/// endpoints takes two locks.
+/// (axum's `MatchedPath`), so the same key sent to two endpoints takes two locks. Without
+/// a `MatchedPath` (a layer outside the `Router`, or without the `axum` feature) the scope
+/// is the header name and the method only, never the request's path, which the client
+/// chooses: give such a layer a fixed [`scope`](crate::LockLayer::scope) per endpoint.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -248,7 +293,7 @@ impl HeaderKey {
 }
 
 impl KeyExtractor for HeaderKey {
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
         let Some(raw) = parts.headers.get(&self.name) else {
             return Ok(None);
         };
@@ -256,19 +301,54 @@ impl KeyExtractor for HeaderKey {
         let text = raw.to_str().map_err(|_| malformed())?;
         let text = text.trim_matches([' ', '\t']);
         if text.starts_with('"') {
-            parse_sf_string(text).ok_or_else(malformed).map(Some)
+            parse_sf_string(text)
+                .ok_or_else(malformed)
+                .map(|value| Some(Cow::Owned(value)))
         } else {
-            Ok(Some(text.to_owned()))
+            Ok(Some(Cow::Borrowed(text)))
         }
     }
 
     fn write_scope(&self, parts: &Parts, out: &mut String) {
         out.push_str(self.name.as_str());
         out.push(' ');
-        out.push_str(parts.method.as_str());
-        out.push(' ');
-        out.push_str(route_of(parts));
+        out.push_str(method_of(parts));
+        if let Some(route) = route_of(parts) {
+            out.push(' ');
+            out.push_str(route);
+        }
     }
+}
+
+/// The method for a scope: one of RFC 9110's (and PATCH), else `other`, so that a client
+/// cannot mint scopes with methods of its own.
+fn method_of(parts: &Parts) -> &'static str {
+    use http::Method;
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    KNOWN
+        .iter()
+        .find(|known| **known == parts.method)
+        .map_or("other", |known| match known.as_str() {
+            "GET" => "GET",
+            "POST" => "POST",
+            "PUT" => "PUT",
+            "DELETE" => "DELETE",
+            "PATCH" => "PATCH",
+            "HEAD" => "HEAD",
+            "OPTIONS" => "OPTIONS",
+            "CONNECT" => "CONNECT",
+            _ => "TRACE",
+        })
 }
 
 /// Parses an RFC 8941 sf-string (section 3.3.3): `"` ... `"` with `\"` and `\\` escapes,
@@ -291,17 +371,18 @@ fn parse_sf_string(text: &str) -> Option<String> {
     None
 }
 
+/// The route template the router matched, if any.
 #[cfg(feature = "axum")]
-fn route_of(parts: &Parts) -> &str {
+fn route_of(parts: &Parts) -> Option<&str> {
     parts
         .extensions
         .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| parts.uri.path(), |m| m.as_str())
+        .map(axum::extract::MatchedPath::as_str)
 }
 
 #[cfg(not(feature = "axum"))]
-fn route_of(parts: &Parts) -> &str {
-    parts.uri.path()
+fn route_of(_parts: &Parts) -> Option<&str> {
+    None
 }
 
 /// The key is a path parameter of an axum route, such as `item_id` in
@@ -312,6 +393,10 @@ fn route_of(parts: &Parts) -> &str {
 /// `/users/{user_id}` never shares a lock with it. Path parameters exist once axum has
 /// routed the request, so use the layer with `Router::route_layer`, `Router::layer` or
 /// `MethodRouter::layer`, not around the whole `Router` from outside.
+///
+/// Misplaced, it answers 500 and logs the fix once ([`NoKey::Misconfigured`]): outside
+/// the `Router`, or on a route without the parameter. A request that no route matched
+/// (the fallback, under `Router::layer`) passes through unguarded, to its 404.
 #[cfg(feature = "axum")]
 #[derive(Debug, Clone)]
 pub struct PathParamKey {
@@ -336,17 +421,44 @@ impl PathParamKey {
 
 #[cfg(feature = "axum")]
 impl KeyExtractor for PathParamKey {
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        use axum::extract::rejection::RawPathParamsRejection;
         use axum::extract::{FromRequestParts, RawPathParams};
         use futures_util::FutureExt;
         // RawPathParams reads what the router stored; its future is ready at once.
-        let Some(Ok(params)) = RawPathParams::from_request_parts(parts, &()).now_or_never() else {
-            return Ok(None);
-        };
-        Ok(params
-            .iter()
-            .find(|(name, _)| *name == self.name)
-            .map(|(_, value)| value.to_owned()))
+        match RawPathParams::from_request_parts(parts, &()).now_or_never() {
+            Some(Ok(params)) => Ok(params
+                .iter()
+                .find(|(name, _)| *name == self.name)
+                .map(|(_, value)| Cow::Owned(value.to_owned()))),
+            Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => {
+                Err(KeyError::MalformedPathParameter)
+            }
+            // No parameters at all: `no_key` says why.
+            _ => Ok(None),
+        }
+    }
+
+    fn no_key(&self, parts: &mut Parts) -> NoKey {
+        let routed = parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|matched| matched.as_str().to_owned());
+        let name = &self.name;
+        match routed {
+            Some(route) => NoKey::Misconfigured(Misconfiguration::new(format!(
+                "by_path_param(\"{name}\") on the route {route}, which has no path parameter \
+                 `{{{name}}}`: add the layer only to routes that have it \
+                 (MethodRouter::layer, or Router::route_layer on a Router of such routes)"
+            ))),
+            // The fallback of a Router::layer: a request no route matched.
+            None if has_path_params(parts) => NoKey::NotApplicable,
+            None => NoKey::Misconfigured(Misconfiguration::new(format!(
+                "by_path_param(\"{name}\") runs before the Router has matched a route, so there \
+                 are no path parameters: add it with Router::route_layer or MethodRouter::layer, \
+                 not around the Router"
+            ))),
+        }
     }
 
     fn write_scope(&self, parts: &Parts, out: &mut String) {
@@ -361,6 +473,18 @@ impl KeyExtractor for PathParamKey {
             None => out.push_str(&self.brace),
         }
     }
+}
+
+/// Whether the router stored path parameters (possibly none) for this request: it routed
+/// it, to a route or to its fallback.
+#[cfg(feature = "axum")]
+fn has_path_params(parts: &mut Parts) -> bool {
+    use axum::extract::{FromRequestParts, RawPathParams};
+    use futures_util::FutureExt;
+    matches!(
+        RawPathParams::from_request_parts(parts, &()).now_or_never(),
+        Some(Ok(_))
+    )
 }
 
 /// The key is what a function returns for the request; `None` means the request has no key.
@@ -388,8 +512,8 @@ impl<F> KeyExtractor for FnKey<F>
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
 {
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
-        Ok((self.f)(parts))
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        Ok((self.f)(parts).map(Cow::Owned))
     }
 }
 
@@ -453,12 +577,27 @@ mod tests {
     }
 
     #[test]
-    fn header_scope_separates_routes_and_methods() {
+    fn header_scope_separates_methods_and_never_takes_the_clients_path() {
         let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
-        let p = parts("x");
-        let mut scope = String::new();
-        key.write_scope(&p, &mut scope);
-        assert_eq!(scope, "idempotency-key GET /orders");
+        let scope_of = |method: &str, path: &str| {
+            let p = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            let mut scope = String::new();
+            key.write_scope(&p, &mut scope);
+            scope
+        };
+        // No route matched (no MatchedPath): the path the client chose is left out.
+        assert_eq!(scope_of("GET", "/orders"), "idempotency-key GET");
+        assert_eq!(scope_of("GET", "/orders/x/y/z"), "idempotency-key GET");
+        assert_eq!(scope_of("POST", "/orders"), "idempotency-key POST");
+        // Methods of the client's own invention share one scope.
+        assert_eq!(scope_of("BREW", "/"), "idempotency-key other");
+        assert_eq!(scope_of("MINT-1", "/"), "idempotency-key other");
     }
 
     #[test]

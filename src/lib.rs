@@ -6,9 +6,11 @@ pub mod error;
 #[cfg(feature = "axum")]
 pub mod extract;
 pub mod key;
+pub mod keyed;
 mod lease;
 pub mod lock;
 pub mod problem;
+mod protect;
 pub mod rate_limit;
 
 pub use backend::handle::Locks;

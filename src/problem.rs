@@ -15,6 +15,22 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// An HTTP answer given instead of running the inner service: a status, an RFC 9457
 /// problem details body (`type`, `title`, `status`, `detail`), and `Retry-After` where the
 /// client may try again.
+///
+/// It becomes a response with `Response::from(problem)` (any body type that can be built
+/// from [`Bytes`]), or, with the `axum` feature, through axum's `IntoResponse`.
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::{Response, StatusCode};
+/// use tower_redlock::Problem;
+///
+/// let problem = Problem::new(StatusCode::LOCKED, "held").retry_after(Duration::from_secs(2));
+/// let response = Response::<Bytes>::from(problem);
+/// assert_eq!(response.status(), StatusCode::LOCKED);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     status: StatusCode,
@@ -79,19 +95,31 @@ impl Problem {
         }
     }
 
-    /// The response, with any body type that can be built from bytes.
-    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+    /// The answer to a server mistake: 500 with nothing internal in it (the details go
+    /// to the log).
+    pub(crate) fn misconfigured() -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The server is misconfigured; the details are in its log.",
+        )
+    }
+}
+
+impl<B: From<Bytes>> From<Problem> for Response<B> {
+    /// The `application/problem+json` response: the status, the body, and `Retry-After`
+    /// when set.
+    fn from(problem: Problem) -> Self {
         let body = serde_json::json!({
             "type": "about:blank",
-            "title": self.status.canonical_reason().unwrap_or("Error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
+            "title": problem.status.canonical_reason().unwrap_or("Error"),
+            "status": problem.status.as_u16(),
+            "detail": problem.detail,
         });
         let mut response = Response::new(B::from(Bytes::from(body.to_string())));
-        *response.status_mut() = self.status;
+        *response.status_mut() = problem.status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(after) = self.retry_after {
+        if let Some(after) = problem.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
         response
@@ -107,9 +135,10 @@ pub(crate) fn retry_after_secs(after: Duration) -> u64 {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Problem {
     fn into_response(self) -> axum::response::Response {
-        Problem::into_response(self)
+        Response::from(self)
     }
 }
 
@@ -128,9 +157,9 @@ mod tests {
 
     #[test]
     fn body_is_problem_json() {
-        let r: Response<Bytes> = Problem::new(StatusCode::LOCKED, "held")
-            .retry_after(Duration::from_millis(1500))
-            .into_response();
+        let r = Response::<Bytes>::from(
+            Problem::new(StatusCode::LOCKED, "held").retry_after(Duration::from_millis(1500)),
+        );
         assert_eq!(r.status(), 423);
         assert_eq!(r.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(r.headers()[RETRY_AFTER], "2");

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Extension, Router};
 use support::{RedisNode, eventually, exists, nodes, serve, urls};
 use tokio::sync::Notify;
 use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks, Redlock};
@@ -194,7 +194,7 @@ async fn fail_open_runs_unlocked_when_nodes_are_down() {
     let app = Router::new()
         .route(
             "/orders",
-            post(|lease: Option<Extension<Lease>>| async move {
+            post(|lease: Option<Lease>| async move {
                 if lease.is_some() {
                     "locked"
                 } else {
@@ -333,7 +333,7 @@ async fn handler_reads_its_lease_from_extensions() {
     let app = Router::new()
         .route(
             "/jobs/{job}",
-            post(|Extension(lease): Extension<Lease>| async move {
+            post(|lease: Lease| async move {
                 format!("{} {} {}", lease.key(), lease.token(), lease.is_valid())
             }),
         )
@@ -375,7 +375,7 @@ async fn by_fn_and_optional_key() {
             })
             .scope("report")
             .backend(MemoryLocks::new())
-            .optional(),
+            .optional(true),
         );
     let base = serve(app).await;
     let client = reqwest::Client::new();
@@ -476,12 +476,18 @@ async fn locked_extractor_reuses_the_layer_lease() {
     let app = Router::new()
         .route(
             "/orders/{order_id}/pay",
-            post(|Extension(layer_lease): Extension<Lease>, order: Locked<Path<OrderId>>| async move {
-                assert_eq!(order.lease(), &layer_lease);
-                "paid"
-            }),
+            post(
+                |layer_lease: Lease, order: Locked<Path<OrderId>>| async move {
+                    assert_eq!(order.lease(), &layer_lease);
+                    "paid"
+                },
+            ),
         )
-        .route_layer(LockLayer::by_path_param("order_id").scope("order").backend(locks.clone()))
+        .route_layer(
+            LockLayer::by_path_param("order_id")
+                .scope("order")
+                .backend(locks.clone()),
+        )
         .with_state(locks.clone());
     let base = serve(app).await;
     let resp = reqwest::Client::new()
@@ -531,7 +537,7 @@ async fn client_cannot_forge_the_fencing_header() {
             LockLayer::by_header("Idempotency-Key")
                 .backend(redlock(&nodes, Duration::from_secs(10)).await)
                 .fencing_header("Fencing-Token")
-                .optional(),
+                .optional(true),
         );
     let base = serve(app).await;
     let client = reqwest::Client::new();
@@ -551,26 +557,24 @@ async fn locked_extractor_does_not_reuse_a_lease_of_another_backend() {
     let layer_locks = Locks::from(MemoryLocks::new());
     let state_locks = Locks::from(MemoryLocks::new());
     let check = state_locks.clone();
-    let app =
-        Router::new()
-            .route(
-                "/orders/{order_id}/pay",
-                post(
-                    move |Extension(layer_lease): Extension<Lease>,
-                          order: Locked<Path<OrderId>>| async move {
-                        assert_ne!(order.lease(), &layer_lease);
-                        // The extractor locked its own backend.
-                        assert!(check.try_lock("order:5").await.is_err());
-                        "paid"
-                    },
-                ),
-            )
-            .route_layer(
-                LockLayer::by_path_param("order_id")
-                    .scope("order")
-                    .backend(layer_locks),
-            )
-            .with_state(state_locks);
+    let app = Router::new()
+        .route(
+            "/orders/{order_id}/pay",
+            post(
+                move |layer_lease: Lease, order: Locked<Path<OrderId>>| async move {
+                    assert_ne!(order.lease(), &layer_lease);
+                    // The extractor locked its own backend.
+                    assert!(check.try_lock("order:5").await.is_err());
+                    "paid"
+                },
+            ),
+        )
+        .route_layer(
+            LockLayer::by_path_param("order_id")
+                .scope("order")
+                .backend(layer_locks),
+        )
+        .with_state(state_locks);
     let base = serve(app).await;
     let resp = reqwest::Client::new()
         .post(format!("{base}/orders/5/pay"))
@@ -578,4 +582,296 @@ async fn locked_extractor_does_not_reuse_a_lease_of_another_backend() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+}
+
+/// What the layers log, captured for one test (its runtime runs on the test's thread).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .finish();
+        (logs.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The `ERROR` lines that contain `needle`.
+    fn errors_with(&self, needle: &str) -> usize {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter(|l| l.contains("ERROR") && l.contains(needle))
+            .count()
+    }
+}
+
+/// Serves any service, without the peer address (no `ConnectInfo`).
+async fn serve_service<S>(service: S) -> String
+where
+    S: tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    use axum::ServiceExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, service.into_make_service())
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+type AppService = tower::util::BoxCloneSyncService<
+    axum::extract::Request,
+    axum::response::Response,
+    std::convert::Infallible,
+>;
+
+/// `layer` around the whole `Router`, from outside, as a plain tower stack.
+fn around<L>(layer: L, router: Router) -> AppService
+where
+    L: tower::Layer<Router>,
+    L::Service: tower::Service<axum::extract::Request, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Response: axum::response::IntoResponse,
+    <L::Service as tower::Service<axum::extract::Request>>::Future: Send,
+{
+    use axum::response::IntoResponse;
+    AppService::new(
+        tower::ServiceBuilder::new()
+            .map_response(IntoResponse::into_response)
+            .layer(layer)
+            .service(router),
+    )
+}
+
+async fn assert_misconfigured(resp: reqwest::Response, leak: &str) {
+    let body = assert_problem(resp, 500).await;
+    assert!(
+        !body.to_string().contains(leak),
+        "internal details leaked: {body}"
+    );
+}
+
+#[tokio::test]
+async fn path_param_the_route_lacks_is_a_500_logged_once() {
+    let (logs, _guard) = Logs::capture();
+    let gate = Gate::default();
+    let held = gate.clone();
+    let app = Router::new()
+        .route(
+            "/items/{id}",
+            post(move || async move { held.hold().await }),
+        )
+        .route_layer(LockLayer::by_path_param("item_id"));
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let resp = client.post(format!("{base}/items/1")).send().await.unwrap();
+        assert_misconfigured(resp, "item_id").await;
+    }
+    assert_eq!(gate.entered.load(Ordering::SeqCst), 0);
+    assert_eq!(logs.errors_with("item_id"), 1, "one log line per layer");
+}
+
+#[tokio::test]
+async fn path_param_layer_around_the_router_is_a_500_logged_once() {
+    let (logs, _guard) = Logs::capture();
+    let router = Router::new().route("/items/{id}", post(|| async { "ran" }));
+    let base = serve_service(around(LockLayer::by_path_param("id"), router)).await;
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let resp = client.post(format!("{base}/items/1")).send().await.unwrap();
+        assert_misconfigured(resp, "route_layer").await;
+    }
+    assert_eq!(logs.errors_with("route_layer"), 1, "one log line per layer");
+}
+
+#[tokio::test]
+async fn peer_ip_without_connect_info_is_a_500_logged_once() {
+    let (logs, _guard) = Logs::capture();
+    let quota: tower_redlock::Quota = "10/60".parse().unwrap();
+    let app = Router::new()
+        .route("/search", post(|| async { "results" }))
+        .route_layer(tower_redlock::RateLimitLayer::by_peer_ip(quota));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let resp = client
+            .post(format!("http://{addr}/search"))
+            .send()
+            .await
+            .unwrap();
+        assert_misconfigured(resp, "connect_info").await;
+    }
+    assert_eq!(
+        logs.errors_with("connect_info"),
+        1,
+        "one log line per layer"
+    );
+}
+
+#[tokio::test]
+async fn unmatched_requests_under_router_layer_reach_the_fallback() {
+    let app = Router::new()
+        .route("/items/{id}", post(|| async { "ran" }))
+        .layer(LockLayer::by_path_param("id"));
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .post(format!("{base}/nope"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        client
+            .post(format!("{base}/items/1"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn without_a_route_the_client_cannot_choose_the_scope() {
+    // Outside the Router no route has matched: the request's path must not make a new
+    // lock, or a client could mint one per path.
+    let gate = Gate::default();
+    let held = gate.clone();
+    let router = Router::new()
+        .route("/a", post(move || async move { held.hold().await }))
+        .route("/b", post(|| async { StatusCode::CREATED }));
+    let layer = LockLayer::by_header("Idempotency-Key").backend(MemoryLocks::new());
+    let base = serve_service(around(layer, router)).await;
+    let client = reqwest::Client::new();
+    let send = |path: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .header("Idempotency-Key", "k")
+            .send()
+    };
+    let holder = tokio::spawn(send("/a"));
+    gate.wait_entered(1).await;
+    for path in ["/b", "/a/../b", "/anything"] {
+        assert_problem(send(path).await.unwrap(), 409).await;
+    }
+    gate.release.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap().status(), 201);
+}
+
+#[tokio::test]
+async fn lease_extractor_without_a_lock_layer_is_a_500() {
+    let app = Router::new()
+        .route("/strict", post(|_lease: Lease| async { "ran" }))
+        .route(
+            "/maybe",
+            post(|lease: Option<Lease>| async move {
+                if lease.is_some() {
+                    "locked"
+                } else {
+                    "unlocked"
+                }
+            }),
+        );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    assert_problem(
+        client.post(format!("{base}/strict")).send().await.unwrap(),
+        500,
+    )
+    .await;
+    let maybe = client.post(format!("{base}/maybe")).send().await.unwrap();
+    assert_eq!(maybe.text().await.unwrap(), "unlocked");
+}
+
+#[tokio::test]
+async fn usage_extractor_reads_the_count() {
+    let quota: tower_redlock::Quota = "5/60".parse().unwrap();
+    let app = Router::new()
+        .route(
+            "/search",
+            post(|usage: tower_redlock::Usage| async move { usage.remaining().to_string() }),
+        )
+        .route_layer(
+            tower_redlock::RateLimitLayer::global(quota)
+                .backend(tower_redlock::MemoryRateLimiter::new()),
+        );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    for left in ["4", "3"] {
+        let resp = client.post(format!("{base}/search")).send().await.unwrap();
+        assert_eq!(resp.text().await.unwrap(), left);
+    }
+}
+
+#[tokio::test]
+async fn locked_path_of_an_integer_or_a_string() {
+    let locks = Locks::from(MemoryLocks::new());
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post(|job: Locked<Path<u64>>| async move { job.lease().key().to_owned() }),
+        )
+        .route(
+            "/names/{name}",
+            post(|name: Locked<Path<String>>| async move { name.lease().key().to_owned() }),
+        )
+        .with_state(locks);
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let text = |path: &'static str| {
+        let client = client.clone();
+        let base = base.clone();
+        async move {
+            client
+                .post(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(text("/jobs/42").await, "tower-redlock::42");
+    assert_eq!(text("/names/ada").await, "tower-redlock::ada");
 }

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::Extension;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use support::{RedisNode, eventually, exists, nodes, serve, urls};
@@ -80,11 +79,7 @@ fn app(
     Router::new()
         .route(
             "/jobs",
-            post(
-                move |Extension(status): Extension<LeaseStatus>| async move {
-                    progress.work(status, work).await
-                },
-            ),
+            post(move |status: LeaseStatus| async move { progress.work(status, work).await }),
         )
         .layer(configure(LockLayer::by_header("Job-Id").backend(locks)))
 }
@@ -391,7 +386,7 @@ async fn fencing_token_reaches_the_inner_service_as_a_header() {
         .route(
             "/write",
             post(
-                |headers: HeaderMap, Extension(lease): Extension<tower_redlock::Lease>| async move {
+                |headers: HeaderMap, lease: tower_redlock::Lease| async move {
                     let header: u64 = headers["fencing-token"].to_str().unwrap().parse().unwrap();
                     assert_eq!(Some(header), lease.fencing_token());
                     header.to_string()
@@ -419,4 +414,198 @@ async fn fencing_token_reaches_the_inner_service_as_a_header() {
         assert!(token > last);
         last = token;
     }
+}
+
+/// A route whose body streams: a first chunk at once, the last once `gate` is notified.
+fn streaming_app(
+    layer: LockLayer<tower_redlock::key::HeaderKey>,
+    gate: Arc<tokio::sync::Notify>,
+) -> Router {
+    use axum::body::{Body, Bytes};
+    use futures_util::stream;
+    Router::new()
+        .route(
+            "/export",
+            post(move || {
+                let gate = gate.clone();
+                async move {
+                    Body::from_stream(stream::unfold(0, move |step| {
+                        let gate = gate.clone();
+                        async move {
+                            let chunk = match step {
+                                0 => "first\n",
+                                1 => {
+                                    gate.notified().await;
+                                    "last\n"
+                                }
+                                _ => return None,
+                            };
+                            Some((Ok::<_, std::io::Error>(Bytes::from(chunk)), step + 1))
+                        }
+                    }))
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+async fn streamed_body_runs_locked(locks: Locks) {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let layer = LockLayer::by_header("Job-Id").backend(locks);
+    let base = serve(streaming_app(layer, gate.clone())).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("{base}/export"))
+            .header("Job-Id", "stream")
+            .send()
+    };
+    let mut streaming = send().await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    assert_eq!(streaming.chunk().await.unwrap().unwrap(), "first\n");
+    // The body is still being produced: the key is held.
+    let during = send().await.unwrap();
+    assert_eq!(
+        during.status(),
+        409,
+        "another request ran while the body streamed"
+    );
+    gate.notify_one();
+    assert_eq!(streaming.chunk().await.unwrap().unwrap(), "last\n");
+    assert!(streaming.chunk().await.unwrap().is_none());
+    // The body has ended: the key is free again.
+    let after = send().await.unwrap();
+    assert_eq!(after.status(), 200);
+}
+
+#[tokio::test]
+async fn streamed_body_runs_locked_in_process() {
+    streamed_body_runs_locked(Locks::from(MemoryLocks::new())).await;
+}
+
+#[tokio::test]
+async fn streamed_body_runs_locked_three_nodes() {
+    let nodes = nodes(3);
+    streamed_body_runs_locked(redlock(&nodes, Duration::from_secs(10), false).await).await;
+}
+
+#[tokio::test]
+async fn release_at_head_lets_the_body_stream_unlocked() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let layer = LockLayer::by_header("Job-Id")
+        .backend(MemoryLocks::new())
+        .release_at_head(true);
+    let base = serve(streaming_app(layer, gate.clone())).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("{base}/export"))
+            .header("Job-Id", "head")
+            .send()
+    };
+    let mut streaming = send().await.unwrap();
+    assert_eq!(streaming.chunk().await.unwrap().unwrap(), "first\n");
+    let during = send().await.unwrap();
+    assert_eq!(during.status(), 200, "released at the head");
+    gate.notify_one();
+    assert_eq!(streaming.chunk().await.unwrap().unwrap(), "last\n");
+}
+
+#[tokio::test]
+async fn a_lease_lost_mid_body_ends_the_body_with_an_error() {
+    let ttl = Duration::from_millis(300);
+    let locks = Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap());
+    let layer = LockLayer::by_header("Job-Id")
+        .backend(locks)
+        .renewal(Renewal::disabled());
+    let never = Arc::new(tokio::sync::Notify::new());
+    let base = serve(streaming_app(layer, never)).await;
+    let mut streaming = reqwest::Client::new()
+        .post(format!("{base}/export"))
+        .header("Job-Id", "lost")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streaming.chunk().await.unwrap().unwrap(), "first\n");
+    // The lease runs out (no renewal) while the body waits for its last chunk.
+    let cut = tokio::time::timeout(ttl * 10, streaming.chunk())
+        .await
+        .expect("the body ends when the lease is lost");
+    assert!(cut.is_err(), "the body ended cleanly: {cut:?}");
+}
+
+/// A body of known length that never says it has ended: only its size tells.
+struct Sized(Vec<&'static str>);
+
+impl http_body::Body for Sized {
+    type Data = axum::body::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.0.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        // One frame per wake-up, so that the head leaves before the body.
+        cx.waker().wake_by_ref();
+        let chunk = self.0.remove(0);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk.into()))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.iter().map(|c| c.len() as u64).sum())
+    }
+}
+
+/// Sends 30 requests with one key, one after the other on one connection, each as soon as
+/// the previous response was read: none may meet the lock of the one before.
+async fn next_request_never_meets_its_own_lock(locks: Locks) {
+    let app = Router::new()
+        .route(
+            "/stream",
+            post(|| async {
+                use futures_util::stream;
+                axum::body::Body::from_stream(stream::iter(
+                    ["a", "b", "c"].map(|c| Ok::<_, std::io::Error>(axum::body::Bytes::from(c))),
+                ))
+            }),
+        )
+        .route(
+            "/sized",
+            post(|| async { axum::body::Body::new(Sized(vec!["ab", "cd"])) }),
+        )
+        .route("/full", post(|| async { "abcd" }))
+        .layer(LockLayer::by_header("Job-Id").backend(locks));
+    let base = serve(app).await;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for path in ["stream", "sized", "full"] {
+        for i in 0..30 {
+            let resp = client
+                .post(format!("{base}/{path}"))
+                .header("Job-Id", "again")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{path}, request {i}");
+            let body = resp.bytes().await.unwrap();
+            assert!(body == "abc" || body == "abcd", "{body:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn next_request_never_meets_its_own_lock_in_process() {
+    next_request_never_meets_its_own_lock(Locks::from(MemoryLocks::new())).await;
+}
+
+#[tokio::test]
+async fn next_request_never_meets_its_own_lock_three_nodes() {
+    let nodes = nodes(3);
+    next_request_never_meets_its_own_lock(redlock(&nodes, Duration::from_secs(10), false).await)
+        .await;
 }

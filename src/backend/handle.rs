@@ -1,15 +1,15 @@
 //! [`Locks`]: one cheap handle over either backend.
 
+use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use std::future::Future;
-
 use crate::backend::memory::MemoryLocks;
 use crate::backend::redlock::Redlock;
-use crate::backend::watchdog::{LeaseStatus, Protected, Renewal, Watchdog};
+use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::protect::{Lost, Protected};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -156,7 +156,8 @@ impl Locks {
 
     /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
     /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
-    /// end. `work` gets a [`LeaseStatus`] to check the validity or await loss.
+    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
+    /// its token and fencing token), its validity, and its loss.
     ///
     /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
     /// found the token gone, or the validity ended without a successful renewal); it is
@@ -170,6 +171,10 @@ impl Locks {
     /// let locks = Locks::default();
     /// let rows = locks
     ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
+    ///         // Fence the writes: storage keeps the highest token it has seen and
+    ///         // refuses older ones.
+    ///         let fence = status.lease().fencing_token();
+    ///         assert!(fence.is_some());
     ///         // ... long work; status.remaining() says how much validity is left ...
     ///         42
     ///     })
@@ -197,7 +202,9 @@ impl Locks {
         let mut guard = LeaseGuard::new(self.clone(), lease.clone());
         let watchdog = Watchdog::new(self.clone(), lease, renewal);
         let status = watchdog.status();
-        let result = Protected::new(work(status), watchdog).await;
+        let result = Protected::new(work(status), watchdog)
+            .await
+            .map_err(|Lost| LockError::Lost);
         if let Some((locks, lease)) = guard.take() {
             if let Err(e) = locks.unlock(lease).await {
                 if result.is_ok() {
@@ -216,14 +223,20 @@ impl Locks {
         }
     }
 
-    /// Whether `lease` is the lock on `resource` in this backend (same prefixed key).
+    /// Whether `lease` is the lock on `resource` in this backend: the key that
+    /// [`lock`](Self::lock) would take for it (prefixed, escaped).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
         let id = match &self.backend {
             Backend::Redlock(r) => r.id(),
             Backend::Memory(m) => m.id(),
         };
-        lease.backend == id && lease.key().strip_prefix(self.prefix()) == Some(resource)
+        lease.backend == id
+            && crate::key::with_scratch(|key| {
+                key.push_str(self.prefix());
+                crate::key::push_escaped(key, resource);
+                lease.key() == key.as_str()
+            })
     }
 
     /// Releases without waiting: at once for the in-process backend, on a spawned task for
@@ -251,10 +264,6 @@ impl LeaseGuard {
         }
     }
 
-    pub(crate) fn none() -> Self {
-        Self { held: None }
-    }
-
     pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {
         self.held.take()
     }
@@ -275,5 +284,43 @@ impl Drop for LeaseGuard {
         if let Some((locks, lease)) = self.held.take() {
             locks.release_detached(lease);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
+        let locks = Locks::from(MemoryLocks::new());
+        let (key, token, fence) = locks
+            .with_lock("fenced", Renewal::default(), |status| async move {
+                let lease = status.lease();
+                (
+                    lease.key().to_owned(),
+                    lease.token().to_string(),
+                    lease.fencing_token(),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(key, "tower-redlock:fenced");
+        assert_eq!(token.len(), 32);
+        assert!(fence.is_some());
+        // Released at the end: the next holder gets a greater fencing token.
+        let next = locks.try_lock("fenced").await.unwrap();
+        assert!(next.fencing_token() > fence);
+    }
+
+    #[test]
+    fn names_compares_the_escaped_key() {
+        let memory = MemoryLocks::new();
+        let locks = Locks::from(memory.clone());
+        let lease = memory.try_lock("order:{7}").unwrap();
+        assert!(locks.names(&lease, "order:{7}"));
+        assert!(!locks.names(&lease, "order:7"));
+        let other = Locks::from(MemoryLocks::new());
+        assert!(!other.names(&lease, "order:{7}"), "another backend's lease");
     }
 }

@@ -21,6 +21,7 @@ use tokio::time::Sleep;
 use crate::backend::handle::Locks;
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::protect::Watch;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -111,9 +112,16 @@ impl Renewal {
     }
 }
 
-/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the validity (moved by
-/// renewals), the loss, and whether the holder is done.
+/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the lease, its validity
+/// (moved by renewals), the loss, and whether the holder is done.
 struct Shared {
+    /// The lease as acquired.
+    lease: Lease,
+    /// Its backend.
+    locks: Locks,
+    /// How often it is renewed (`None`: never), and until when.
+    every: Option<Duration>,
+    stop_renewing_at: Option<Instant>,
     /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
     /// nanoseconds (an `Instant` is not atomic).
     base: Instant,
@@ -125,9 +133,18 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(valid_until: Instant) -> Self {
+    fn new(
+        locks: Locks,
+        lease: Lease,
+        every: Option<Duration>,
+        stop_renewing_at: Option<Instant>,
+    ) -> Self {
         Self {
-            base: valid_until,
+            base: lease.valid_until(),
+            lease,
+            locks,
+            every,
+            stop_renewing_at,
             offset_nanos: AtomicI64::new(0),
             lost: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -157,11 +174,13 @@ impl Shared {
     }
 }
 
-/// A live view of a held lease: its current validity (moved by each renewal) and whether
-/// it was lost. Cloning is cheap; all clones see the same lease.
+/// A live view of a held lease: the lease itself (key, token, fencing token), its current
+/// validity (moved by each renewal) and whether it was lost. Cloning is cheap; all clones
+/// see the same lease.
 ///
-/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions; [`Locked`]
-/// and [`Locks::with_lock`] hand one out.
+/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions (read it with
+/// the `LeaseStatus` extractor, feature `axum`); [`Locked`] and [`Locks::with_lock`] hand
+/// one out.
 ///
 /// [`Locked`]: crate::Locked
 #[derive(Clone)]
@@ -179,6 +198,13 @@ impl fmt::Debug for LeaseStatus {
 }
 
 impl LeaseStatus {
+    /// The lease as acquired: its key, its token and its fencing token (to pass on to
+    /// storage that rejects stale writers). Its [`valid_until`](Lease::valid_until) is the
+    /// one at acquisition; [`valid_until`](Self::valid_until) follows the renewals.
+    pub fn lease(&self) -> &Lease {
+        &self.shared.lease
+    }
+
     /// The instant the validity ends now (monotonic clock); each renewal moves it.
     pub fn valid_until(&self) -> Instant {
         self.shared.valid_until()
@@ -220,23 +246,25 @@ impl LeaseStatus {
 }
 
 /// Renews a lease while it is polled, and says when it is lost.
+///
+/// The lease and its backend live in the state it shares with its [`LeaseStatus`]
+/// handles (one allocation); what moves with the watchdog is its schedule.
 pub(crate) struct Watchdog {
-    locks: Locks,
-    lease: Lease,
-    every: Option<Duration>,
-    stop_renewing_at: Option<Instant>,
-    next_renewal: Instant,
-    extending: Option<BoxFuture<Result<Lease, LockError>>>,
-    timer: Option<Pin<Box<Sleep>>>,
     status: Arc<Shared>,
+    /// The validity as the last renewal left it.
+    valid_until: Instant,
+    next_renewal: Instant,
+    /// An extension in flight: the new end of the validity.
+    extending: Option<BoxFuture<Result<Instant, LockError>>>,
+    timer: Option<Pin<Box<Sleep>>>,
     lost: bool,
 }
 
 impl fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Watchdog")
-            .field("key", &self.lease.key())
-            .field("every", &self.every)
+            .field("key", &self.lease().key())
+            .field("every", &self.status.every)
             .field("lost", &self.lost)
             .finish()
     }
@@ -250,20 +278,27 @@ impl Watchdog {
         // early, never late, and reads no clock.
         let valid_until = lease.valid_until();
         let acquired = valid_until.checked_sub(lease.ttl()).unwrap_or(valid_until);
-        let status = Arc::new(Shared::new(valid_until));
+        let stop_renewing_at = acquired.checked_add(max_hold);
         Self {
+            status: Arc::new(Shared::new(locks, lease, every, stop_renewing_at)),
+            valid_until,
             next_renewal: every
                 .and_then(|every| acquired.checked_add(every))
                 .unwrap_or(acquired),
-            stop_renewing_at: acquired.checked_add(max_hold),
-            locks,
-            lease,
-            every,
             extending: None,
             timer: None,
-            status,
             lost: false,
         }
+    }
+
+    /// The lease, as acquired.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.status.lease
+    }
+
+    /// Its backend.
+    pub(crate) fn locks(&self) -> &Locks {
+        &self.status.locks
     }
 
     pub(crate) fn status(&self) -> LeaseStatus {
@@ -287,7 +322,7 @@ impl Watchdog {
 
     /// Whether the validity is still running, checked on the clock now.
     pub(crate) fn is_valid(&self) -> bool {
-        !self.lost && Instant::now() < self.lease.valid_until()
+        !self.lost && Instant::now() < self.valid_until
     }
 
     fn mark_lost(&mut self) -> Poll<()> {
@@ -311,21 +346,21 @@ impl Watchdog {
                     let now = Instant::now();
                     match result {
                         Ok(renewed) => {
-                            self.lease.valid_until = renewed.valid_until;
-                            self.status.set_valid_until(renewed.valid_until);
+                            self.valid_until = renewed;
+                            self.status.set_valid_until(renewed);
                             self.notify_status();
                             self.next_renewal = now
-                                .checked_add(self.every.unwrap_or_default())
+                                .checked_add(self.status.every.unwrap_or_default())
                                 .unwrap_or(now);
                         }
                         Err(e @ LockError::Expired { .. }) => {
-                            tracing::warn!(key = self.lease.key(), error = %e, "lease lost: renewal found the token gone");
+                            tracing::warn!(key = self.status.lease.key(), error = %e, "lease lost: renewal found the token gone");
                             return self.mark_lost();
                         }
                         Err(e) => {
                             // Still valid until valid_until: try again soon.
-                            tracing::warn!(key = self.lease.key(), error = %e, "lease renewal failed; retrying");
-                            let retry = self.every.unwrap_or_default() / 4;
+                            tracing::warn!(key = self.status.lease.key(), error = %e, "lease renewal failed; retrying");
+                            let retry = self.status.every.unwrap_or_default() / 4;
                             self.next_renewal = now
                                 .checked_add(retry.max(Duration::from_millis(10)))
                                 .unwrap_or(now);
@@ -334,24 +369,28 @@ impl Watchdog {
                 }
             }
             let now = Instant::now();
-            if now >= self.lease.valid_until() {
-                tracing::warn!(key = self.lease.key(), "lease lost: its validity ended");
+            if now >= self.valid_until {
+                tracing::warn!(
+                    key = self.status.lease.key(),
+                    "lease lost: its validity ended"
+                );
                 return self.mark_lost();
             }
-            let renewing =
-                self.every.is_some() && self.stop_renewing_at.is_none_or(|stop| now < stop);
+            let renewing = self.status.every.is_some()
+                && self.status.stop_renewing_at.is_none_or(|stop| now < stop);
             if renewing && self.extending.is_none() && now >= self.next_renewal {
-                let locks = self.locks.clone();
-                let mut lease = self.lease.clone();
+                let locks = self.status.locks.clone();
+                let mut lease = self.status.lease.clone();
+                lease.valid_until = self.valid_until;
                 self.extending = Some(Box::pin(async move {
-                    locks.extend(&mut lease).await.map(|()| lease)
+                    locks.extend(&mut lease).await.map(|()| lease.valid_until)
                 }));
                 continue;
             }
             let wake_at = if renewing && self.extending.is_none() {
-                self.next_renewal.min(self.lease.valid_until())
+                self.next_renewal.min(self.valid_until)
             } else {
-                self.lease.valid_until()
+                self.valid_until
             };
             let timer = self
                 .timer
@@ -373,30 +412,17 @@ impl Drop for Watchdog {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Runs `work` while `watchdog` renews; never polls `work` once the lease is lost.
-    pub(crate) struct Protected<F> {
-        #[pin]
-        work: F,
-        watchdog: Watchdog,
+impl Watch for Watchdog {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        // A renewal that completed since the last poll is taken in first, and so is a
+        // renewal that found the token gone; otherwise the clock alone decides, and no
+        // timer is touched.
+        (self.is_renewing() || !self.is_valid())
+            && (self.poll_lost(cx).is_ready() || !self.is_valid())
     }
-}
 
-impl<F> Protected<F> {
-    pub(crate) fn new(work: F, watchdog: Watchdog) -> Self {
-        Self { work, watchdog }
-    }
-}
-
-impl<F: Future> Future for Protected<F> {
-    type Output = Result<F::Output, LockError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if this.watchdog.poll_lost(cx).is_ready() || !this.watchdog.is_valid() {
-            return Poll::Ready(Err(LockError::Lost));
-        }
-        this.work.poll(cx).map(Ok)
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Watchdog::poll_lost(self, cx)
     }
 }
 

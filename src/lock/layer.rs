@@ -1,19 +1,19 @@
 use std::borrow::Cow;
-use std::fmt;
-use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
-use tower_layer::Layer;
 
-use super::service::Lock;
+use super::policy::LockPolicy;
 use crate::backend::handle::Locks;
 use crate::backend::watchdog::{OnLockLoss, Renewal};
 use crate::key::{FnKey, HeaderKey, KeyExtractor};
+use crate::keyed::layer::header_name;
+use crate::keyed::{Keyed, KeyedLayer};
 
-/// A [`Layer`] that locks each request on a key taken from it; see the
-/// [module docs](crate::lock).
+/// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
+/// the [module docs](crate::lock).
 ///
-/// Cloning the layer shares its backend and key extractor.
+/// Cloning the layer shares its backend, its key extractor and its settings.
 ///
 /// ```
 /// use axum::{Router, routing::post};
@@ -23,66 +23,15 @@ use crate::key::{FnKey, HeaderKey, KeyExtractor};
 ///     .route("/orders", post(|| async { "created" }))
 ///     .layer(LockLayer::by_header("Idempotency-Key"));
 /// ```
-pub struct LockLayer<K> {
-    config: Config<K>,
-}
+pub type LockLayer<K> = KeyedLayer<K, LockPolicy>;
 
-pub(crate) struct Config<K> {
-    pub(crate) extractor: Arc<K>,
-    pub(crate) locks: Locks,
-    pub(crate) scope: Option<Arc<str>>,
-    pub(crate) required: bool,
-    pub(crate) missing_detail: Cow<'static, str>,
-    pub(crate) settings: Settings,
-}
+/// The service of [`LockLayer`]: locks each request before calling the inner service `S`.
+pub type Lock<S, K> = Keyed<S, K, LockPolicy>;
 
-/// What the response future needs to know after the key is found.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) taken_status: StatusCode,
-    pub(crate) fail_open: bool,
-    pub(crate) renewal: Renewal,
-    pub(crate) on_loss: OnLockLoss,
-    pub(crate) fencing_header: Option<HeaderName>,
-    pub(crate) max_wait: std::time::Duration,
-}
-
-impl<K> Clone for Config<K> {
-    fn clone(&self) -> Self {
-        Self {
-            extractor: self.extractor.clone(),
-            locks: self.locks.clone(),
-            scope: self.scope.clone(),
-            required: self.required,
-            missing_detail: self.missing_detail.clone(),
-            settings: self.settings.clone(),
-        }
-    }
-}
-
-impl<K> Clone for LockLayer<K> {
-    fn clone(&self) -> Self {
-        Self {
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.config.fmt(f)
-    }
-}
-
-impl<K: fmt::Debug> fmt::Debug for Config<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("extractor", &self.extractor)
-            .field("locks", &self.locks)
-            .field("scope", &self.scope)
-            .field("required", &self.required)
-            .field("settings", &self.settings)
-            .finish()
+impl<S, K: KeyExtractor> Lock<S, K> {
+    /// A [`LockLayer`] over `extractor`; the same as [`LockLayer::new`].
+    pub fn layer(extractor: K) -> LockLayer<K> {
+        LockLayer::new(extractor)
     }
 }
 
@@ -93,51 +42,60 @@ impl LockLayer<HeaderKey> {
     /// (see [`optional`](Self::optional)). The value may be a bare token or an RFC 8941
     /// quoted string.
     ///
+    /// `name` is a [`HeaderName`] or a string; header names are case-insensitive. A
+    /// string that is not a header name makes a layer that answers every request **500**
+    /// and logs why once (a [`HeaderName`] constant is checked when it is built instead).
+    ///
     /// This stops *concurrent* duplicates; a retry after the first request completed runs
     /// again unless the handler stores and replays the first result.
     ///
     /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
     /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
     /// replica locks on its own.
-    ///
-    /// # Panics
-    ///
-    /// When `name` is not a valid header name; names are usually literals, so this is a
-    /// programming error.
-    pub fn by_header(name: impl AsRef<str>) -> Self {
-        let name = HeaderName::try_from(name.as_ref())
-            .unwrap_or_else(|e| panic!("invalid header name {:?}: {e}", name.as_ref()));
+    pub fn by_header<N>(name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: std::fmt::Display,
+    {
+        let (name, mistake) = header_name(name, "LockLayer::by_header");
         let detail = format!("This endpoint requires a non-empty {name} header.");
-        let mut layer = Self::new(HeaderKey::new(name));
-        layer.config.settings.taken_status = StatusCode::CONFLICT;
-        layer.config.missing_detail = Cow::Owned(detail);
-        layer
+        KeyedLayer::from_parts(
+            HeaderKey::new(name),
+            LockPolicy::new(StatusCode::CONFLICT),
+            Cow::Owned(detail),
+        )
+        .misconfigured_by(mistake)
     }
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl LockLayer<crate::key::PathParamKey> {
     /// Locks on an axum path parameter, such as `item_id` in `/items/{item_id}/buy`: a
     /// second request for the same resource while the first holds it gets **423 Locked**
     /// (RFC 4918, section 11.3). The scope is the route up to the parameter, so
     /// `/items/{item_id}` and `/users/{user_id}` never share a lock.
     ///
-    /// Add it with `Router::route_layer` (or `Router::layer` after the routes), so that it
-    /// runs once the router has found the parameter. A request whose route has no such
-    /// parameter gets 400.
+    /// Add it with `Router::route_layer` or `MethodRouter::layer` (or `Router::layer` after
+    /// the routes), so that it runs once the router has found the parameter. Placed
+    /// outside the `Router`, or on a route without the parameter, it answers **500** and
+    /// logs the fix once ([`PathParamKey`](crate::key::PathParamKey)).
     ///
     /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
     /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
     /// replica locks on its own.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
         let key = crate::key::PathParamKey::new(name);
-        let detail = format!(
-            "The route has no path parameter `{}` to lock on.",
-            key.name()
-        );
-        let mut layer = Self::new(key);
-        layer.config.missing_detail = Cow::Owned(detail);
-        layer
+        let mistake = key
+            .name()
+            .is_empty()
+            .then(|| "LockLayer::by_path_param: the parameter name is empty".to_owned());
+        KeyedLayer::from_parts(
+            key,
+            LockPolicy::new(StatusCode::LOCKED),
+            Cow::Borrowed("The request has no path parameter to lock on."),
+        )
+        .misconfigured_by(mistake)
     }
 }
 
@@ -164,25 +122,14 @@ where
 
 impl<K: KeyExtractor> LockLayer<K> {
     /// Locks on the key that `extractor` finds. Defaults: in-process backend
-    /// ([`Locks::default`]), 423 on contention, key required, fail closed.
+    /// ([`Locks::default`]), 423 on contention, key required, fail closed, lease held until
+    /// the response body has ended.
     pub fn new(extractor: K) -> Self {
-        Self {
-            config: Config {
-                extractor: Arc::new(extractor),
-                locks: Locks::default(),
-                scope: None,
-                required: true,
-                missing_detail: Cow::Borrowed("The request carries no lock key."),
-                settings: Settings {
-                    taken_status: StatusCode::LOCKED,
-                    fail_open: false,
-                    renewal: Renewal::default(),
-                    on_loss: OnLockLoss::default(),
-                    fencing_header: None,
-                    max_wait: std::time::Duration::ZERO,
-                },
-            },
-        }
+        KeyedLayer::from_parts(
+            extractor,
+            LockPolicy::new(StatusCode::LOCKED),
+            Cow::Borrowed("The request carries no lock key."),
+        )
     }
 }
 
@@ -191,17 +138,7 @@ impl<K> LockLayer<K> {
     /// or [`Locks`]. Default: the process-wide in-process backend ([`Locks::default`]).
     #[must_use]
     pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
-        self.config.locks = locks.into();
-        self
-    }
-
-    /// A fixed scope instead of the extractor's: the key becomes `{scope}:{value}`. Layers
-    /// and [`Locked`](crate::Locked) extractors with the same scope and value share a lock.
-    /// Default: the header name, method and route for `by_header`; the route up to the
-    /// parameter for `by_path_param`; empty for `by_fn` and `new`.
-    #[must_use]
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = Some(Arc::from(scope.into()));
+        self.policy_mut().locks = locks.into();
         self
     }
 
@@ -209,25 +146,7 @@ impl<K> LockLayer<K> {
     /// `by_header` (a request with that key is in flight), 423 Locked otherwise.
     #[must_use]
     pub fn taken_status(mut self, status: StatusCode) -> Self {
-        self.config.settings.taken_status = status;
-        self
-    }
-
-    /// Lets requests without a key through, unlocked, instead of answering 400. An
-    /// invalid key is still a 400.
-    #[must_use]
-    pub fn optional(mut self) -> Self {
-        self.config.required = false;
-        self
-    }
-
-    /// When the backend has no quorum (Redis down), run the inner service without a lock
-    /// instead of answering 503. Default: fail closed (503), because a lock that is
-    /// silently skipped protects nothing. The handler can tell: there is no
-    /// [`Lease`](crate::Lease) in its request extensions.
-    #[must_use]
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.config.settings.fail_open = fail_open;
+        self.policy_mut().taken_status = status;
         self
     }
 
@@ -238,51 +157,61 @@ impl<K> LockLayer<K> {
     /// short. An acquisition attempt in flight at the deadline runs to its end, so the
     /// answer can come up to one node timeout after `max_wait`.
     #[must_use]
-    pub fn max_wait(mut self, max_wait: std::time::Duration) -> Self {
-        self.config.settings.max_wait = max_wait;
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.policy_mut().max_wait = max_wait;
         self
     }
 
-    /// How the lease is renewed while the inner service runs. Default: every TTL/3, for
-    /// at most 10 × TTL in all ([`Renewal::default`]); [`Renewal::disabled`] lets the
-    /// lease run out after one TTL.
+    /// How the lease is renewed while the request runs (its inner future and its response
+    /// body). Default: every TTL/3, for at most 10 × TTL in all ([`Renewal::default`]);
+    /// [`Renewal::disabled`] lets the lease run out after one TTL.
     #[must_use]
     pub fn renewal(mut self, renewal: Renewal) -> Self {
-        self.config.settings.renewal = renewal;
+        self.policy_mut().renewal = renewal;
         self
     }
 
-    /// What happens when the lease is lost while the inner service runs. Default
+    /// What happens when the lease is lost while the request runs. Default
     /// [`OnLockLoss::Abort`]: the inner future is dropped, never polled past the lease's
-    /// validity, and the client gets 503.
+    /// validity, and the client gets 503; once the response head is out, the body ends
+    /// with an error instead (the client sees a cut response).
     #[must_use]
     pub fn on_lock_loss(mut self, on_loss: OnLockLoss) -> Self {
-        self.config.settings.on_loss = on_loss;
+        self.policy_mut().on_loss = on_loss;
+        self
+    }
+
+    /// Whether the lease is released once the response head is ready instead of when the
+    /// response body has ended. Default `false`: the lease covers the whole response, so
+    /// a streamed body is produced under the lock, and it is released as the last frame is
+    /// handed on, before the client can see the end of the response (a client that sends
+    /// its next request after reading the response never meets its own lock). Set `true`
+    /// for long streams that must not hold a lock: the body then runs unlocked.
+    #[must_use]
+    pub fn release_at_head(mut self, release_at_head: bool) -> Self {
+        self.policy_mut().release_at_head = release_at_head;
         self
     }
 
     /// Sends the lease's fencing token to the inner service in this request header (for
     /// example `Fencing-Token`), so that it can pass the token on to storage that rejects
-    /// stale writers. Default: not sent (the token is always in the
-    /// [`Lease`](crate::Lease) in the request extensions, when the backend issues one:
-    /// see [`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens)).
+    /// stale writers. Default: not sent (the token is always in the lease, read with the
+    /// `Lease` extractor, when the backend issues one: see
+    /// [`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens)). A
+    /// client's own value of this header never reaches the inner service.
     ///
-    /// # Panics
-    ///
-    /// When `name` is not a valid header name.
+    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes the
+    /// layer answer 500 and log why once.
     #[must_use]
-    pub fn fencing_header(mut self, name: impl AsRef<str>) -> Self {
-        let header = HeaderName::try_from(name.as_ref())
-            .unwrap_or_else(|e| panic!("invalid header name {:?}: {e}", name.as_ref()));
-        self.config.settings.fencing_header = Some(header);
-        self
-    }
-}
-
-impl<S, K> Layer<S> for LockLayer<K> {
-    type Service = Lock<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Lock::new(inner, Arc::new(self.config.clone()))
+    pub fn fencing_header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: std::fmt::Display,
+    {
+        let (name, mistake) = header_name(name, "LockLayer::fencing_header");
+        if mistake.is_none() {
+            self.policy_mut().fencing_header = Some(name);
+        }
+        self.misconfigured_by(mistake)
     }
 }

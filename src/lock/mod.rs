@@ -1,16 +1,21 @@
-//! [`LockLayer`]: take a lock per request before the inner service runs.
+//! [`LockLayer`]: take a lock per request before the inner service runs, and hold it until
+//! the response is done.
 //!
-//! For each request the layer
+//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! [`LockPolicy`]):
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    and checks it ([`validate_value`](crate::key::validate_value));
-//! 2. acquires `{scope}:{value}` on its backend ([`Locks`](crate::Locks)), one attempt;
-//! 3. runs the inner service with a clone of the [`Lease`](crate::Lease) and a live
-//!    [`LeaseStatus`](crate::LeaseStatus) in the request extensions, renewing the lease
-//!    while it runs ([`LockLayer::renewal`]) and never polling it past the lease's
-//!    validity ([`LockLayer::on_lock_loss`]);
-//! 4. releases the lease when the inner future completes, before the response is returned,
-//!    or in the background when the future is dropped (the client went away); the TTL is
-//!    the backstop.
+//! 2. acquires `{scope}:{value}` on its backend ([`Locks`](crate::Locks)), one attempt
+//!    (or waits up to [`LockLayer::max_wait`]);
+//! 3. runs the inner service with the lease's live [`LeaseStatus`](crate::LeaseStatus) in
+//!    the request extensions (read it, or the [`Lease`](crate::Lease), with their
+//!    extractors), renewing the lease while it runs ([`LockLayer::renewal`]) and never
+//!    polling it past the lease's validity ([`LockLayer::on_lock_loss`]);
+//! 4. keeps the lease while the response body streams, and releases it as the last frame
+//!    is handed on, before the client can see the end of the response
+//!    ([`LockLayer::release_at_head`] releases once the response head is ready instead);
+//!    when the future or the body is dropped early (the client went away), it releases in
+//!    the background, and the TTL is the backstop.
 //!
 //! When the lock is not granted it answers itself, with `application/problem+json`
 //! (RFC 9457):
@@ -19,15 +24,31 @@
 //! | --- | --- |
 //! | the lock is held by another request | 409 for `by_header`, 423 otherwise ([`LockLayer::taken_status`]); `Retry-After` |
 //! | the key is missing (when required) or invalid | 400 |
-//! | the backend has no quorum | 503 with `Retry-After: 1` ([`LockLayer::fail_open`] lets it through instead) |
+//! | the server is misconfigured (a path parameter the route lacks, the layer outside the `Router`, a bad header name) | 500, the fix logged once |
+//! | the backend has no quorum | 503 with `Retry-After: 1` (see [Failing open](#failing-open)) |
 //! | the lease was lost while the inner service ran | 503 with `Retry-After: 1` ([`OnLockLoss::Continue`](crate::OnLockLoss) runs on instead) |
+//! | the lease was lost while the body streamed | the body ends with an error |
 //!
 //! The service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//!
+//! # Failing open
+//!
+//! [`LockLayer::fail_open`]`(true)` runs the inner service without a lock when the
+//! backend has no quorum (Redis down), instead of answering 503. The default is `false`,
+//! fail closed, because a lock that is silently skipped protects nothing. The handler can
+//! tell: it has no lease (take `Option<Lease>` or `Option<LeaseStatus>`).
 
-mod future;
 mod layer;
-mod service;
+mod policy;
+#[cfg(test)]
+mod tests;
 
-pub use future::ResponseFuture;
-pub use layer::LockLayer;
-pub use service::Lock;
+use crate::keyed;
+pub use layer::{Lock, LockLayer};
+pub use policy::LockPolicy;
+
+/// The response future of [`Lock`].
+pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, LockPolicy>;
+
+/// The response body of [`Lock`]: the inner body, holding the lease until it ends.
+pub type ResponseBody<B> = keyed::ResponseBody<B, LockPolicy>;

@@ -5,7 +5,11 @@ use std::net::{IpAddr, SocketAddr};
 use http::HeaderName;
 use http::request::Parts;
 
-use crate::key::{HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, validate_value};
+use std::borrow::Cow;
+
+use crate::key::{
+    HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, Misconfiguration, NoKey, validate_value,
+};
 
 /// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` in the request extensions
 /// (serve with `into_make_service_with_connect_info::<SocketAddr>()`), or else from a
@@ -20,9 +24,8 @@ use crate::key::{HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, validate_value}
 /// one for a single proxy that appends). An IPv6 client usually controls a whole /64, so
 /// a limit per address is easy to spread; group addresses in an `FnKey` if that matters.
 ///
-/// A request without a peer address has no key: the layer answers 400, or lets it
-/// through when [`optional`](super::RateLimitLayer::optional), and logs a warning,
-/// since it means the server was not set up to record peers.
+/// A request without a peer address means the server was not set up to record peers: the
+/// layer answers **500** and logs the fix once ([`NoKey::Misconfigured`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIpKey;
 
@@ -42,15 +45,12 @@ impl PeerIpKey {
 }
 
 impl KeyExtractor for PeerIpKey {
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
-        let ip = Self::peer_ip(parts);
-        if ip.is_none() {
-            tracing::warn!(
-                "no peer address in the request extensions: serve with \
-                 into_make_service_with_connect_info::<SocketAddr>() to rate limit by IP"
-            );
-        }
-        Ok(ip.map(|ip| ip.to_string()))
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        Ok(Self::peer_ip(parts).map(|ip| Cow::Owned(ip.to_string())))
+    }
+
+    fn no_key(&self, _parts: &mut Parts) -> NoKey {
+        no_peer_address()
     }
 
     fn write_scope(&self, _parts: &Parts, out: &mut String) {
@@ -64,8 +64,8 @@ impl KeyExtractor for PeerIpKey {
 pub struct GlobalKey;
 
 impl KeyExtractor for GlobalKey {
-    fn extract(&self, _parts: &mut Parts) -> Result<Option<String>, KeyError> {
-        Ok(Some("all".to_owned()))
+    fn extract<'a>(&self, _parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        Ok(Some(Cow::Borrowed("all")))
     }
 
     fn write_scope(&self, _parts: &Parts, out: &mut String) {
@@ -104,11 +104,20 @@ impl HeaderOrPeerIp {
     }
 }
 
+/// Without a peer address, the server was not set up to record peers.
+fn no_peer_address() -> NoKey {
+    NoKey::Misconfigured(Misconfiguration::new(
+        "no peer address in the request extensions: serve with \
+         into_make_service_with_connect_info::<SocketAddr>() (or put a SocketAddr in the \
+         extensions) to key on the peer IP",
+    ))
+}
+
 const ID_TAG: &str = "id:";
 const IP_TAG: &str = "ip:";
 
 impl KeyExtractor for HeaderOrPeerIp {
-    fn extract(&self, parts: &mut Parts) -> Result<Option<String>, KeyError> {
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
         if let Some(value) = self.header.extract(parts)? {
             validate_value(&value)?;
             let max = MAX_KEY_LEN - ID_TAG.len();
@@ -118,9 +127,13 @@ impl KeyExtractor for HeaderOrPeerIp {
                     max,
                 });
             }
-            return Ok(Some(format!("{ID_TAG}{value}")));
+            return Ok(Some(Cow::Owned(format!("{ID_TAG}{value}"))));
         }
-        Ok(PeerIpKey.extract(parts)?.map(|ip| format!("{IP_TAG}{ip}")))
+        Ok(PeerIpKey::peer_ip(parts).map(|ip| Cow::Owned(format!("{IP_TAG}{ip}"))))
+    }
+
+    fn no_key(&self, _parts: &mut Parts) -> NoKey {
+        no_peer_address()
     }
 
     fn write_scope(&self, _parts: &Parts, out: &mut String) {
@@ -218,10 +231,8 @@ mod tests {
             })
         );
         let longest = "a".repeat(MAX_KEY_LEN - 3);
-        let value = key
-            .extract(&mut parts(Some(&longest), None))
-            .unwrap()
-            .unwrap();
+        let mut longest_parts = parts(Some(&longest), None);
+        let value = key.extract(&mut longest_parts).unwrap().unwrap();
         assert!(validate_value(&value).is_ok());
     }
 

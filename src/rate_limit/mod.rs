@@ -1,7 +1,8 @@
 //! [`RateLimitLayer`]: a fixed-window rate limit per key, shared by every replica that
 //! uses the same Redis.
 //!
-//! For each request the layer
+//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! [`RateLimitPolicy`])
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
@@ -19,11 +20,23 @@
 //! | within the limit | the inner service's | `RateLimit-Policy`, `RateLimit` |
 //! | over the limit | 429 Too Many Requests (RFC 6585, section 4) | `Retry-After`, `RateLimit-Policy`, `RateLimit` |
 //! | key missing (when required) or invalid | 400 | |
+//! | the server is misconfigured (no peer address, a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
 //! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
 //! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
 //!
 //! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
 //! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//!
+//! # Failing open
+//!
+//! When the store cannot count (Redis down or slower than its timeout),
+//! [`RateLimitLayer::fail_open`]`(true)`, the default, runs the inner service uncounted
+//! (with `RateLimit-Policy` but no `RateLimit` header, and no [`Usage`] on the request);
+//! `false` answers **503 Service Unavailable** with `Retry-After: 1` and no internal
+//! details. Either way a warning is logged. A rate limit protects capacity; it does not
+//! make a request correct, as a lock does, and failing closed would turn an outage of the
+//! limit's Redis into an outage of every limited route. Choose `false` where the limit is
+//! a security control, such as login attempts or a paid quota.
 //!
 //! # Headers
 //!
@@ -73,17 +86,24 @@
 //! # Ok(()) }
 //! ```
 
-mod future;
 mod key;
 mod layer;
-mod service;
+mod policy;
+#[cfg(all(test, feature = "axum"))]
+mod tests;
 
 pub use crate::backend::rate_limit::quota::{Quota, QuotaError, Usage};
 pub use crate::backend::rate_limit::{
     DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, MemoryRateLimiter, RateLimitError, RateLimiter,
     RedisRateLimiter, RedisRateLimiterBuilder,
 };
-pub use future::ResponseFuture;
+use crate::keyed;
 pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
-pub use layer::RateLimitLayer;
-pub use service::RateLimit;
+pub use layer::{RateLimit, RateLimitLayer};
+pub use policy::RateLimitPolicy;
+
+/// The response future of [`RateLimit`].
+pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, RateLimitPolicy>;
+
+/// The response body of [`RateLimit`].
+pub type ResponseBody<B> = keyed::ResponseBody<B, RateLimitPolicy>;

@@ -1,8 +1,8 @@
-//! [`Locked<T>`]: an axum extractor that holds a lock on a value taken from the request.
-
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::extract::{FromRef, FromRequestParts, Path};
 use axum::response::{IntoResponse, Response};
@@ -15,12 +15,23 @@ use crate::error::LockError;
 use crate::key::validate_value;
 use crate::lease::Lease;
 use crate::problem::Problem;
+use crate::protect::{Lost, Protected, Watch};
 
 /// Turns an extracted value into a lock key.
 ///
 /// The key is `{SCOPE}:{lock_key()}`. The scope keeps different kinds of values apart
 /// (order 42 and user 42); a [`LockLayer`](crate::LockLayer) with
 /// [`.scope(SCOPE)`](crate::LockLayer::scope) locks the same keys.
+///
+/// `String` and the integer types implement it with the empty scope, so that
+/// `Locked<Path<u64>>` works as is; two routes that lock `Path<u64>` then share the locks
+/// of equal ids. Give each kind of resource a newtype with a scope of its own to keep them
+/// apart.
+///
+/// When a handler with `Locked<T>` does not compile (axum's error only says the function
+/// is not a `Handler`), `T` most likely lacks `LockKey` or `FromRequestParts`, or the
+/// state has no `Locks`: put `#[axum::debug_handler]` (axum feature `macros`) on the
+/// handler, and the compiler names the missing piece.
 ///
 /// ```
 /// use std::borrow::Cow;
@@ -53,6 +64,32 @@ impl<T: LockKey> LockKey for Path<T> {
         self.0.lock_key()
     }
 }
+
+impl LockKey for String {
+    const SCOPE: &'static str = "";
+
+    fn lock_key(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
+macro_rules! integer_lock_keys {
+    ($($int:ty),*) => {
+        $(
+            impl LockKey for $int {
+                const SCOPE: &'static str = "";
+
+                fn lock_key(&self) -> Cow<'_, str> {
+                    Cow::Owned(self.to_string())
+                }
+            }
+        )*
+    };
+}
+
+integer_lock_keys!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 /// An extractor that holds a lock on `T`'s key while the handler runs.
 ///
@@ -100,8 +137,7 @@ impl<T: LockKey> LockKey for Path<T> {
 /// ```
 pub struct Locked<T> {
     value: Option<T>,
-    lease: Lease,
-    status: Option<LeaseStatus>,
+    status: LeaseStatus,
     /// Set when this extractor took the lease itself and so must release it.
     owner: Option<Owned>,
 }
@@ -125,13 +161,13 @@ impl<T> Locked<T> {
     /// The lease held (key, token, fencing token), as acquired; its validity at
     /// acquisition. [`status`](Self::status) follows the renewals.
     pub fn lease(&self) -> &Lease {
-        &self.lease
+        self.status.lease()
     }
 
     /// The live status of the lease: the validity as renewals move it, and whether it was
-    /// lost. `None` only for a lease reused from a layer that put no status in the request.
-    pub fn status(&self) -> Option<&LeaseStatus> {
-        self.status.as_ref()
+    /// lost.
+    pub fn status(&self) -> &LeaseStatus {
+        &self.status
     }
 
     /// Runs `work`, never polling it once the lease is lost: the extractor renews the lease
@@ -142,19 +178,12 @@ impl<T> Locked<T> {
     ///
     /// [`LockError::Lost`] when the lease was lost (or released) before `work` completed.
     pub async fn protect<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
-        let Some(status) = self.status.clone() else {
-            return Ok(work.await);
-        };
-        let lost = status.lost();
-        let mut work = std::pin::pin!(work);
-        let mut lost = std::pin::pin!(lost);
-        std::future::poll_fn(|cx| {
-            if lost.as_mut().poll(cx).is_ready() || status.is_lost() {
-                return std::task::Poll::Ready(Err(LockError::Lost));
-            }
-            work.as_mut().poll(cx).map(Ok)
-        })
-        .await
+        let status = &self.status;
+        let lost = std::pin::pin!(status.lost());
+        let watch = StatusWatch { status, lost };
+        Protected::new(work, watch)
+            .await
+            .map_err(|Lost| LockError::Lost)
     }
 
     /// Releases the lock now and hands back the value. A lease reused from a
@@ -172,9 +201,29 @@ impl<T> Locked<T> {
             .take()
             .expect("value present until release or drop");
         if let Some(owned) = self.owner.take() {
-            owned.stop().unlock(self.lease.clone()).await?;
+            owned.stop().unlock(self.status.lease().clone()).await?;
         }
         Ok(value)
+    }
+}
+
+/// The loss of a lease renewed elsewhere (the extractor's renewer task), seen through its
+/// status: lost, or released.
+struct StatusWatch<'a, L> {
+    status: &'a LeaseStatus,
+    lost: Pin<&'a mut L>,
+}
+
+impl<L: Future<Output = ()>> Watch for StatusWatch<'_, L> {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        self.status.is_lost() || self.lost.as_mut().poll(cx).is_ready()
+    }
+
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.status.is_lost() {
+            return Poll::Ready(());
+        }
+        self.lost.as_mut().poll(cx)
     }
 }
 
@@ -191,7 +240,7 @@ impl<T> Deref for Locked<T> {
 impl<T> Drop for Locked<T> {
     fn drop(&mut self) {
         if let Some(owned) = self.owner.take() {
-            owned.stop().release_detached(self.lease.clone());
+            owned.stop().release_detached(self.status.lease().clone());
         }
     }
 }
@@ -200,7 +249,7 @@ impl<T: fmt::Debug> fmt::Debug for Locked<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locked")
             .field("value", &self.value)
-            .field("lease", &self.lease)
+            .field("lease", self.status.lease())
             .field("reused", &self.owner.is_none())
             .finish()
     }
@@ -225,12 +274,11 @@ where
         let resource = format!("{}:{}", T::SCOPE, key);
         drop(key);
         let locks = Locks::from_ref(state);
-        if let Some(lease) = parts.extensions.get::<Lease>() {
-            if locks.names(lease, &resource) {
+        if let Some(status) = parts.extensions.get::<LeaseStatus>() {
+            if locks.names(status.lease(), &resource) {
                 return Ok(Locked {
                     value: Some(value),
-                    lease: lease.clone(),
-                    status: parts.extensions.get::<LeaseStatus>().cloned(),
+                    status: status.clone(),
                     owner: None,
                 });
             }
@@ -244,8 +292,7 @@ where
                 });
                 Ok(Locked {
                     value: Some(value),
-                    lease,
-                    status: Some(status),
+                    status,
                     owner: Some(Owned {
                         locks,
                         renewer: Some(renewer),
@@ -276,7 +323,141 @@ impl<R: IntoResponse> IntoResponse for LockedRejection<R> {
     fn into_response(self) -> Response {
         match self {
             LockedRejection::Extract(r) => r.into_response(),
-            LockedRejection::Lock(p) => p.into_response(),
+            LockedRejection::Lock(p) => IntoResponse::into_response(p),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryLocks;
+
+    /// A job id read from the `job` header.
+    #[derive(Debug)]
+    struct Job(String);
+
+    impl<S: Send + Sync> FromRequestParts<S> for Job {
+        type Rejection = StatusCode;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+            let job = parts.headers.get("job").ok_or(StatusCode::BAD_REQUEST)?;
+            Ok(Job(job.to_str().unwrap().to_owned()))
+        }
+    }
+
+    impl LockKey for Job {
+        const SCOPE: &'static str = "job";
+        fn lock_key(&self) -> Cow<'_, str> {
+            Cow::Borrowed(&self.0)
+        }
+    }
+
+    fn parts(job: &str) -> Parts {
+        http::Request::builder()
+            .header("job", job)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    async fn lock(locks: &Locks, job: &str) -> Result<Locked<Job>, LockedRejection<StatusCode>> {
+        Locked::<Job>::from_request_parts(&mut parts(job), locks).await
+    }
+
+    fn memory(ttl: Duration) -> Locks {
+        Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
+    }
+
+    #[tokio::test]
+    async fn release_frees_the_key_and_hands_back_the_value() {
+        let locks = memory(Duration::from_secs(30));
+        let held = lock(&locks, "1").await.unwrap();
+        assert_eq!(held.lease().key(), "tower-redlock:job:1");
+        assert!(matches!(
+            lock(&locks, "1").await,
+            Err(LockedRejection::Lock(p)) if p.status() == StatusCode::LOCKED
+        ));
+        let status = held.status().clone();
+        let job = held.release().await.unwrap();
+        assert_eq!(job.0, "1");
+        // The holder is done: its status says so, and the key is free.
+        tokio::time::timeout(Duration::from_secs(5), status.lost())
+            .await
+            .unwrap();
+        assert!(!status.is_lost());
+        let again = lock(&locks, "1").await.unwrap();
+        drop(again);
+        // Dropping releases too.
+        lock(&locks, "1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn protect_runs_work_while_the_lease_holds() {
+        let locks = memory(Duration::from_secs(30));
+        let held = lock(&locks, "2").await.unwrap();
+        let out = held
+            .protect(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                7
+            })
+            .await;
+        assert_eq!(out.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn protect_stops_work_once_the_lease_is_lost() {
+        let ttl = Duration::from_millis(150);
+        let locks = memory(ttl);
+        let held = lock(&locks, "3").await.unwrap();
+        // Someone else takes the key behind the holder's back: its next renewal finds the
+        // token gone.
+        locks.unlock(held.lease().clone()).await.unwrap();
+        let _thief = locks.try_lock("job:3").await.unwrap();
+        let mut polled_after_loss = false;
+        let status = held.status().clone();
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            held.protect(async {
+                loop {
+                    polled_after_loss |= status.is_lost();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }),
+        )
+        .await
+        .expect("protect returns once the lease is lost");
+        assert!(matches!(result, Err(LockError::Lost)));
+        assert!(status.is_lost());
+        assert!(!polled_after_loss, "the work was polled after the loss");
+    }
+
+    #[tokio::test]
+    async fn a_lease_reused_from_a_layer_is_left_to_the_layer() {
+        let locks = memory(Duration::from_secs(30));
+        let layer_lease = locks.try_lock("job:4").await.unwrap();
+        let watchdog = Watchdog::new(locks.clone(), layer_lease.clone(), Renewal::default());
+        let mut parts = parts("4");
+        parts.extensions.insert(watchdog.status());
+        let reused = Locked::<Job>::from_request_parts(&mut parts, &locks)
+            .await
+            .unwrap();
+        assert_eq!(reused.lease(), &layer_lease);
+        reused.release().await.unwrap();
+        assert!(
+            locks.try_lock("job:4").await.is_err(),
+            "the layer's lease was released by the extractor"
+        );
+    }
+
+    #[test]
+    fn strings_and_integers_are_lock_keys() {
+        assert_eq!(String::from("a").lock_key(), "a");
+        assert_eq!(42u64.lock_key(), "42");
+        assert_eq!((-7i32).lock_key(), "-7");
+        assert_eq!(<u8 as LockKey>::SCOPE, "");
     }
 }

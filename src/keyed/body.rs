@@ -1,0 +1,302 @@
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use super::policy::{BoxError, BoxFuture, End, Permit, Policy, Release};
+use crate::protect::{Lost, poll_guarded};
+
+pin_project! {
+    /// The response body of [`Keyed`](super::Keyed): the inner service's body, or the
+    /// layer's own answer (a problem, `application/problem+json`).
+    ///
+    /// When the permit is held until the body ends (a lock lease, by default), the body
+    /// keeps it, as tower-http's `TimeoutBody` keeps its timer: the lease is renewed while
+    /// the body streams, never polled past its validity (a lease lost mid-body ends the
+    /// body with an error), and released as the last frame is handed on, before the
+    /// client can see the end of the response. A client that sends its next request once
+    /// it has read this response never finds its own lock still held. Dropping the body
+    /// early (the client went away) releases in the background.
+    pub struct ResponseBody<B, P>
+    where
+        P: Policy,
+    {
+        // What the response future already took from the body, handed on first.
+        first: Option<Item>,
+        #[pin]
+        kind: Kind<B, P::Permit>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B, H> {
+        Answer {
+            data: Option<Bytes>,
+        },
+        Plain {
+            #[pin]
+            body: B,
+        },
+        Held {
+            #[pin]
+            body: B,
+            state: Holding<H>,
+            // Bytes left to the end, when the body said how many it has.
+            remaining: Option<u64>,
+        },
+    }
+}
+
+enum Holding<H> {
+    /// The permit is held; `lost` once it was lost and the body streams on unprotected.
+    Streaming {
+        permit: H,
+        lost: bool,
+    },
+    /// The permit is being released; `item` is handed on once it is.
+    Releasing {
+        release: BoxFuture<()>,
+        item: Item,
+    },
+    Done,
+}
+
+/// What one poll of a body yields, kept small (it moves with the body): data, trailers
+/// (boxed: they are rare), an error, or the end.
+pub(crate) enum Item {
+    Data(Bytes),
+    Trailers(Box<HeaderMap>),
+    Error(BoxError),
+    End,
+}
+
+impl Item {
+    pub(crate) fn from_poll<E: Into<BoxError>>(polled: Option<Result<Frame<Bytes>, E>>) -> Self {
+        match polled {
+            None => Item::End,
+            Some(Err(e)) => Item::Error(e.into()),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => Item::Data(data),
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => Item::Trailers(Box::new(trailers)),
+                    // A kind of frame that http-body 1 does not have.
+                    Err(_) => Item::Data(Bytes::new()),
+                },
+            },
+        }
+    }
+
+    fn into_poll(self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        match self {
+            Item::Data(data) => Some(Ok(Frame::data(data))),
+            Item::Trailers(trailers) => Some(Ok(Frame::trailers(*trailers))),
+            Item::Error(e) => Some(Err(e)),
+            Item::End => None,
+        }
+    }
+
+    /// The data's length.
+    fn len(&self) -> u64 {
+        match self {
+            Item::Data(data) => data.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+impl<B, P: Policy> fmt::Debug for ResponseBody<B, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Answer { .. } => "Answer",
+            Kind::Plain { .. } => "Plain",
+            Kind::Held { .. } => "Held",
+        };
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .field("first", &self.first.is_some())
+            .finish()
+    }
+}
+
+impl<B, P: Policy> ResponseBody<B, P> {
+    pub(crate) fn answer(data: Bytes) -> Self {
+        Self {
+            first: None,
+            kind: Kind::Answer {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    /// The inner body, nothing held; `first` (taken from it already) is handed on first.
+    pub(crate) fn plain(body: B, first: Option<Item>) -> Self {
+        Self {
+            first,
+            kind: Kind::Plain { body },
+        }
+    }
+
+    /// The inner body, holding `permit` until it ends; `first` (taken from it already, not
+    /// its last frame) is handed on first.
+    pub(crate) fn held(body: B, permit: P::Permit, lost: bool, first: Option<Item>) -> Self
+    where
+        B: Body,
+    {
+        let remaining = body.size_hint().exact();
+        Self {
+            first,
+            kind: Kind::Held {
+                body,
+                state: Holding::Streaming { permit, lost },
+                remaining,
+            },
+        }
+    }
+}
+
+impl<B, P> Body for ResponseBody<B, P>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    P: Policy,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(first.into_poll());
+        }
+        match this.kind.project() {
+            KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
+            KindProj::Held {
+                body,
+                state,
+                remaining,
+            } => poll_held(body, state, remaining, cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.first {
+            Some(Item::End) => return true,
+            Some(_) => return false,
+            None => {}
+        }
+        match &self.kind {
+            Kind::Answer { data } => data.is_none(),
+            Kind::Plain { body } => body.is_end_stream(),
+            Kind::Held { state, .. } => matches!(state, Holding::Done),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = match &self.kind {
+            Kind::Answer { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Plain { body } => body.size_hint(),
+            Kind::Held { body, state, .. } => match state {
+                Holding::Streaming { .. } => body.size_hint(),
+                Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
+                Holding::Done => SizeHint::with_exact(0),
+            },
+        };
+        let Some(first) = self.first.as_ref().map(Item::len).filter(|len| *len > 0) else {
+            return inner;
+        };
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(first));
+        }
+        hint.set_lower(inner.lower().saturating_add(first));
+        hint
+    }
+}
+
+/// One step of a held body: the next frame under the permit, and the release before the
+/// last one is handed on.
+fn poll_held<B, H>(
+    mut body: Pin<&mut B>,
+    state: &mut Holding<H>,
+    remaining: &mut Option<u64>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    H: Permit,
+{
+    loop {
+        let (permit, lost) = match state {
+            Holding::Streaming { permit, lost } => (permit, lost),
+            Holding::Releasing { release, item } => {
+                ready!(release.as_mut().poll(cx));
+                let item = std::mem::replace(item, Item::End);
+                *state = Holding::Done;
+                return Poll::Ready(item.into_poll());
+            }
+            Holding::Done => return Poll::Ready(None),
+        };
+        let polled = if *lost {
+            ready!(body.as_mut().poll_frame(cx))
+        } else {
+            match ready!(poll_guarded(permit, cx, |cx| body.as_mut().poll_frame(cx))) {
+                Ok(polled) => polled,
+                Err(Lost) => {
+                    if permit.abort_on_loss() {
+                        let Holding::Streaming { permit, .. } =
+                            std::mem::replace(state, Holding::Done)
+                        else {
+                            unreachable!("matched as Streaming above")
+                        };
+                        return Poll::Ready(Some(Err(permit.lost_error())));
+                    }
+                    tracing::warn!("the permit was lost; the response body streams on unprotected");
+                    *lost = true;
+                    continue;
+                }
+            }
+        };
+        let end = match &polled {
+            None => End::Complete,
+            Some(Err(_)) => End::Failed,
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    permit.on_data(data);
+                    if let Some(left) = remaining.as_mut() {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                }
+                // The last frame: release before the client can see it.
+                if body.is_end_stream() || *remaining == Some(0) {
+                    End::Complete
+                } else {
+                    return Poll::Ready(polled.map(|r| r.map_err(Into::into)));
+                }
+            }
+        };
+        let Holding::Streaming { permit, .. } = std::mem::replace(state, Holding::Done) else {
+            unreachable!("matched as Streaming above")
+        };
+        match permit.release(end) {
+            Release::Done => return Poll::Ready(polled.map(|r| r.map_err(Into::into))),
+            Release::Pending(release) => {
+                *state = Holding::Releasing {
+                    release,
+                    item: Item::from_poll(polled),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,358 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::body::{Item, ResponseBody};
+use super::policy::{BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Verdict};
+use crate::protect::{Lost, poll_guarded};
+use http_body::Body;
+
+pin_project! {
+    /// The response future of [`Keyed`](super::Keyed): waits for the policy's decision
+    /// when the backend is remote, runs the inner service under the permit, and hands the
+    /// permit to the [`ResponseBody`] when it is held until the body ends.
+    ///
+    /// It holds the inner service and the request while the decision is pending, so that
+    /// the inner service is called only once the request is admitted; it knows nothing of
+    /// the layer's settings.
+    pub struct ResponseFuture<S, ReqB, P>
+    where
+        S: Service<Request<ReqB>>,
+        P: Policy,
+    {
+        #[pin]
+        state: State<S, ReqB, P::Permit>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqB, H>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        // Waiting for the backend's answer.
+        Deciding {
+            decision: BoxFuture<Verdict<H>>,
+            call: Option<(S, Request<ReqB>)>,
+            fail_open: bool,
+        },
+        // The inner service runs, under the permit if there is one; `lost` once the permit
+        // was lost and the work runs on (when the permit does not abort on loss).
+        Running {
+            #[pin]
+            future: S::Future,
+            permit: Option<H>,
+            lost: bool,
+        },
+        // The permit is released before the response is handed on; `first` is what was
+        // taken from its body already.
+        Releasing {
+            release: BoxFuture<()>,
+            output: Option<Result<S::Response, S::Error>>,
+            first: Option<Item>,
+        },
+        // The layer answers itself.
+        Answered {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, ReqB, P> fmt::Debug for ResponseFuture<S, ReqB, P>
+where
+    S: Service<Request<ReqB>>,
+    P: Policy,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Deciding { .. } => "Deciding",
+            State::Running { .. } => "Running",
+            State::Releasing { .. } => "Releasing",
+            State::Answered { .. } => "Answered",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, P> ResponseFuture<S, ReqB, P>
+where
+    S: Service<Request<ReqB>>,
+    P: Policy,
+{
+    pub(crate) fn answered(response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn unguarded(service: S, request: Request<ReqB>) -> Self {
+        Self {
+            state: run(service, request, None),
+        }
+    }
+
+    pub(crate) fn decided(
+        verdict: Verdict<P::Permit>,
+        fail_open: bool,
+        service: S,
+        request: Request<ReqB>,
+    ) -> Self {
+        Self {
+            state: State::from_verdict::<P>(verdict, fail_open, service, request),
+        }
+    }
+
+    pub(crate) fn deciding(
+        decision: BoxFuture<Verdict<P::Permit>>,
+        fail_open: bool,
+        service: S,
+        request: Request<ReqB>,
+    ) -> Self {
+        Self {
+            state: State::Deciding {
+                decision,
+                call: Some((service, request)),
+                fail_open,
+            },
+        }
+    }
+}
+
+fn run<S, ReqB, H>(mut service: S, request: Request<ReqB>, permit: Option<H>) -> State<S, ReqB, H>
+where
+    S: Service<Request<ReqB>>,
+{
+    State::Running {
+        future: service.call(request),
+        permit,
+        lost: false,
+    }
+}
+
+impl<S, ReqB, H> State<S, ReqB, H>
+where
+    S: Service<Request<ReqB>>,
+    H: Permit,
+{
+    fn from_verdict<P: Policy>(
+        verdict: Verdict<H>,
+        fail_open: bool,
+        service: S,
+        mut request: Request<ReqB>,
+    ) -> Self {
+        let permit = match verdict {
+            Verdict::Admit(permit) => Some(permit),
+            Verdict::Answer(response) => {
+                return State::Answered {
+                    response: Some(response),
+                };
+            }
+            Verdict::Unavailable { error, open, .. } if fail_open => {
+                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; running unguarded (fail open)");
+                open
+            }
+            Verdict::Unavailable { error, answer, .. } => {
+                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
+                return State::Answered {
+                    response: Some(answer),
+                };
+            }
+        };
+        if let Some(mut permit) = permit {
+            permit.admit(&mut request);
+            return run(service, request, Some(permit));
+        }
+        run(service, request, None)
+    }
+}
+
+impl<S, ReqB, P, ResB> Future for ResponseFuture<S, ReqB, P>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    P: Policy,
+    ResB: Body<Data = Bytes> + Unpin,
+    ResB::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<ResB, P>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Deciding {
+                    decision,
+                    call,
+                    fail_open,
+                } => {
+                    let verdict = ready!(decision.as_mut().poll(cx));
+                    let (service, request) = call.take().expect("Deciding is left once decided");
+                    let next = State::from_verdict::<P>(verdict, *fail_open, service, request);
+                    this.state.set(next);
+                }
+                StateProj::Running {
+                    future,
+                    permit,
+                    lost,
+                } => {
+                    let output = match permit.as_mut().filter(|_| !*lost) {
+                        // Never polled once the permit is lost (a lease past its validity).
+                        Some(guard) => match poll_guarded(guard, cx, |cx| future.poll(cx)) {
+                            Poll::Pending => return Poll::Pending,
+                            Poll::Ready(Ok(output)) => output,
+                            Poll::Ready(Err(Lost)) => {
+                                let held = permit.take().expect("a permit was polled");
+                                if held.abort_on_loss() {
+                                    // Dropping the inner future here; the permit releases
+                                    // whatever is left in the background.
+                                    let response = held.lost_response();
+                                    this.state.set(State::Answered {
+                                        response: Some(response),
+                                    });
+                                } else {
+                                    tracing::warn!(
+                                        "the permit was lost; the request runs on unprotected"
+                                    );
+                                    *permit = Some(held);
+                                    *lost = true;
+                                }
+                                continue;
+                            }
+                        },
+                        None => ready!(future.poll(cx)),
+                    };
+                    let Some(held) = permit.take() else {
+                        return Poll::Ready(
+                            output.map(|r| r.map(|b| ResponseBody::plain(b, None))),
+                        );
+                    };
+                    match finish(held, output, *lost, cx) {
+                        Finish::Ready(output) => return Poll::Ready(output),
+                        Finish::Lost(response) => this.state.set(State::Answered {
+                            response: Some(response),
+                        }),
+                        Finish::Releasing {
+                            release,
+                            output,
+                            first,
+                        } => this.state.set(State::Releasing {
+                            release,
+                            output: Some(output),
+                            first,
+                        }),
+                    }
+                }
+                StateProj::Releasing {
+                    release,
+                    output,
+                    first,
+                } => {
+                    ready!(release.as_mut().poll(cx));
+                    let output = output.take().expect("polled after completion");
+                    let first = first.take();
+                    return Poll::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first))));
+                }
+                StateProj::Answered { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::answer)));
+                }
+            }
+        }
+    }
+}
+
+/// What to do once the inner service has answered under a permit.
+enum Finish<B, P: Policy, E> {
+    /// Hand on this.
+    Ready(Result<Response<ResponseBody<B, P>>, E>),
+    /// The permit was lost before the response was handed on: this answer instead.
+    Lost(Response<Bytes>),
+    /// Release first, then hand on the response, with `first` before the rest of its body.
+    Releasing {
+        release: BoxFuture<()>,
+        output: Result<Response<B>, E>,
+        first: Option<Item>,
+    },
+}
+
+/// Lets the permit add its headers, and decides when it is released. A permit held until
+/// the body ends first takes one look at the body: most bodies are ready at once (a
+/// handler's bytes, JSON), and then the permit is released here, before the response head
+/// is handed on, so the head and the body leave together; a body that is not ready, or
+/// not over after its first frame, keeps the permit until it ends.
+fn finish<B, H, E, P>(
+    mut held: H,
+    output: Result<Response<B>, E>,
+    lost: bool,
+    cx: &mut Context<'_>,
+) -> Finish<B, P, E>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+    H: Permit,
+    P: Policy<Permit = H>,
+{
+    let (end, output, first) = match output {
+        Err(e) => (End::Failed, Err(e), None),
+        Ok(response) => {
+            let (mut head, mut body) = response.into_parts();
+            let hold = held.on_response(&mut head);
+            let ended = body.is_end_stream() || body.size_hint().exact() == Some(0);
+            if hold == Hold::Head || ended {
+                (End::Complete, Ok(Response::from_parts(head, body)), None)
+            } else {
+                let mut peek = |cx: &mut Context<'_>| Pin::new(&mut body).poll_frame(cx);
+                let polled = if lost {
+                    peek(cx).map(Ok)
+                } else {
+                    poll_guarded(&mut held, cx, peek)
+                };
+                let first = match polled {
+                    Poll::Pending => None,
+                    Poll::Ready(Err(Lost)) => {
+                        if held.abort_on_loss() {
+                            return Finish::Lost(held.lost_response());
+                        }
+                        // Streams on unprotected; the body says so.
+                        let body = ResponseBody::held(body, held, true, None);
+                        return Finish::Ready(Ok(Response::from_parts(head, body)));
+                    }
+                    Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
+                };
+                let (complete, end) = match &first {
+                    None => (false, End::Complete),
+                    Some(Item::End | Item::Trailers(_)) => (true, End::Complete),
+                    Some(Item::Error(_)) => (true, End::Failed),
+                    Some(Item::Data(data)) => {
+                        held.on_data(data);
+                        let over = body.is_end_stream() || body.size_hint().exact() == Some(0);
+                        (over, End::Complete)
+                    }
+                };
+                if !complete {
+                    let body = ResponseBody::held(body, held, lost, first);
+                    return Finish::Ready(Ok(Response::from_parts(head, body)));
+                }
+                (end, Ok(Response::from_parts(head, body)), first)
+            }
+        }
+    };
+    match held.release(end) {
+        Release::Done => Finish::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first)))),
+        Release::Pending(release) => Finish::Releasing {
+            release,
+            output,
+            first,
+        },
+    }
+}

@@ -1,0 +1,264 @@
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, Response, StatusCode};
+use tower_layer::Layer;
+
+use super::policy::{Decision, Policy};
+use super::service::Keyed;
+use crate::key::{
+    KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value, with_scratch,
+    write_key_head,
+};
+use crate::problem::Problem;
+
+/// The layer of a keyed middleware: where the key comes from and what to do without one
+/// (here), and what to do with it (the policy `P`). [`LockLayer`](crate::LockLayer) and
+/// [`RateLimitLayer`](crate::RateLimitLayer) are this type with their policies.
+///
+/// Cloning the layer shares its key extractor, its backend and its settings; the builder
+/// methods change a copy once the layer has been cloned.
+pub struct KeyedLayer<K, P> {
+    pub(crate) core: Arc<Core<K, P>>,
+}
+
+/// What the layer and its services share.
+pub(crate) struct Core<K, P> {
+    pub(crate) extractor: Arc<K>,
+    /// A fixed scope instead of the extractor's.
+    pub(crate) scope: Option<Arc<str>>,
+    pub(crate) required: bool,
+    /// Whether the inner service runs when the backend cannot decide.
+    pub(crate) fail_open: bool,
+    /// The 400 detail when a required key is missing.
+    pub(crate) missing: Cow<'static, str>,
+    /// A mistake found when the layer was built (a header name that is not one).
+    pub(crate) misconfigured: Option<Misconfiguration>,
+    /// Whether a misconfiguration was logged: once per layer.
+    reported: AtomicBool,
+    pub(crate) policy: P,
+}
+
+impl<K, P: Clone> Clone for Core<K, P> {
+    fn clone(&self) -> Self {
+        Self {
+            extractor: self.extractor.clone(),
+            scope: self.scope.clone(),
+            required: self.required,
+            fail_open: self.fail_open,
+            missing: self.missing.clone(),
+            misconfigured: self.misconfigured.clone(),
+            // A changed copy is another layer: it reports on its own.
+            reported: AtomicBool::new(false),
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+impl<K, P> Clone for KeyedLayer<K, P> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for KeyedLayer<K, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(P::LAYER)
+            .field("extractor", &self.extractor)
+            .field("scope", &self.scope)
+            .field("required", &self.required)
+            .field("fail_open", &self.fail_open)
+            .field("misconfigured", &self.misconfigured)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<K, P: Policy> KeyedLayer<K, P> {
+    /// A layer over `extractor` and `policy`: key required, the extractor's scope, the
+    /// policy's default on backend failures.
+    pub(crate) fn from_parts(extractor: K, policy: P, missing: Cow<'static, str>) -> Self {
+        Self {
+            core: Arc::new(Core {
+                extractor: Arc::new(extractor),
+                scope: None,
+                required: true,
+                fail_open: P::FAIL_OPEN,
+                missing,
+                misconfigured: None,
+                reported: AtomicBool::new(false),
+                policy,
+            }),
+        }
+    }
+}
+
+impl<K, P: Clone> KeyedLayer<K, P> {
+    /// The settings, to change: shared ones are copied first.
+    pub(crate) fn core_mut(&mut self) -> &mut Core<K, P> {
+        Arc::make_mut(&mut self.core)
+    }
+
+    /// The policy's settings, to change.
+    pub(crate) fn policy_mut(&mut self) -> &mut P {
+        &mut self.core_mut().policy
+    }
+
+    /// Records a mistake found while building, if any: every request is then answered
+    /// 500, and the mistake is logged once.
+    pub(crate) fn misconfigured_by(mut self, mistake: Option<String>) -> Self {
+        if let Some(message) = mistake {
+            self.core_mut().misconfigured = Some(Misconfiguration::new(message));
+        }
+        self
+    }
+
+    /// A fixed scope instead of the extractor's: the key becomes `{scope}:{value}`. Layers
+    /// of one kind (and, for locks, [`Locked`](crate::Locked) extractors) with the same
+    /// scope and value share a lock or a count. The scope is the server's: never build it
+    /// from the request.
+    #[must_use]
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.core_mut().scope = Some(Arc::from(scope.into()));
+        self
+    }
+
+    /// Whether requests without a key pass through, unguarded, instead of getting **400**.
+    /// Default `false`: the key is required. An invalid key is a 400 either way, and a
+    /// server misconfiguration a 500.
+    #[must_use]
+    pub fn optional(mut self, optional: bool) -> Self {
+        self.core_mut().required = !optional;
+        self
+    }
+
+    /// Whether the inner service runs when the backend cannot decide (Redis down, or
+    /// slower than its timeout): `true` runs it unguarded, `false` answers **503 Service
+    /// Unavailable** with `Retry-After: 1` and no internal details. Either way a warning
+    /// is logged. The default is the layer's: see
+    /// [`LockLayer::fail_open`](crate::lock#failing-open) (fail closed) and
+    /// [`RateLimitLayer`](crate::rate_limit#failing-open) (fail open).
+    #[must_use]
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.core_mut().fail_open = fail_open;
+        self
+    }
+}
+
+impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
+    type Service = Keyed<S, K, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Keyed::from_core(inner, self.core.clone())
+    }
+}
+
+/// A header name for a layer's builder `method`; when `name` is not one, a stand-in and the
+/// mistake, which makes the layer answer 500 (it never reads the stand-in).
+pub(crate) fn header_name<N>(name: N, method: &str) -> (HeaderName, Option<String>)
+where
+    N: TryInto<HeaderName>,
+    N::Error: fmt::Display,
+{
+    match name.try_into() {
+        Ok(name) => (name, None),
+        Err(e) => (
+            HeaderName::from_static("x-invalid-header-name"),
+            Some(format!(
+                "{method}: the name given is not a header name ({e})"
+            )),
+        ),
+    }
+}
+
+/// What the layer does with a request, before the inner service is called.
+pub(crate) enum Step<H> {
+    /// The policy's decision on the request's key.
+    Decided(Decision<H>),
+    /// No key, and none needed: the request runs unguarded.
+    Unkeyed,
+    /// The layer answers itself (400, 500).
+    Answer(Response<Bytes>),
+}
+
+impl<K: KeyExtractor, P: Policy> Core<K, P> {
+    /// Reads and checks the request's key and asks the policy about it. The whole key,
+    /// `{prefix}{scope}:{value}`, is written in a scratch buffer, with the value copied
+    /// there straight from the request; the policy copies the key only if it keeps it.
+    pub(crate) fn step(&self, parts: &mut Parts) -> Step<P::Permit> {
+        if let Some(mistake) = &self.misconfigured {
+            return Step::Answer(self.misconfiguration(mistake));
+        }
+        let read = with_scratch(|key| {
+            write_key_head(
+                key,
+                self.policy.prefix(),
+                self.scope.as_deref(),
+                &*self.extractor,
+                parts,
+            );
+            let value = match self.extractor.extract(parts) {
+                Ok(Some(value)) => value,
+                Ok(None) => return Err(None),
+                Err(e) => return Err(Some(e)),
+            };
+            validate_value(&value).map_err(Some)?;
+            push_escaped(key, &value);
+            drop(value);
+            Ok(self.policy.decide(key, parts))
+        });
+        let error = match read {
+            Ok(decision) => return Step::Decided(decision),
+            Err(Some(error)) => error,
+            Err(None) => {
+                return match self.extractor.no_key(parts) {
+                    NoKey::Misconfigured(mistake) => Step::Answer(self.misconfiguration(&mistake)),
+                    NoKey::Missing if self.required => Step::Answer(
+                        Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
+                    ),
+                    _ => Step::Unkeyed,
+                };
+            }
+        };
+        Step::Answer(invalid_key::<P>(&error))
+    }
+
+    /// 500, and the mistake in the log the first time.
+    fn misconfiguration(&self, mistake: &Misconfiguration) -> Response<Bytes> {
+        if !self.reported.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                layer = P::LAYER,
+                "{mistake}; every request through this layer is answered 500 until it is fixed"
+            );
+        }
+        Problem::misconfigured().into()
+    }
+}
+
+/// 400 for a key that cannot be used.
+fn invalid_key<P: Policy>(error: &KeyError) -> Response<Bytes> {
+    let detail = match error {
+        KeyError::Empty => format!("The {} is empty.", P::KEY_NOUN),
+        KeyError::TooLong { len, max } => {
+            format!(
+                "The {} is {len} bytes long; at most {max} are accepted.",
+                P::KEY_NOUN
+            )
+        }
+        KeyError::ControlCharacter => format!("The {} contains a control character.", P::KEY_NOUN),
+        other => format!("Invalid {}: {other}.", P::KEY_NOUN),
+    };
+    Problem::new(StatusCode::BAD_REQUEST, detail).into()
+}

@@ -1,0 +1,33 @@
+//! The core every keyed middleware shares: [`LockLayer`](crate::LockLayer),
+//! [`RateLimitLayer`](crate::RateLimitLayer), and the ones to come, are a [`KeyedLayer`]
+//! with a policy of their own.
+//!
+//! One request through a keyed layer:
+//!
+//! 1. [`Keyed::call`](tower_service::Service::call) takes the key value from the request
+//!    with the layer's [`KeyExtractor`](crate::key::KeyExtractor) and checks it: **400**
+//!    when required and missing, or invalid; **500** when the server is misconfigured
+//!    (logged once per layer); through unguarded when the key is optional and absent.
+//! 2. It writes the whole key, `{prefix}{scope}:{value}`, in a scratch buffer and asks the
+//!    layer's policy for a decision: admit with a permit, answer (a problem), or run
+//!    unguarded (the backend is down and the layer fails open). An in-process backend
+//!    answers at once; a Redis one through a future that the [`ResponseFuture`] awaits.
+//! 3. It calls the inner service it drove to readiness (clone and swap), with what the
+//!    permit puts on the request (a lease status, a usage count).
+//! 4. The [`ResponseFuture`] runs the inner future under the permit (never polled past a
+//!    lease's validity), lets the permit add its headers, and either releases it or hands
+//!    it to the [`ResponseBody`], which releases it as the body ends.
+
+mod body;
+mod future;
+pub(crate) mod layer;
+pub(crate) mod policy;
+mod service;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::KeyedLayer;
+pub use policy::Policy;
+pub use service::Keyed;
+#[cfg(test)]
+mod tests;

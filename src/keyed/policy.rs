@@ -1,0 +1,153 @@
+//! What sets one keyed middleware apart from another: its [`Policy`], which decides for a
+//! key, and the [`Permit`] an admitted request holds until its response is done.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, response};
+
+use crate::protect::Watch;
+
+/// A boxed future, for decisions and releases that wait on a backend.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A boxed error, as response bodies report them.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+pub(crate) use sealed::Sealed;
+
+/// What a keyed middleware does with a request's key. Implemented by the policies of this
+/// crate's layers ([`LockPolicy`](crate::lock::LockPolicy),
+/// [`RateLimitPolicy`](crate::rate_limit::RateLimitPolicy)); sealed.
+pub trait Policy: Sealed + Send + Sync + 'static {
+    /// What an admitted request holds until its response is done.
+    #[doc(hidden)]
+    type Permit: Permit;
+
+    /// The layer's name, for `Debug` and logs: `"LockLayer"`.
+    #[doc(hidden)]
+    const LAYER: &'static str;
+
+    /// What the key is called in answers: `"lock key"`.
+    #[doc(hidden)]
+    const KEY_NOUN: &'static str;
+
+    /// Whether the layer runs the inner service when its backend cannot decide, by
+    /// default.
+    #[doc(hidden)]
+    const FAIL_OPEN: bool;
+
+    /// The prefix before `{scope}:{value}` (the backend's own, for lock keys).
+    #[doc(hidden)]
+    fn prefix(&self) -> &str;
+
+    /// Runs first, before the key is read: the lock layer takes a client's own fencing
+    /// header off the request here.
+    #[doc(hidden)]
+    fn prepare(&self, parts: &mut Parts) {
+        let _ = parts;
+    }
+
+    /// The decision for `key` (prefix, scope and value, escaped), at once when the backend
+    /// can answer without waiting, else as a future.
+    #[doc(hidden)]
+    fn decide(&self, key: &str, parts: &Parts) -> Decision<Self::Permit>;
+}
+
+/// A decision, ready or on its way.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub enum Decision<P> {
+    /// The backend answered without waiting (in-process): no task, no boxed future.
+    Ready(Verdict<P>),
+    /// The backend is asked over the network.
+    Pending(BoxFuture<Verdict<P>>),
+}
+
+/// What a policy decided for one request.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub enum Verdict<P> {
+    /// Run the inner service holding the permit until the response is done.
+    Admit(P),
+    /// Answer without running the inner service (a problem, a stored response).
+    Answer(Response<Bytes>),
+    /// The backend could not decide (down, or too slow). Failing closed, the layer sends
+    /// `answer`; failing open, it runs the inner service with `open` (a permit that guards
+    /// nothing but still adds its headers) or with none. Either way it logs `error`.
+    Unavailable {
+        /// What went wrong, for the log.
+        error: BoxError,
+        /// The answer when failing closed (503).
+        answer: Response<Bytes>,
+        /// The permit to run with when failing open.
+        open: Option<P>,
+    },
+}
+
+/// How long a permit is kept once the inner service has answered.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Until the response body has ended (the lease covers the whole response).
+    BodyEnd,
+    /// Released before the response head is returned.
+    Head,
+}
+
+/// How the guarded response ended.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The inner service answered and its body ended normally.
+    Complete,
+    /// The inner service failed, or its body did.
+    Failed,
+}
+
+/// A release, done or on its way.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub enum Release {
+    /// Nothing left to wait for.
+    Done,
+    /// Wait for this before the response (or its end) is handed on.
+    Pending(BoxFuture<()>),
+}
+
+/// What an admitted request holds. The [`Watch`] side says when its guarantee is lost
+/// (a lease's validity); a permit that cannot be lost keeps the defaults. Dropping a
+/// permit without [`release`](Permit::release) must release it in the background.
+#[doc(hidden)]
+pub trait Permit: Watch + Send + 'static {
+    /// Puts what the inner service may read on its request (extensions, headers).
+    fn admit<B>(&mut self, request: &mut Request<B>);
+
+    /// Whether a loss stops the work (`true`), or lets it run on unprotected.
+    fn abort_on_loss(&self) -> bool {
+        true
+    }
+
+    /// The answer when the permit was lost while the inner service ran and
+    /// [`abort_on_loss`](Self::abort_on_loss).
+    fn lost_response(self) -> Response<Bytes>;
+
+    /// The error that ends a response body whose permit was lost mid-body.
+    fn lost_error(self) -> BoxError;
+
+    /// The inner service answered: add headers to `head`, and say how long to hold.
+    fn on_response(&mut self, head: &mut response::Parts) -> Hold;
+
+    /// A data frame of a held body passes on to the client.
+    fn on_data(&mut self, data: &Bytes) {
+        let _ = data;
+    }
+
+    /// Releases what the permit holds.
+    fn release(self, end: End) -> Release;
+}

@@ -1,0 +1,106 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::future::ResponseFuture;
+use super::layer::{Core, KeyedLayer, Step};
+use super::policy::{Decision, Policy};
+use crate::key::KeyExtractor;
+
+/// The service of a keyed middleware: reads the request's key, asks the policy, and calls
+/// the inner service `S` (or answers itself). [`Lock`](crate::lock::Lock) and
+/// [`RateLimit`](crate::rate_limit::RateLimit) are this type with their policies.
+pub struct Keyed<S, K, P> {
+    inner: S,
+    core: Arc<Core<K, P>>,
+}
+
+impl<S, K, P> Keyed<S, K, P> {
+    /// Wraps `inner` in the middleware that `layer` describes; the same as
+    /// `layer.layer(inner)`.
+    pub fn new(inner: S, layer: KeyedLayer<K, P>) -> Self {
+        Self::from_core(inner, layer.core)
+    }
+
+    pub(crate) fn from_core(inner: S, core: Arc<Core<K, P>>) -> Self {
+        Self { inner, core }
+    }
+
+    /// Gets a reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Gets a mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K, P> Clone for Keyed<S, K, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Keyed<S, K, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("inner", &self.inner)
+            .field("layer", &self.core)
+            .finish()
+    }
+}
+
+impl<S, K, P, ReqB, ResB> Service<Request<ReqB>> for Keyed<S, K, P>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    K: KeyExtractor,
+    P: Policy,
+    ResB: http_body::Body<Data = bytes::Bytes> + Unpin,
+    ResB::Error: Into<super::policy::BoxError>,
+{
+    type Response = Response<ResponseBody<ResB, P>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqB, P>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let core = &*self.core;
+        let (mut parts, body) = req.into_parts();
+        core.policy.prepare(&mut parts);
+        let step = match core.step(&mut parts) {
+            Step::Answer(response) => return ResponseFuture::answered(response),
+            step => step,
+        };
+        let req = Request::from_parts(parts, body);
+        // The service that was driven to readiness is the one called.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        match step {
+            Step::Answer(response) => ResponseFuture::answered(response),
+            Step::Unkeyed => ResponseFuture::unguarded(inner, req),
+            Step::Decided(Decision::Ready(verdict)) => {
+                ResponseFuture::decided(verdict, core.fail_open, inner, req)
+            }
+            Step::Decided(Decision::Pending(decision)) => {
+                ResponseFuture::deciding(decision, core.fail_open, inner, req)
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! What [`LockLayer`](super::LockLayer) does with a key: take a lease, hold it while the
+//! request runs (renewed, never past its validity), release it when the response is done.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
+
+use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::watchdog::{OnLockLoss, Renewal, Watchdog};
+use crate::error::LockError;
+use crate::keyed::policy::{
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+};
+use crate::lease::Lease;
+use crate::problem::Problem;
+use crate::protect::Watch;
+
+/// The policy of [`LockLayer`](super::LockLayer): its backend and how it holds a lease.
+/// Set through the layer's builder methods.
+#[derive(Clone)]
+pub struct LockPolicy {
+    pub(crate) locks: Locks,
+    pub(crate) taken_status: StatusCode,
+    pub(crate) renewal: Renewal,
+    pub(crate) on_loss: OnLockLoss,
+    pub(crate) fencing_header: Option<HeaderName>,
+    pub(crate) max_wait: Duration,
+    pub(crate) release_at_head: bool,
+}
+
+impl fmt::Debug for LockPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockPolicy")
+            .field("locks", &self.locks)
+            .field("taken_status", &self.taken_status)
+            .field("renewal", &self.renewal)
+            .field("on_loss", &self.on_loss)
+            .field("fencing_header", &self.fencing_header)
+            .field("max_wait", &self.max_wait)
+            .field("release_at_head", &self.release_at_head)
+            .finish()
+    }
+}
+
+impl LockPolicy {
+    /// The defaults: the process-wide in-process backend, 423 on contention, fail closed.
+    pub(crate) fn new(taken_status: StatusCode) -> Self {
+        Self {
+            locks: Locks::default(),
+            taken_status,
+            renewal: Renewal::default(),
+            on_loss: OnLockLoss::default(),
+            fencing_header: None,
+            max_wait: Duration::ZERO,
+            release_at_head: false,
+        }
+    }
+
+    fn verdict(&self, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
+        match acquired {
+            Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
+            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
+                Verdict::Unavailable {
+                    answer: Problem::from_lock_error(&e, self.taken_status).into(),
+                    error: Box::new(e),
+                    open: None,
+                }
+            }
+            Err(e) => {
+                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
+                    tracing::warn!(error = %e, "lock backend unavailable; answering 503");
+                }
+                Verdict::Answer(Problem::from_lock_error(&e, self.taken_status).into())
+            }
+        }
+    }
+}
+
+impl Sealed for LockPolicy {}
+
+impl Policy for LockPolicy {
+    type Permit = LockPermit;
+    const LAYER: &'static str = "LockLayer";
+    const KEY_NOUN: &'static str = "lock key";
+    const FAIL_OPEN: bool = false;
+
+    fn prefix(&self) -> &str {
+        self.locks.prefix()
+    }
+
+    fn prepare(&self, parts: &mut Parts) {
+        if let Some(name) = &self.fencing_header {
+            // Only the layer sets this header: a client's own value must never reach the
+            // inner service, whatever happens next (no key, fail open, no token).
+            parts.headers.remove(name);
+        }
+    }
+
+    fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
+        let key = Arc::<str>::from(key);
+        if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
+            return Decision::Ready(self.verdict(memory.acquire(key)));
+        }
+        let policy = self.clone();
+        Decision::Pending(Box::pin(async move {
+            let acquired = policy.locks.lock_key_within(key, policy.max_wait).await;
+            policy.verdict(acquired)
+        }))
+    }
+}
+
+/// A held lease: released when the response is done, renewed until then; released in
+/// the background if dropped still held (the response future or body was dropped).
+#[doc(hidden)]
+pub struct LockPermit {
+    /// The lease, its backend and its renewals.
+    watchdog: Watchdog,
+    /// Still to be released.
+    armed: bool,
+    abort: bool,
+    release_at_head: bool,
+    fencing_header: Option<HeaderName>,
+}
+
+impl fmt::Debug for LockPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockPermit")
+            .field("watchdog", &self.watchdog)
+            .field("armed", &self.armed)
+            .field("abort", &self.abort)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockPermit {
+    fn new(policy: &LockPolicy, lease: Lease) -> Self {
+        Self {
+            watchdog: Watchdog::new(policy.locks.clone(), lease, policy.renewal),
+            armed: true,
+            abort: policy.on_loss == OnLockLoss::Abort,
+            release_at_head: policy.release_at_head,
+            fencing_header: policy.fencing_header.clone(),
+        }
+    }
+
+    /// Disarms the permit and hands back what to release; dropping the permit then
+    /// stops the renewals and tells the status the holder is done.
+    fn disarm(mut self) -> (Locks, Lease) {
+        self.armed = false;
+        (self.watchdog.locks().clone(), self.watchdog.lease().clone())
+    }
+}
+
+impl Drop for LockPermit {
+    fn drop(&mut self) {
+        if self.armed {
+            let lease = self.watchdog.lease().clone();
+            self.watchdog.locks().release_detached(lease);
+        }
+    }
+}
+
+impl Watch for LockPermit {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        self.watchdog.lost_before_poll(cx)
+    }
+
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Watch::poll_lost(&mut self.watchdog, cx)
+    }
+}
+
+impl Permit for LockPermit {
+    fn admit<B>(&mut self, request: &mut Request<B>) {
+        let status = self.watchdog.status();
+        if let (Some(name), Some(token)) = (&self.fencing_header, status.lease().fencing_token()) {
+            request
+                .headers_mut()
+                .insert(name.clone(), HeaderValue::from(token));
+        }
+        // One extension: the `Lease` extractor reads the lease from the status.
+        request.extensions_mut().insert(status);
+    }
+
+    fn abort_on_loss(&self) -> bool {
+        self.abort
+    }
+
+    fn lost_response(self) -> Response<Bytes> {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The lock was lost while the request ran, so its work was stopped; retry the request.",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into()
+    }
+
+    fn lost_error(self) -> BoxError {
+        Box::new(LockError::Lost)
+    }
+
+    fn on_response(&mut self, _head: &mut response::Parts) -> Hold {
+        if self.release_at_head {
+            Hold::Head
+        } else {
+            Hold::BodyEnd
+        }
+    }
+
+    fn release(self, _end: End) -> Release {
+        // Dropped here: the renewals stop, and the status says the holder is done.
+        let (locks, lease) = self.disarm();
+        if let Some(memory) = locks.as_memory() {
+            let _ = memory.unlock(lease);
+            return Release::Done;
+        }
+        // Released in place; should the future be dropped meanwhile, the guard (still
+        // armed) releases in the background.
+        let mut guard = LeaseGuard::new(locks, lease);
+        Release::Pending(Box::pin(async move {
+            if let Some((locks, lease)) = guard.cloned() {
+                if let Err(e) = locks.unlock(lease).await {
+                    tracing::debug!(error = %e, "lease release");
+                }
+            }
+            guard.disarm();
+        }))
+    }
+}

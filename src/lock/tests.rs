@@ -1,0 +1,215 @@
+//! LockLayer on the in-process backend, as a tower service.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::sync::{Notify, Semaphore};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+use crate::{Lease, LeaseStatus, LockLayer, Locks, MemoryLocks};
+
+/// A handler that holds its request until `release` is notified, telling `entered`.
+#[derive(Clone)]
+struct Gate {
+    entered: Arc<Semaphore>,
+    release: Arc<Notify>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            entered: Arc::new(Semaphore::new(0)),
+            release: Arc::new(Notify::new()),
+        }
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<
+        Request<()>,
+        Response = Response<Full<Bytes>>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static {
+        let gate = self.clone();
+        service_fn(move |req: Request<()>| {
+            let gate = gate.clone();
+            async move {
+                let lease = req
+                    .extensions()
+                    .get::<LeaseStatus>()
+                    .map(|s| s.lease().key().to_owned());
+                gate.entered.add_permits(1);
+                gate.release.notified().await;
+                Ok(Response::new(Full::new(Bytes::from(
+                    lease.unwrap_or_default(),
+                ))))
+            }
+        })
+    }
+
+    async fn wait_entered(&self) {
+        let entered = tokio::time::timeout(Duration::from_secs(5), self.entered.acquire())
+            .await
+            .expect("the handler was entered");
+        entered.unwrap().forget();
+    }
+}
+
+fn keyed(key: &str) -> Request<()> {
+    Request::builder().header("job", key).body(()).unwrap()
+}
+
+/// Reads the key from the `job` header.
+type JobFn = fn(&http::request::Parts) -> Option<String>;
+
+fn by_job() -> LockLayer<crate::key::FnKey<JobFn>> {
+    fn job(parts: &http::request::Parts) -> Option<String> {
+        parts.headers.get("job")?.to_str().ok().map(str::to_owned)
+    }
+    LockLayer::by_fn(job as JobFn)
+}
+
+#[tokio::test]
+async fn taken_status_is_what_contention_answers() {
+    let locks = Locks::from(MemoryLocks::new());
+    let gate = Gate::new();
+    let layer = by_job()
+        .backend(locks)
+        .taken_status(StatusCode::TOO_MANY_REQUESTS);
+    let svc = layer.layer(gate.service());
+    let first = tokio::spawn(svc.clone().oneshot(keyed("a")));
+    gate.wait_entered().await;
+    let second = svc.clone().oneshot(keyed("a")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.headers().contains_key(http::header::RETRY_AFTER));
+    gate.release.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn max_wait_waits_for_the_holder_on_the_in_process_backend() {
+    let locks = Locks::from(MemoryLocks::new());
+    let gate = Gate::new();
+    let waiting = by_job()
+        .backend(locks.clone())
+        .max_wait(Duration::from_secs(5))
+        .layer(gate.service());
+    let holder = tokio::spawn(waiting.clone().oneshot(keyed("w")));
+    gate.wait_entered().await;
+    let waiter = tokio::spawn(waiting.clone().oneshot(keyed("w")));
+    // The waiter is not let in while the holder runs.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), gate.wait_entered())
+            .await
+            .is_err()
+    );
+    let released = Instant::now();
+    gate.release.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+    gate.wait_entered().await;
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "woken by the release, not by a timer"
+    );
+    gate.release.notify_one();
+    assert_eq!(waiter.await.unwrap().unwrap().status(), StatusCode::OK);
+
+    // A wait that runs out answers as contention does.
+    let short = by_job()
+        .backend(locks)
+        .max_wait(Duration::from_millis(50))
+        .layer(gate.service());
+    let holder = tokio::spawn(short.clone().oneshot(keyed("s")));
+    gate.wait_entered().await;
+    let start = Instant::now();
+    let late = short.clone().oneshot(keyed("s")).await.unwrap();
+    assert_eq!(late.status(), StatusCode::LOCKED);
+    assert!(start.elapsed() >= Duration::from_millis(50));
+    gate.release.notify_one();
+    holder.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_header_name_is_a_500_not_a_panic() {
+    for layer in [
+        LockLayer::by_header("Idempotency Key"),
+        LockLayer::by_header("Idempotency-Key").fencing_header("Fencing Token"),
+    ] {
+        let response = layer
+            .layer(Gate::new().service())
+            .oneshot(
+                Request::builder()
+                    .header("idempotency-key", "k")
+                    .body(())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["status"], 500);
+        assert!(!body.to_string().contains("Fencing Token"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn header_names_are_case_insensitive_and_may_be_typed() {
+    let locks = Locks::from(MemoryLocks::new());
+    for layer in [
+        LockLayer::by_header("IDEMPOTENCY-KEY"),
+        LockLayer::by_header(http::HeaderName::from_static("idempotency-key")),
+    ] {
+        let response = layer
+            .backend(locks.clone())
+            .layer(service_fn(|req: Request<()>| async move {
+                let key = req
+                    .extensions()
+                    .get::<LeaseStatus>()
+                    .unwrap()
+                    .lease()
+                    .key()
+                    .to_owned();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(key))))
+            }))
+            .oneshot(
+                Request::builder()
+                    .header("Idempotency-Key", "k")
+                    .body(())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "tower-redlock:idempotency-key GET:k");
+    }
+}
+
+#[tokio::test]
+async fn the_handler_gets_one_status_that_carries_the_lease() {
+    let locks = Locks::from(MemoryLocks::new());
+    let response = by_job()
+        .backend(locks)
+        .layer(service_fn(|req: Request<()>| async move {
+            let status = req.extensions().get::<LeaseStatus>().cloned().unwrap();
+            assert!(
+                req.extensions().get::<Lease>().is_none(),
+                "one extension only"
+            );
+            assert!(!status.is_lost());
+            assert_eq!(status.lease().key(), "tower-redlock::j");
+            assert!(status.lease().fencing_token().is_some());
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }))
+        .oneshot(keyed("j"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}

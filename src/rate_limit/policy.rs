@@ -1,0 +1,343 @@
+//! What [`RateLimitLayer`](super::RateLimitLayer) does with a key: count it, answer 429
+//! over the limit, and tell the client where it stands in the `RateLimit` headers.
+
+use std::fmt;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, StatusCode, response};
+
+use crate::backend::rate_limit::quota::{Quota, Usage};
+use crate::backend::rate_limit::{RateLimitError, RateLimiter};
+use crate::keyed::policy::{
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+};
+use crate::problem::{Problem, retry_after_secs};
+use crate::protect::Watch;
+
+/// `RateLimit-Policy` (IETF draft "RateLimit header fields for HTTP").
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft "RateLimit header fields for HTTP").
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The policy of [`RateLimitLayer`](super::RateLimitLayer): its store, its quota and its
+/// headers. Set through the layer's builder methods.
+#[derive(Clone)]
+pub struct RateLimitPolicy {
+    pub(crate) limiter: RateLimiter,
+    pub(crate) headers: Arc<Headers>,
+}
+
+impl fmt::Debug for RateLimitPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitPolicy")
+            .field("limiter", &self.limiter)
+            .field("quota", &self.headers.quota)
+            .field("legacy_headers", &self.headers.legacy)
+            .field("policy", &self.headers.policy_value)
+            .finish()
+    }
+}
+
+impl RateLimitPolicy {
+    /// The defaults: the process-wide in-process store, fail open, policy name
+    /// `"default"`, no legacy headers.
+    pub(crate) fn new(quota: Quota) -> Self {
+        Self {
+            limiter: RateLimiter::default(),
+            headers: Arc::new(Headers::new(quota, "default", false)),
+        }
+    }
+
+    pub(crate) fn quota(&self) -> Quota {
+        self.headers.quota
+    }
+
+    fn verdict(&self, counted: Result<Usage, RateLimitError>) -> Verdict<RatePermit> {
+        let usage = match counted {
+            Ok(usage) if usage.is_exceeded() => {
+                return Verdict::Answer(self.headers.too_many(&usage));
+            }
+            Ok(usage) => Some(usage),
+            Err(RateLimitError::InvalidKey(e)) => {
+                return Verdict::Answer(
+                    Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("Invalid rate limit key: {e}."),
+                    )
+                    .into(),
+                );
+            }
+            Err(e) => {
+                // Failing open, the request runs uncounted, with the policy header.
+                return Verdict::Unavailable {
+                    error: Box::new(e),
+                    answer: self.headers.unavailable(),
+                    open: Some(RatePermit {
+                        headers: self.headers.clone(),
+                        usage: None,
+                    }),
+                };
+            }
+        };
+        Verdict::Admit(RatePermit {
+            headers: self.headers.clone(),
+            usage,
+        })
+    }
+}
+
+impl Sealed for RateLimitPolicy {}
+
+impl Policy for RateLimitPolicy {
+    type Permit = RatePermit;
+    const LAYER: &'static str = "RateLimitLayer";
+    const KEY_NOUN: &'static str = "rate limit key";
+    const FAIL_OPEN: bool = true;
+
+    fn prefix(&self) -> &str {
+        // The store puts its own prefix before the key.
+        ""
+    }
+
+    fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {
+        let quota = self.headers.quota;
+        if let Some(memory) = self.limiter.as_memory() {
+            return Decision::Ready(self.verdict(memory.hit(key, quota)));
+        }
+        let key = key.to_owned();
+        let policy = self.clone();
+        Decision::Pending(Box::pin(async move {
+            let counted = policy.limiter.hit(&key, quota).await;
+            policy.verdict(counted)
+        }))
+    }
+}
+
+/// A counted request (or an uncounted one, when the store failed open): its usage goes on
+/// the request, its headers on the response.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RatePermit {
+    headers: Arc<Headers>,
+    usage: Option<Usage>,
+}
+
+/// A count cannot be lost.
+impl Watch for RatePermit {
+    fn lost_before_poll(&mut self, _: &mut Context<'_>) -> bool {
+        false
+    }
+
+    fn poll_lost(&mut self, _: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+impl Permit for RatePermit {
+    fn admit<B>(&mut self, request: &mut Request<B>) {
+        if let Some(usage) = self.usage {
+            request.extensions_mut().insert(usage);
+        }
+    }
+
+    fn lost_response(self) -> Response<Bytes> {
+        unreachable!("a rate limit permit is never lost")
+    }
+
+    fn lost_error(self) -> BoxError {
+        unreachable!("a rate limit permit is never lost")
+    }
+
+    fn on_response(&mut self, head: &mut response::Parts) -> Hold {
+        self.headers
+            .decorate(&mut head.headers, self.usage.as_ref());
+        Hold::Head
+    }
+
+    fn release(self, _end: End) -> Release {
+        Release::Done
+    }
+}
+
+/// The quota and the headers that tell it, built once per layer.
+#[derive(Debug)]
+pub(crate) struct Headers {
+    pub(crate) quota: Quota,
+    pub(crate) legacy: bool,
+    /// The policy name, as given.
+    pub(crate) name: String,
+    /// The policy name as an RFC 8941 string, quotes included: `"default"`.
+    name_item: Arc<str>,
+    /// `"default";q=100;w=60`.
+    pub(crate) policy_value: HeaderValue,
+    /// The limit, for `X-RateLimit-Limit`.
+    limit_value: HeaderValue,
+    exceeded_detail: String,
+}
+
+impl Headers {
+    /// # Panics
+    ///
+    /// When `name` is not printable ASCII; the layer's builder checks it first.
+    pub(crate) fn new(quota: Quota, name: &str, legacy: bool) -> Self {
+        let name_item = sf_string(name);
+        let policy = format!("{name_item};q={};w={}", quota.limit(), quota.window_secs());
+        Self {
+            quota,
+            legacy,
+            name: name.to_owned(),
+            policy_value: HeaderValue::try_from(policy)
+                .expect("the policy name is printable ASCII, checked by policy_name"),
+            limit_value: HeaderValue::from(quota.limit()),
+            name_item: Arc::from(name_item),
+            exceeded_detail: format!(
+                "Too many requests: at most {} per {}; retry after the Retry-After delay.",
+                quota.limit(),
+                describe_window(quota.window())
+            ),
+        }
+    }
+
+    /// Adds `RateLimit-Policy`, and with a count `RateLimit` (and the legacy headers when
+    /// enabled), to `headers`.
+    pub(crate) fn decorate(&self, headers: &mut HeaderMap, usage: Option<&Usage>) {
+        headers.append(RATELIMIT_POLICY.clone(), self.policy_value.clone());
+        let Some(usage) = usage else {
+            return;
+        };
+        let remaining = usage.remaining();
+        let reset = retry_after_secs(usage.reset_after());
+        let mut value = String::with_capacity(self.name_item.len() + 32);
+        let _ = write!(value, "{};r={remaining};t={reset}", self.name_item);
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.append(RATELIMIT.clone(), value);
+        }
+        if self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), self.limit_value.clone());
+            headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+            headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+        }
+    }
+
+    /// 429 with `Retry-After` and the rate limit headers (RFC 6585, section 4).
+    pub(crate) fn too_many(&self, usage: &Usage) -> Response<Bytes> {
+        let mut response: Response<Bytes> =
+            Problem::new(StatusCode::TOO_MANY_REQUESTS, self.exceeded_detail.clone())
+                .retry_after(usage.reset_after())
+                .into();
+        self.decorate(response.headers_mut(), Some(usage));
+        response
+    }
+
+    /// 503 with `Retry-After: 1` and the policy, without internal details.
+    pub(crate) fn unavailable(&self) -> Response<Bytes> {
+        let mut response: Response<Bytes> = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The rate limit service is unavailable; retry later.",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into();
+        self.decorate(response.headers_mut(), None);
+        response
+    }
+}
+
+/// `60 s`, `1500 ms`.
+fn describe_window(window: Duration) -> String {
+    if window.subsec_millis() == 0 {
+        format!("{} s", window.as_secs())
+    } else {
+        format!("{} ms", window.as_millis())
+    }
+}
+
+/// `name` as an RFC 8941 sf-string (section 3.3.3): quoted, `"` and `\` escaped.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(count: u64, limit: u64, reset_ms: u64) -> Usage {
+        Usage {
+            count,
+            limit,
+            reset_after: Duration::from_millis(reset_ms),
+        }
+    }
+
+    fn headers(quota: &str) -> Headers {
+        Headers::new(quota.parse().unwrap(), "default", false)
+    }
+
+    #[test]
+    fn policy_header_is_precomputed_with_window_in_seconds_rounded_up() {
+        assert_eq!(headers("100/60").policy_value, "\"default\";q=100;w=60");
+        assert_eq!(headers("5/1500ms").policy_value, "\"default\";q=5;w=2");
+    }
+
+    #[test]
+    fn ratelimit_header_counts_down_and_rounds_reset_up() {
+        let c = headers("3/2");
+        let mut map = HeaderMap::new();
+        c.decorate(&mut map, Some(&usage(1, 3, 1200)));
+        assert_eq!(map[&RATELIMIT], "\"default\";r=2;t=2");
+        assert_eq!(map[&RATELIMIT_POLICY], "\"default\";q=3;w=2");
+        assert!(!map.contains_key(&X_RATELIMIT_LIMIT));
+        let mut map = HeaderMap::new();
+        c.decorate(&mut map, Some(&usage(7, 3, 1)));
+        assert_eq!(map[&RATELIMIT], "\"default\";r=0;t=1");
+    }
+
+    #[test]
+    fn legacy_headers_when_enabled() {
+        let c = Headers::new("10/60".parse().unwrap(), "default", true);
+        let mut map = HeaderMap::new();
+        c.decorate(&mut map, Some(&usage(4, 10, 30_001)));
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
+        assert_eq!(map[&X_RATELIMIT_REMAINING], "6");
+        assert_eq!(map[&X_RATELIMIT_RESET], "31");
+    }
+
+    #[test]
+    fn no_count_means_policy_only() {
+        let c = headers("3/2");
+        let mut map = HeaderMap::new();
+        c.decorate(&mut map, None);
+        assert!(map.contains_key(&RATELIMIT_POLICY));
+        assert!(!map.contains_key(&RATELIMIT));
+    }
+
+    #[test]
+    fn too_many_has_retry_after_at_or_after_the_reset() {
+        let c = headers("3/60");
+        let r = c.too_many(&usage(4, 3, 2_001));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
+        assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=3");
+        assert_eq!(
+            r.headers()[http::header::CONTENT_TYPE],
+            crate::problem::PROBLEM_JSON
+        );
+    }
+}

@@ -1,0 +1,204 @@
+//! The rate limit layer on the in-process store, as a tower service.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http_body_util::{BodyExt, Full};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+use super::policy::{RATELIMIT, RATELIMIT_POLICY};
+use crate::rate_limit::{MemoryRateLimiter, Quota, RateLimitLayer, Usage};
+
+type Body = Bytes;
+
+/// The layer around a handler that answers with the count it saw; the response body is
+/// collected, so that tests read it as bytes.
+fn svc<K: crate::key::KeyExtractor>(
+    layer: RateLimitLayer<K>,
+) -> impl tower::Service<http::Request<()>, Response = http::Response<Body>, Error = Infallible> + Clone
+{
+    let layered = ServiceBuilder::new().layer(layer).service(service_fn(
+        |req: http::Request<()>| async move {
+            let seen = req
+                .extensions()
+                .get::<Usage>()
+                .map(|u| u.count().to_string());
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
+                seen.unwrap_or_else(|| "uncounted".into()),
+            ))))
+        },
+    ));
+    service_fn(move |req| {
+        let layered = layered.clone();
+        async move {
+            let (head, body) = layered.oneshot(req).await?.into_parts();
+            let body = body.collect().await.expect("a body").to_bytes();
+            Ok::<_, Infallible>(http::Response::from_parts(head, body))
+        }
+    })
+}
+
+fn request(client: Option<&str>) -> http::Request<()> {
+    let mut builder = http::Request::builder().uri("/items/1/buy");
+    if let Some(client) = client {
+        builder = builder.header("x-client-id", client);
+    }
+    let mut req = builder.body(()).unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [203, 0, 113, 7],
+            5555,
+        ))));
+    req
+}
+
+fn quota(text: &str) -> Quota {
+    text.parse().unwrap()
+}
+
+#[tokio::test]
+async fn passes_limit_then_answers_429_with_headers() {
+    let layer =
+        RateLimitLayer::by_header("x-client-id", quota("2/60")).backend(MemoryRateLimiter::new());
+    let svc = svc(layer);
+    for (count, remaining) in [(1, 1), (2, 0)] {
+        let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.body(),
+            count.to_string().as_bytes(),
+            "the handler sees the Usage"
+        );
+        assert_eq!(
+            r.headers()[&RATELIMIT],
+            format!("\"default\";r={remaining};t=60")
+        );
+        assert_eq!(r.headers()[&RATELIMIT_POLICY], "\"default\";q=2;w=60");
+    }
+    let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+    assert_eq!(r.headers()[RETRY_AFTER], "60");
+    assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=60");
+    // Another key has its own count.
+    let r = svc.clone().oneshot(request(Some("b"))).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn missing_key_is_400_when_required_and_passes_when_optional() {
+    let limiter = MemoryRateLimiter::new();
+    let required =
+        svc(RateLimitLayer::by_header("x-client-id", quota("1/60")).backend(limiter.clone()));
+    let r = required.oneshot(request(None)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+    assert!(!r.headers().contains_key(&RATELIMIT_POLICY));
+
+    let optional = svc(RateLimitLayer::by_header("x-client-id", quota("1/60"))
+        .backend(limiter)
+        .optional(true));
+    for _ in 0..3 {
+        let r = optional.clone().oneshot(request(None)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.body(), "uncounted".as_bytes());
+        assert!(!r.headers().contains_key(&RATELIMIT));
+    }
+}
+
+#[tokio::test]
+async fn invalid_key_is_400_even_when_optional() {
+    let layer = RateLimitLayer::by_header("x-client-id", quota("1/60"))
+        .backend(MemoryRateLimiter::new())
+        .optional(true);
+    let svc = svc(layer);
+    for bad in ["\"unterminated", &"k".repeat(crate::key::MAX_KEY_LEN + 1)] {
+        let r = svc.clone().oneshot(request(Some(bad))).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn header_or_peer_ip_counts_ids_and_addresses_apart() {
+    let layer = RateLimitLayer::by_header_or_peer_ip("x-client-id", quota("1/60"))
+        .backend(MemoryRateLimiter::new());
+    let svc = svc(layer);
+    let ok = |r: http::Response<Body>| r.status() == StatusCode::OK;
+    assert!(ok(svc.clone().oneshot(request(None)).await.unwrap()));
+    assert!(
+        !ok(svc.clone().oneshot(request(None)).await.unwrap()),
+        "same IP, second hit"
+    );
+    assert!(
+        ok(svc
+            .clone()
+            .oneshot(request(Some("203.0.113.7")))
+            .await
+            .unwrap()),
+        "an id is not an address"
+    );
+    assert!(ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
+    assert!(!ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
+}
+
+#[tokio::test]
+async fn scope_separates_layers_and_shared_scope_shares_counts() {
+    let limiter = MemoryRateLimiter::new();
+    let a = svc(RateLimitLayer::global(quota("1/60"))
+        .backend(limiter.clone())
+        .scope("a"));
+    let b = svc(RateLimitLayer::global(quota("1/60"))
+        .backend(limiter.clone())
+        .scope("b"));
+    let a2 = svc(RateLimitLayer::global(quota("1/60"))
+        .backend(limiter)
+        .scope("a"));
+    assert_eq!(
+        a.oneshot(request(None)).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        b.oneshot(request(None)).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        a2.oneshot(request(None)).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn the_readied_service_is_the_one_called() {
+    // A service that is ready only once: calling an unreadied clone would panic.
+    struct Once(bool);
+    impl Clone for Once {
+        fn clone(&self) -> Self {
+            Once(false) // a clone has not been driven to readiness
+        }
+    }
+    impl tower::Service<http::Request<()>> for Once {
+        type Response = http::Response<Full<Body>>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            self.0 = true;
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            assert!(self.0, "called without poll_ready");
+            self.0 = false;
+            std::future::ready(Ok(http::Response::new(Full::new(Body::new()))))
+        }
+    }
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::global(quota("5/60")).backend(MemoryRateLimiter::new()))
+        .service(Once(false));
+    let r = svc.oneshot(request(None)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
