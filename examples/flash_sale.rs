@@ -38,7 +38,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Extension;
 use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -214,9 +213,9 @@ async fn buy(State(app): State<AppState>, Path(item): Path<String>) -> Response 
 
 /// Answers with the key the layer locked, as stored in Redis: the lease knows it, where
 /// the header as the handler would re-read it may differ (quoting, whitespace).
-async fn create_order(State(app): State<AppState>, lease: Option<Extension<Lease>>) -> Response {
+async fn create_order(State(app): State<AppState>, lease: Option<Lease>) -> Response {
     tokio::time::sleep(app.work).await;
-    let lock_key = lease.map(|Extension(lease)| lease.key().to_owned());
+    let lock_key = lease.map(|lease| lease.key().to_owned());
     let order_id = format!("ord_{:016x}", rand::random::<u64>());
     (
         StatusCode::CREATED,
