@@ -292,7 +292,7 @@ fn parse_sf_string(text: &str) -> Option<String> {
 }
 
 #[cfg(feature = "axum")]
-fn route_of(parts: &Parts) -> &str {
+pub(crate) fn route_of(parts: &Parts) -> &str {
     parts
         .extensions
         .get::<axum::extract::MatchedPath>()
@@ -300,7 +300,7 @@ fn route_of(parts: &Parts) -> &str {
 }
 
 #[cfg(not(feature = "axum"))]
-fn route_of(parts: &Parts) -> &str {
+pub(crate) fn route_of(parts: &Parts) -> &str {
     parts.uri.path()
 }
 
