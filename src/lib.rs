@@ -24,5 +24,5 @@ pub use problem::Problem;
 pub use rate_limit::{
     MemoryRateLimiter, Quota, RateLimitError, RateLimitLayer, RateLimiter, RedisRateLimiter, Usage,
 };
-#[allow(dead_code)]
-mod idempotency;
+pub mod idempotency;
+pub use idempotency::IdempotencyLayer;

@@ -17,6 +17,7 @@
 //! (followed by `+` once a waiter marked it; see [`Redlock::lock_within`]).
 
 mod notify;
+mod idempotency;
 mod scripts;
 
 use std::fmt;

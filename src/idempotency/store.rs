@@ -1,0 +1,100 @@
+//! Where records live: beside the lock, on the same backend.
+//!
+//! - In process: a [`MemoryRecords`] of the layer, bounded, and the in-process lock.
+//! - Redis: each record is a string `{<lock key>}:record` on every Redlock node, in the
+//!   lock key's Redis Cluster slot. A first request checks for a record and acquires the
+//!   lock in one script per node; it stores its record and releases the lock in one
+//!   script per node, acknowledged by a quorum. A retry reads a quorum and takes the
+//!   record if any node that answered has it: every read quorum meets every write quorum.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::memory::MemoryRecords;
+use crate::backend::handle::Locks;
+use crate::error::LockError;
+use crate::lease::Lease;
+
+/// What a request with an idempotency key finds.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// A stored record (raw, as written): the first request completed.
+    Found(Bytes),
+    /// Nothing stored and the lock is ours: run the request.
+    Acquired(Lease),
+}
+
+/// The record key of a lock key: `{<lock key>}:record`.
+pub(crate) fn record_key(lock_key: &str) -> Arc<str> {
+    crate::key::shared_key(|out| {
+        out.push('{');
+        out.push_str(lock_key);
+        out.push_str("}:record");
+    })
+}
+
+/// The lock backend and, in process, the records.
+#[derive(Debug, Clone)]
+pub(crate) struct Store {
+    pub(crate) locks: Locks,
+    pub(crate) memory: Arc<MemoryRecords>,
+}
+
+impl Store {
+    /// Looks for a record under `key` and, when there is none, takes the lock; waits up to
+    /// `max_wait` for a holder to finish (and then finds its record).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] while another request with the key runs (after `max_wait`);
+    /// [`LockError::NoQuorum`] and the other backend errors.
+    pub(crate) async fn begin(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
+        match self.locks.as_memory() {
+            Some(_) => self.begin_in_process(key, max_wait).await,
+            None => self.locks.begin_idempotent(key, max_wait).await,
+        }
+    }
+
+    async fn begin_in_process(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
+        let record_key = record_key(&key);
+        if let Some(raw) = self.memory.get(&record_key) {
+            return Ok(Begin::Found(raw));
+        }
+        let lease = self.locks.lock_key_within(key, max_wait).await?;
+        // Checked again under the lock: a holder may have stored its record and released
+        // between the first look and the acquisition.
+        if let Some(raw) = self.memory.get(&record_key) {
+            let _ = self.locks.unlock(lease).await;
+            return Ok(Begin::Found(raw));
+        }
+        Ok(Begin::Acquired(lease))
+    }
+
+    /// Stores `record` (when given) for `ttl` and releases the lease, in that order.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NoQuorum`] when too few nodes took the record (a retry may then run
+    /// the request again), [`LockError::Expired`] when the lease had run out.
+    pub(crate) async fn finish(
+        &self,
+        lease: Lease,
+        record: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        if self.locks.as_memory().is_some() {
+            if let Some(raw) = record {
+                if lease.is_valid() {
+                    self.memory.insert(record_key(lease.key()), raw, ttl);
+                }
+            }
+            return self.locks.unlock(lease).await;
+        }
+        match record {
+            Some(raw) => self.locks.finish_idempotent(lease, raw, ttl).await,
+            None => self.locks.unlock(lease).await,
+        }
+    }
+}
