@@ -24,9 +24,13 @@
 //!   the stock, works, writes stock - 1 (not atomically, on purpose); 410 when sold out;
 //!   429 over `RATE_LIMIT`;
 //! - `POST /orders`: locked on the `Idempotency-Key` header (400 without, 409 while the same
-//!   key is in flight); answers 201;
+//!   key is in flight); answers 201 with the Redis key the layer locked (`lock_key`, from
+//!   the request's `Lease`; `null` with `LOCKING=off`);
 //! - `POST /orders/{order_id}/pay`: locked by the `Locked<OrderId>` extractor (423 while
 //!   another pay of the same order runs).
+//!
+//! Every Redis command, the lock's and the stock's, waits at most [`NODE_TIMEOUT`] for its
+//! answer: a stock node that does not answer as Redis makes a buy answer 503 within it.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -34,6 +38,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -45,9 +50,13 @@ use serde::Deserialize;
 use serde_json::json;
 use tower::ServiceBuilder;
 use tower_redlock::{
-    LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer, RateLimiter,
+    Lease, LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer, RateLimiter,
     RedisRateLimiter, Redlock,
 };
+
+/// How long one Redis node may take to answer a command: the lock's node timeout (the
+/// crate's default for a 10 s TTL), and the bound on each command of the stock store.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[derive(Clone)]
 struct AppState {
@@ -69,20 +78,51 @@ enum Store {
     Redis(ConnectionManager),
 }
 
+/// Why the stock store could not answer.
+#[derive(Debug)]
+enum StoreError {
+    Redis(redis::RedisError),
+    /// No answer within [`NODE_TIMEOUT`].
+    Timeout,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Redis(e) => e.fmt(f),
+            StoreError::Timeout => write!(f, "no answer within {NODE_TIMEOUT:?}"),
+        }
+    }
+}
+
+/// One command to the stock node, given [`NODE_TIMEOUT`] to answer. `ConnectionManager`
+/// has no deadline of its own: while its node is replaced by something that is not Redis,
+/// it keeps reconnecting, and a command would wait for seconds.
+async fn bounded<T>(
+    command: impl Future<Output = Result<T, redis::RedisError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(NODE_TIMEOUT, command).await {
+        Ok(answer) => answer.map_err(StoreError::Redis),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
 impl Store {
-    async fn get(&self, item: &str) -> Result<Option<(i64, i64)>, redis::RedisError> {
+    async fn get(&self, item: &str) -> Result<Option<(i64, i64)>, StoreError> {
         match self {
             Store::Memory(map) => Ok(map.lock().unwrap().get(item).copied()),
             Store::Redis(conn) => {
                 let mut conn = conn.clone();
-                let stock: Option<i64> = conn.get(format!("flash_sale:{item}:stock")).await?;
-                let sold: Option<i64> = conn.get(format!("flash_sale:{item}:sold")).await?;
+                let stock: Option<i64> =
+                    bounded(conn.get(format!("flash_sale:{item}:stock"))).await?;
+                let sold: Option<i64> =
+                    bounded(conn.get(format!("flash_sale:{item}:sold"))).await?;
                 Ok(stock.map(|stock| (stock, sold.unwrap_or(0))))
             }
         }
     }
 
-    async fn set(&self, item: &str, stock: i64, sold: i64) -> Result<(), redis::RedisError> {
+    async fn set(&self, item: &str, stock: i64, sold: i64) -> Result<(), StoreError> {
         match self {
             Store::Memory(map) => {
                 map.lock().unwrap().insert(item.to_owned(), (stock, sold));
@@ -90,8 +130,8 @@ impl Store {
             }
             Store::Redis(conn) => {
                 let mut conn = conn.clone();
-                let () = conn.set(format!("flash_sale:{item}:stock"), stock).await?;
-                let () = conn.set(format!("flash_sale:{item}:sold"), sold).await?;
+                let () = bounded(conn.set(format!("flash_sale:{item}:stock"), stock)).await?;
+                let () = bounded(conn.set(format!("flash_sale:{item}:sold"), sold)).await?;
                 Ok(())
             }
         }
@@ -114,7 +154,7 @@ struct SetStock {
     stock: i64,
 }
 
-fn store_error(e: redis::RedisError) -> Response {
+fn store_error(e: StoreError) -> Response {
     tracing::error!(error = %e, "store unavailable");
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -173,18 +213,15 @@ async fn buy(State(app): State<AppState>, Path(item): Path<String>) -> Response 
     }
 }
 
-async fn create_order(State(app): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+/// Answers with the key the layer locked, as stored in Redis: the lease knows it, where
+/// the header as the handler would re-read it may differ (quoting, whitespace).
+async fn create_order(State(app): State<AppState>, lease: Option<Extension<Lease>>) -> Response {
     tokio::time::sleep(app.work).await;
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_owned();
+    let lock_key = lease.map(|Extension(lease)| lease.key().to_owned());
     let order_id = format!("ord_{:016x}", rand::random::<u64>());
     (
         StatusCode::CREATED,
-        Json(json!({"order_id": order_id, "idempotency_key": key})),
+        Json(json!({"order_id": order_id, "lock_key": lock_key})),
     )
         .into_response()
 }
@@ -267,7 +304,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let limiter = RateLimiter::default();
         (Locks::default(), Store::Memory(Arc::default()), limiter)
     } else {
-        let redlock = Redlock::builder(&urls).build().await?;
+        let redlock = Redlock::builder(&urls)
+            .node_timeout(NODE_TIMEOUT)
+            .build()
+            .await?;
         let data = redis::Client::open(urls[0].as_str())?
             .get_connection_manager()
             .await?;

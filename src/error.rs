@@ -12,7 +12,8 @@ use crate::key::KeyError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another holder has the lock.
+    /// Another holder has the lock: at least a quorum of nodes answered, and those that
+    /// said "held" leave too few for a quorum of OKs.
     ///
     /// `retry_after` is how long until the holder's lease runs out on enough nodes for a
     /// quorum to be free again, from the holders' remaining TTL (`PTTL`). It is an upper
@@ -23,9 +24,11 @@ pub enum LockError {
         retry_after: Duration,
     },
 
-    /// Fewer than a quorum of nodes answered in time, so nothing can be said about the
-    /// lock. Retry later; check the listed nodes.
-    #[error("no quorum: {} of {nodes} nodes failed, {quorum} needed to answer ({})", failures.len(), DisplayFailures(failures))]
+    /// The answers that came in time decide nothing: fewer than a quorum of nodes
+    /// answered an acquisition, or the nodes that failed could still hold the lease's
+    /// token on a quorum (so it is not known to be lost). Retryable: retry later; check
+    /// the listed nodes.
+    #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
     NoQuorum {
         /// How many nodes must agree.
         quorum: usize,
@@ -48,8 +51,10 @@ pub enum LockError {
 
     /// The lease is no longer held: its TTL ran out before it was released or extended.
     ///
-    /// `taken_over` is true when another holder has the key now. Work done under the
-    /// lease after its validity ended was not protected.
+    /// Said only when the answers prove it: N - quorum + 1 nodes (3 of 5, 2 of 3) answered
+    /// that the token is gone, so it cannot be on a quorum. `taken_over` is true when one
+    /// of them holds another token. Work done under the lease after its validity ended
+    /// was not protected.
     #[error("the lease had already expired{}", if *taken_over { " and another holder has the key now" } else { "" })]
     Expired {
         /// Whether another holder now has the key.
@@ -96,6 +101,20 @@ pub enum NodeFailureReason {
     Timeout(Duration),
     /// The connection or the command failed.
     Redis(redis::RedisError),
+    /// The lock's fencing counter on this node (`{<lock key>}:fence`) holds something
+    /// other than a decimal integer below 2^53, which this crate never writes: another
+    /// client wrote it. It is left as it is; delete it to use the node again for fenced
+    /// acquisitions of this key.
+    InvalidFencingCounter {
+        /// The counter's key.
+        key: String,
+    },
+}
+
+impl From<redis::RedisError> for NodeFailureReason {
+    fn from(e: redis::RedisError) -> Self {
+        NodeFailureReason::Redis(e)
+    }
 }
 
 impl fmt::Display for NodeFailure {
@@ -103,6 +122,11 @@ impl fmt::Display for NodeFailure {
         match &self.reason {
             NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
             NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
+            NodeFailureReason::InvalidFencingCounter { key } => write!(
+                f,
+                "{}: the fencing counter {key:?} does not hold an integer below 2^53 (written by another client?); delete it",
+                self.node
+            ),
         }
     }
 }
@@ -172,4 +196,12 @@ pub enum ConfigError {
     /// The key prefix contains control bytes or is longer than 128 bytes.
     #[error("invalid key prefix: {0}")]
     InvalidPrefix(KeyError),
+    /// The key prefix contains `{` or `}`: every key would carry a Redis Cluster hash tag
+    /// by accident. The crate chooses hash tags itself: a lock's own keys and channels are
+    /// named `{<lock key>}:<role>`, which needs keys without braces (see
+    /// [`key`](crate::key)).
+    #[error(
+        "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys {{<lock key>}}:<role>); pick a prefix without braces"
+    )]
+    BraceInPrefix(String),
 }

@@ -1,4 +1,4 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("docs/crate.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
@@ -26,3 +26,8 @@ pub use rate_limit::{
 };
 pub mod idempotency;
 pub use idempotency::IdempotencyLayer;
+
+// The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

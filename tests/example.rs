@@ -6,7 +6,9 @@ mod support;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::{RedisNode, eventually, nodes, urls};
 
@@ -211,4 +213,111 @@ async fn example_rate_limit_per_client_across_processes() {
     );
     // Another client has its own count.
     assert_eq!(buy(1, "bob").await.unwrap().status(), 200);
+}
+
+/// All keys on the node (a test node: `KEYS` is fine here).
+async fn keys(node: &RedisNode) -> Vec<String> {
+    let mut conn = node.conn().await;
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn example_order_reports_the_key_the_layer_locked() {
+    let nodes = nodes(1);
+    let example = start_example(&nodes, 300, true).await;
+    let client = reqwest::Client::new();
+    let order = |key: &'static str| {
+        client
+            .post(format!("{}/orders", example.base))
+            .header("Idempotency-Key", key)
+            .send()
+    };
+
+    // While the order runs, the lock key is in Redis: the answer must name that key.
+    let in_flight = tokio::spawn(order("abc\""));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let seen = loop {
+        let seen = keys(&nodes[0]).await;
+        if !seen.is_empty() || Instant::now() >= deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let appeared = !seen.is_empty();
+    assert!(appeared, "no lock key appeared while the order ran");
+    let resp = in_flight.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 201);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let reported = body["lock_key"].as_str().expect("lock_key in the answer");
+    assert!(
+        seen.iter().any(|k| k == reported),
+        "reported {reported:?}, locked {seen:?}"
+    );
+    assert!(reported.ends_with("abc\""), "{reported}");
+
+    // `abc"` and `abc` are two keys, so both run at once, and each reports its own.
+    let (a, b) = tokio::join!(order("abc\""), order("abc"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (201, 201));
+    let a: serde_json::Value = a.json().await.unwrap();
+    let b: serde_json::Value = b.json().await.unwrap();
+    assert_eq!(a["lock_key"], reported);
+    assert_ne!(a["lock_key"], b["lock_key"], "{a} {b}");
+}
+
+/// Answers every connection on `port` as an HTTP server answers a line it cannot parse,
+/// then closes it: a node's port taken over by a program that is not Redis.
+async fn not_redis_on(port: u16) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind the stopped node's port");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    })
+}
+
+#[tokio::test]
+async fn example_buy_answers_503_within_the_node_timeout_when_the_stock_node_is_not_redis() {
+    // The stock lives in the first node; the lock has a quorum on the other two.
+    let mut nodes = nodes(3);
+    let example = start_example(&nodes, 1, true).await;
+    put_stock(&example, "tv", 3).await;
+    nodes[0].kill();
+    let fake = not_redis_on(nodes[0].port()).await;
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let buy = format!("{}/items/tv/buy", example.base);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let resp = client
+            .post(&buy)
+            .send()
+            .await
+            .expect("an answer within 8 s");
+        let took = started.elapsed();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+        // The example's node timeout is 500 ms: one for the stock read, at most one more
+        // each for the lock's acquisition and release; the rest is slack for a busy machine.
+        assert!(took < Duration::from_secs(3), "a buy took {took:?}");
+    }
+    fake.abort();
 }

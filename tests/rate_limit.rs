@@ -156,7 +156,7 @@ async fn exactly_limit_requests_pass_across_two_replicas_sharing_redis() {
     assert_eq!((ok, too_many), (25, 275));
 
     let mut conn = node.conn().await;
-    let key = "tower-redlock:rate:buy:id:flash";
+    let key = "tower-redlock-rate:buy:id:flash";
     let count: i64 = redis::cmd("GET")
         .arg(key)
         .query_async(&mut conn)
@@ -221,7 +221,7 @@ async fn over_limit_answers_429_with_problem_headers_and_retry_after_not_before_
     // Retry-After is not earlier than the reset Redis will do.
     let mut conn = node.conn().await;
     let pttl: i64 = redis::cmd("PTTL")
-        .arg("tower-redlock:rate:buy:id:eager")
+        .arg("tower-redlock-rate:buy:id:eager")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -264,10 +264,10 @@ async fn keys_are_scoped_per_client_id_else_peer_ip_and_expire_with_the_window()
 
     let mut conn = node.conn().await;
     for (key, count) in [
-        ("tower-redlock:rate:buy:id:alice", 2),
-        ("tower-redlock:rate:buy:id:bob", 1),
-        ("tower-redlock:rate:buy:ip:127.0.0.1", 2),
-        ("tower-redlock:rate:buy:id:127.0.0.1", 1),
+        ("tower-redlock-rate:buy:id:alice", 2),
+        ("tower-redlock-rate:buy:id:bob", 1),
+        ("tower-redlock-rate:buy:ip:127.0.0.1", 2),
+        ("tower-redlock-rate:buy:id:127.0.0.1", 1),
     ] {
         let stored: Option<i64> = redis::cmd("GET")
             .arg(key)
@@ -401,4 +401,85 @@ async fn memory_backend_window_resets_and_remaining_counts_down() {
     ))
     .await;
     countdown_then_reset(&base, 3, Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn memory_backend_client_rotating_ids_cannot_grow_the_store_past_its_cap() {
+    let store = MemoryRateLimiter::with_max_keys(50);
+    let open = serve(buy_app(store.clone().into(), quota("1/3600"), true)).await;
+    let closed = serve(buy_app(store.clone().into(), quota("1/3600"), false)).await;
+    let client = reqwest::Client::new();
+    // A known client, counted before the store fills.
+    assert_eq!(buy(&client, &open, Some("known")).await.status(), 200);
+    for i in 0..200 {
+        let resp = buy(&client, &open, Some(&format!("rotating-{i}"))).await;
+        assert_eq!(resp.status(), 200, "fail open: a new id is let through");
+        // Counted while there was room, uncounted after.
+        assert_eq!(header(&resp, "ratelimit").is_some(), i < 49, "request {i}");
+        assert!(store.len() <= 50, "{} windows", store.len());
+    }
+    assert_eq!(store.len(), 50);
+    // Failing closed, a new id is not let through uncounted.
+    let resp = buy(&client, &closed, Some("rotating-new")).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(header(&resp, "retry-after"), Some("1"));
+    // The known client is still limited, on either layer.
+    assert_eq!(buy(&client, &open, Some("known")).await.status(), 429);
+    assert_eq!(buy(&client, &closed, Some("known")).await.status(), 429);
+}
+
+#[tokio::test]
+async fn default_lock_and_rate_limit_keys_cannot_coincide() {
+    use tower_redlock::Redlock;
+
+    let node = RedisNode::start();
+    let redlock = Redlock::builder([node.url()]).build().await.unwrap();
+    let limiter = RedisRateLimiter::builder(node.url()).build().await.unwrap();
+    // Neither default prefix starts with the other, so no lock key is a counter's key.
+    assert!(!limiter.prefix().starts_with(redlock.prefix()));
+    assert!(!redlock.prefix().starts_with(limiter.prefix()));
+
+    // A lock with scope `rate` on the key the layer of `buy_app` counts client `flash`
+    // under: with the former default prefix (`tower-redlock:rate:`) both were
+    // `tower-redlock:rate:buy:id:flash`, and counting failed on the lock's token.
+    let lease = redlock.lock("rate:buy:id:flash").await.unwrap();
+    let usage = limiter.hit("buy:id:flash", quota("5/60")).await.unwrap();
+    assert_eq!(usage.count(), 1);
+    let mut conn = node.conn().await;
+    let held: Option<String> = redis::cmd("GET")
+        .arg(lease.key())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        held.as_deref(),
+        Some(lease.token().as_str()),
+        "the lock's value is untouched"
+    );
+    redlock.unlock(lease).await.unwrap();
+
+    // Through the layer too: the counter lives beside the lock, under its own prefix.
+    let lease = redlock.lock("rate:buy:id:flash").await.unwrap();
+    let base = serve(buy_app(RateLimiter::from(limiter), quota("5/60"), false)).await;
+    let client = reqwest::Client::new();
+    let resp = buy(&client, &base, Some("flash")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(ratelimit(&resp).0, 3, "the second count of client flash");
+    redlock.unlock(lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn rate_limit_prefix_with_a_brace_is_refused() {
+    use tower_redlock::ConfigError;
+
+    for prefix in ["app{1}:", "app{:", "app}:"] {
+        let built = RedisRateLimiter::builder("redis://127.0.0.1:1")
+            .prefix(prefix)
+            .build()
+            .await;
+        match built {
+            Err(ConfigError::BraceInPrefix(p)) => assert_eq!(p, prefix),
+            other => panic!("{prefix:?}: {other:?}"),
+        }
+    }
 }

@@ -529,3 +529,160 @@ async fn scripts_are_reloaded_after_a_flush() {
     r.unlock(lease).await.expect("release reloads its script");
     assert_eq!(on_nodes(&nodes, &key).await, 0);
 }
+
+#[tokio::test]
+async fn prefix_with_braces_is_refused() {
+    for prefix in ["app{x}:", "{app}:", "app}:"] {
+        match Redlock::builder(["redis://127.0.0.1:1"])
+            .prefix(prefix)
+            .build()
+            .await
+        {
+            Err(e @ ConfigError::BraceInPrefix(_)) => {
+                assert!(e.to_string().contains(prefix), "{e}")
+            }
+            other => panic!("{prefix:?}: expected BraceInPrefix, got {other:?}"),
+        }
+        assert!(matches!(
+            MemoryLocks::builder().prefix(prefix).build(),
+            Err(ConfigError::BraceInPrefix(_))
+        ));
+    }
+}
+
+async fn fenced(nodes: &[RedisNode]) -> Redlock {
+    Redlock::builder(urls(nodes))
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .fencing_tokens(true)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn pttl(node: &RedisNode, key: &str) -> i64 {
+    let mut conn = node.conn().await;
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+async fn get(node: &RedisNode, key: &str) -> Option<String> {
+    let mut conn = node.conn().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fencing_counter_is_per_lock_key_and_expires() {
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    let nodes = nodes(3);
+    let r = fenced(&nodes).await;
+    let counter = "{tower-redlock:fa}:fence";
+    let a = r.try_lock("fa").await.unwrap();
+    assert_eq!(a.fencing_token(), Some(1));
+    r.unlock(a).await.unwrap();
+    let mut a = r.try_lock("fa").await.unwrap();
+    assert_eq!(a.fencing_token(), Some(2));
+    // Another key counts on its own; the old reserved name is an ordinary resource.
+    let b = r.try_lock("fb").await.unwrap();
+    assert_eq!(b.fencing_token(), Some(1));
+    let c = r.try_lock("fencing-counter").await.unwrap();
+    assert_eq!(c.fencing_token(), Some(1));
+    let written = eventually(Duration::from_secs(2), || async {
+        let mut all = true;
+        for node in &nodes {
+            all &= get(node, counter).await.as_deref() == Some("2");
+        }
+        all
+    })
+    .await;
+    assert!(written, "the counter of key fa is not 2 on every node");
+    for node in &nodes {
+        let left = pttl(node, counter).await;
+        assert!(left > DAY_MS - 60_000 && left <= DAY_MS, "PTTL {left}");
+        // As if a day had nearly passed: a renewal sets the expiry again.
+        let mut conn = node.conn().await;
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(counter)
+            .arg(5_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    r.extend(&mut a).await.unwrap();
+    let refreshed = eventually(Duration::from_secs(2), || async {
+        let mut all = true;
+        for node in &nodes {
+            all &= pttl(node, counter).await > DAY_MS - 60_000;
+        }
+        all
+    })
+    .await;
+    assert!(refreshed, "a renewal did not refresh the counter's expiry");
+}
+
+#[tokio::test]
+async fn fencing_counter_written_by_another_client_is_a_clear_error() {
+    let nodes = nodes(3);
+    let r = fenced(&nodes).await;
+    let counter = "{tower-redlock:spoiled}:fence";
+    for node in &nodes {
+        let mut conn = node.conn().await;
+        let () = conn.set(counter, "not-a-number").await.unwrap();
+    }
+    let err = r.try_lock("spoiled").await.unwrap_err();
+    let LockError::NoQuorum { ref failures, .. } = err else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    // Two failures of three already leave no quorum: the third may not be awaited.
+    assert!(failures.len() >= 2, "{err}");
+    for failure in failures {
+        assert!(
+            matches!(
+                &failure.reason,
+                tower_redlock::NodeFailureReason::InvalidFencingCounter { key } if key == counter
+            ),
+            "{failure}"
+        );
+    }
+    assert!(err.to_string().contains(counter), "{err}");
+    // Nothing set, nothing changed.
+    assert_eq!(on_nodes(&nodes, "tower-redlock:spoiled").await, 0);
+    for node in &nodes {
+        assert_eq!(get(node, counter).await.as_deref(), Some("not-a-number"));
+    }
+    // A value of another type, and numbers Lua would mangle, are refused the same way.
+    let mut conn = nodes[0].conn().await;
+    let () = conn.del(counter).await.unwrap();
+    let () = conn.hset(counter, "f", "1").await.unwrap();
+    for (node, value) in nodes[1..].iter().zip(["1e3", "99999999999999999"]) {
+        let mut conn = node.conn().await;
+        let () = conn.set(counter, value).await.unwrap();
+    }
+    assert!(matches!(
+        r.try_lock("spoiled").await,
+        Err(LockError::NoQuorum { .. })
+    ));
+    // With one spoiled node of three, the other two are a quorum.
+    for node in &nodes[1..] {
+        let mut conn = node.conn().await;
+        let () = conn.del(counter).await.unwrap();
+    }
+    let lease = r.try_lock("spoiled").await.expect("two clean nodes");
+    assert_eq!(lease.fencing_token(), Some(1));
+    let mut conn = nodes[0].conn().await;
+    let kind: String = redis::cmd("TYPE")
+        .arg(counter)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "hash", "the foreign counter was modified");
+    r.unlock(lease).await.unwrap();
+}

@@ -33,7 +33,7 @@ async fn woken_on_release(nodes: &[RedisNode]) {
         }
     });
     let subscribed = eventually(Duration::from_secs(5), || async {
-        subscribers(nodes, "tower-redlock:queue").await == nodes.len() as i64
+        subscribers(nodes, "{tower-redlock:queue}:released").await == nodes.len() as i64
     })
     .await;
     assert!(subscribed, "the waiter did not subscribe on every node");
@@ -49,7 +49,7 @@ async fn woken_on_release(nodes: &[RedisNode]) {
     r.unlock(lease).await.unwrap();
     // The subscription goes once nobody waits.
     let gone = eventually(Duration::from_secs(5), || async {
-        subscribers(nodes, "tower-redlock:queue").await == 0
+        subscribers(nodes, "{tower-redlock:queue}:released").await == 0
     })
     .await;
     assert!(gone, "subscription left behind");
@@ -223,7 +223,7 @@ async fn failed_attempts_wake_nobody() {
 async fn release_nobody_waits_for_publishes_nothing() {
     let nodes = nodes(1);
     let r = redlock(&nodes, Duration::from_secs(30), true).await;
-    let channel = "tower-redlock:quiet";
+    let channel = "{tower-redlock:quiet}:released";
     // A plain listener is no waiter: it does not mark the key.
     let mut listener = redis::Client::open(nodes[0].url())
         .unwrap()
@@ -284,19 +284,28 @@ async fn marked_lease_extends_and_release_wakes(fencing: bool) {
             .await;
         (lease, Instant::now())
     });
-    let marked = format!("{}+", holder.token());
     let all_marked = eventually(Duration::from_secs(5), || async {
-        values(&nodes, "tower-redlock:marked")
-            .await
-            .iter()
-            .all(|v| v.as_deref() == Some(marked.as_str()))
+        let mut marked = 0;
+        for node in &nodes {
+            marked += usize::from(support::exists(node, "{tower-redlock:marked}:waiters").await);
+        }
+        marked == nodes.len()
     })
     .await;
     assert!(
         all_marked,
-        "the waiter did not mark the holder's key on every node"
+        "the waiter did not set its mark beside the lock on every node"
     );
-    // The mark keeps the TTL, and the holder still owns the key.
+    // The holder's value is its token, untouched by the waiter.
+    let token = holder.token().to_string();
+    assert!(
+        values(&nodes, "tower-redlock:marked")
+            .await
+            .iter()
+            .all(|v| v.as_deref() == Some(token.as_str())),
+        "the waiter modified the holder's value"
+    );
+    // The holder still owns the key.
     holder_side
         .extend(&mut holder)
         .await
@@ -365,7 +374,7 @@ async fn cancelled_waits_leave_no_subscription() {
             let mut conn = node.conn().await;
             let open: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
-                .arg("tower-redlock:*")
+                .arg("{tower-redlock:*")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -395,4 +404,176 @@ async fn waiting_on_a_key_of_another_type_is_taken_not_an_outage() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+}
+
+/// Every command's calls on the node so far (`INFO commandstats`), `info` itself left out.
+async fn command_calls(node: &RedisNode) -> std::collections::BTreeMap<String, u64> {
+    let mut conn = node.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn release_nobody_waits_for_costs_no_publish() {
+    let nodes = nodes(1);
+    let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    const RELEASES: u64 = 50;
+    let mut leases = Vec::new();
+    for i in 0..RELEASES {
+        leases.push(r.try_lock(&format!("unwatched-{i}")).await.unwrap());
+    }
+    let before = command_calls(&nodes[0]).await;
+    for lease in leases {
+        r.unlock(lease).await.unwrap();
+    }
+    let after = command_calls(&nodes[0]).await;
+    let mut per_release = Vec::new();
+    let mut total = 0;
+    for (name, calls) in &after {
+        let delta = calls - before.get(name).copied().unwrap_or(0);
+        total += delta;
+        if delta > 0 {
+            per_release.push(format!("{name} {:.2}", delta as f64 / RELEASES as f64));
+        }
+    }
+    eprintln!(
+        "commands per release nobody waits for: {}",
+        per_release.join(", ")
+    );
+    assert_eq!(
+        after.get("publish").copied().unwrap_or(0),
+        before.get("publish").copied().unwrap_or(0),
+        "a release nobody waits for published"
+    );
+    // One script: GET, DEL, and the DEL of the (absent) waiters' mark.
+    assert!(
+        total <= 4 * RELEASES,
+        "{total} commands for {RELEASES} releases"
+    );
+}
+
+/// The node's client connections (`CLIENT LIST`), one line each.
+async fn client_list(node: &RedisNode) -> Vec<String> {
+    let mut conn = node.conn().await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Leave out the connection that asks.
+    list.lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn dropping_every_handle_closes_the_subscriber_connections() {
+    let nodes = nodes(1);
+    let holder = redlock(&nodes, Duration::from_secs(30), true).await;
+    let _lease = holder.try_lock("leak").await.unwrap();
+    let baseline = client_list(&nodes[0]).await.len();
+    for cycle in 0..5 {
+        let waiter = redlock(&nodes, Duration::from_secs(30), true).await;
+        let err = waiter
+            .lock_within("leak", Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+        // The wait opened a subscriber connection beside the client's own.
+        let open = client_list(&nodes[0]).await;
+        assert!(
+            open.len() >= baseline + 2,
+            "cycle {cycle}: no subscriber connection was opened: {open:#?}"
+        );
+        let clone = waiter.clone();
+        drop(waiter);
+        drop(clone);
+    }
+    let settled = eventually(Duration::from_secs(5), || async {
+        client_list(&nodes[0]).await.len() == baseline
+    })
+    .await;
+    let left = client_list(&nodes[0]).await;
+    assert!(
+        settled,
+        "{} connections left by 5 dropped clients: {left:#?}",
+        left.len() - baseline
+    );
+}
+
+#[tokio::test]
+async fn a_subscriber_whose_subscribe_failed_is_closed() {
+    let nodes = nodes(1);
+    // A user that may subscribe to the release channel of `a` only.
+    let mut admin = nodes[0].conn().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("waiter")
+        .arg("on")
+        .arg("nopass")
+        .arg("~*")
+        .arg("+@all")
+        .arg("resetchannels")
+        .arg("&{tower-redlock:a}:released")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let holder = redlock(&nodes, Duration::from_secs(30), true).await;
+    let a = holder.try_lock("a").await.unwrap();
+    let _b = holder.try_lock("b").await.unwrap();
+    let waiter = Redlock::builder([format!("redis://waiter:any@127.0.0.1:{}", nodes[0].port())])
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let waiting_for_a = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock_within("a", Duration::from_secs(10)).await }
+    });
+    let subscribed = eventually(Duration::from_secs(5), || async {
+        subscribers(&nodes, "{tower-redlock:a}:released").await == 1
+    })
+    .await;
+    assert!(subscribed, "the waiter on a did not subscribe");
+    // The subscription for b is refused (NOPERM) on the open subscriber connection.
+    let err = waiter
+        .lock_within("b", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+    let subscribed_connections = || async {
+        client_list(&nodes[0])
+            .await
+            .iter()
+            .filter(|line| line.contains("user=waiter") && !line.contains(" sub=0 "))
+            .count()
+    };
+    let closed = eventually(Duration::from_secs(5), || async {
+        subscribed_connections().await == 0
+    })
+    .await;
+    assert!(
+        closed,
+        "the subscriber whose subscribe failed is still open: {:#?}",
+        client_list(&nodes[0]).await
+    );
+    // The waiter on a carries on, on its fallback timer.
+    holder.unlock(a).await.unwrap();
+    let lease = waiting_for_a
+        .await
+        .unwrap()
+        .expect("the waiter on a gets the lock");
+    waiter.unlock(lease).await.unwrap();
 }

@@ -20,8 +20,15 @@ pub(crate) const DEFAULT_PREFIX: &str = "tower-redlock:";
 pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 const MAX_PREFIX_LEN: usize = 128;
 
-/// Checks a key prefix: at most 128 bytes, no control characters.
+/// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}`.
+///
+/// Braces are refused because a lock's own keys and channels are named
+/// `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key: that needs
+/// lock keys without braces (resource names and request values are percent-encoded).
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.contains(['{', '}']) {
+        return Err(ConfigError::BraceInPrefix(prefix.to_owned()));
+    }
     if prefix.len() > MAX_PREFIX_LEN {
         return Err(ConfigError::InvalidPrefix(KeyError::TooLong {
             len: prefix.len(),
@@ -164,7 +171,8 @@ macro_rules! policy_setters {
         }
 
         /// The prefix put before every key, so that several applications can share Redis.
-        /// Default `"tower-redlock:"`; at most 128 bytes, no control characters.
+        /// Default `"tower-redlock:"`; at most 128 bytes, no control characters, no `{`
+        /// or `}` (a lock's own keys use the lock key as a Redis Cluster hash tag).
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.policy.prefix = std::sync::Arc::from(prefix.into());
             self
@@ -172,3 +180,28 @@ macro_rules! policy_setters {
     };
 }
 pub(crate) use policy_setters;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_with_braces_control_bytes_or_too_long_are_refused() {
+        assert!(check_prefix("tower-redlock:").is_ok());
+        assert!(check_prefix("").is_ok());
+        for bad in ["{app}:", "app{", "app}"] {
+            assert!(
+                matches!(check_prefix(bad), Err(ConfigError::BraceInPrefix(p)) if p == bad),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            check_prefix("a\nb"),
+            Err(ConfigError::InvalidPrefix(KeyError::ControlCharacter))
+        ));
+        assert!(matches!(
+            check_prefix(&"p".repeat(MAX_PREFIX_LEN + 1)),
+            Err(ConfigError::InvalidPrefix(KeyError::TooLong { .. }))
+        ));
+    }
+}

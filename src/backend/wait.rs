@@ -1,12 +1,15 @@
 //! Waiting for a held lock: waiters are woken when the holder releases.
 //!
-//! A process with waiters subscribes to a channel named after the key on every node it
-//! can reach, and wakes its waiters for the key when a message arrives; each waiter then
-//! tries again, as Redisson does. Once subscribed, a waiter's attempts mark the holder's
-//! value (a `+` after the token), and the release of a marked key publishes on the channel
-//! in the same Lua script; a key nobody waits for is released without a `PUBLISH`. A message can be missed (a node restarts, a connection drops)
-//! and a lease can simply expire without a release, so every wait also has a fallback
-//! timer: the holder's remaining TTL, capped at one second, with jitter.
+//! A process with waiters subscribes to the lock's release channel,
+//! `{<lock key>}:released`, on every node it can reach, and wakes its waiters for the key
+//! when a message arrives; each waiter then tries again, as Redisson does. Once
+//! subscribed, a waiter's attempts that find the lock held set a short-lived mark beside
+//! it, `{<lock key>}:waiters` (the holder's value is never touched, whoever wrote it), and
+//! the release of a lock with a mark deletes the mark and publishes in the same Lua
+//! script; a lock nobody waits for is released without a `PUBLISH`. A message can be
+//! missed (a node restarts, a connection drops, a foreign client releases without
+//! publishing) and a lease can simply expire without a release, so every wait also has a
+//! fallback timer: the holder's remaining TTL, capped at one second, with jitter.
 
 use std::collections::HashMap;
 use std::future::Future;

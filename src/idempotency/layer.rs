@@ -10,7 +10,6 @@ use http::{HeaderName, StatusCode, header};
 use tower_layer::Layer;
 
 use super::fingerprint::default_fingerprint;
-use super::memory::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
 use super::record::Fingerprint;
 use super::service::Idempotency;
 use super::store::Store;
@@ -128,10 +127,6 @@ impl IdempotencyLayer {
                 header: name,
                 store: Store {
                     locks: Locks::default(),
-                    memory: Arc::new(MemoryRecords::new(
-                        DEFAULT_MAX_RECORDS,
-                        DEFAULT_MAX_RECORD_BYTES,
-                    )),
                 },
                 record_ttl: DEFAULT_RECORD_TTL,
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
@@ -151,8 +146,8 @@ impl IdempotencyLayer {
     }
 
     /// The lock backend, which also keeps the records: on Redis ([`Redlock`](crate::Redlock))
-    /// they live on the lock's nodes and are shared by every replica; in process, in this
-    /// layer's bounded memory ([`max_records`](Self::max_records)).
+    /// they live on the lock's nodes and are shared by every replica; in process, beside
+    /// the locks, in bounded memory ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
     pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
         self.config().store.locks = locks.into();
         self
@@ -229,14 +224,6 @@ impl IdempotencyLayer {
     /// How the lease of a running first request is renewed; default [`Renewal::default`].
     pub fn renewal(mut self, renewal: Renewal) -> Self {
         self.config().renewal = renewal;
-        self
-    }
-
-    /// The largest number of records kept in process, and their total bytes (keys and
-    /// responses); defaults 10,000 and 64 MiB. When full, the records closest to their
-    /// expiry go first. Not used with a Redis backend.
-    pub fn max_records(mut self, records: usize, bytes: usize) -> Self {
-        self.config().store.memory = Arc::new(MemoryRecords::new(records, bytes));
         self
     }
 }

@@ -2,7 +2,6 @@
 pub(crate) mod body;
 pub(crate) mod fingerprint;
 mod layer;
-pub(crate) mod memory;
 pub(crate) mod record;
 mod service;
 pub(crate) mod store;
@@ -13,6 +12,6 @@ pub use layer::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_RECORD_TTL,
     DEFAULT_STORED_HEADERS, IdempotencyLayer, default_storable,
 };
-pub use memory::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS};
+pub use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS};
 pub use record::Fingerprint;
 pub use service::{IDEMPOTENT_REPLAYED, Idempotency, ResponseFuture};

@@ -1,6 +1,6 @@
 //! Where records live: beside the lock, on the same backend.
 //!
-//! - In process: a [`MemoryRecords`] of the layer, bounded, and the in-process lock.
+//! - In process: the bounded records kept by [`MemoryLocks`] beside its locks.
 //! - Redis: each record is a string `{<lock key>}:record` on every Redlock node, in the
 //!   lock key's Redis Cluster slot. A first request checks for a record and acquires the
 //!   lock in one script per node; it stores its record and releases the lock in one
@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::memory::MemoryRecords;
 use crate::backend::handle::Locks;
+use crate::backend::memory::MemoryLocks;
 use crate::error::LockError;
 use crate::lease::Lease;
 
@@ -35,11 +35,10 @@ pub(crate) fn record_key(lock_key: &str) -> Arc<str> {
     })
 }
 
-/// The lock backend and, in process, the records.
+/// The lock backend, which keeps the records too.
 #[derive(Debug, Clone)]
 pub(crate) struct Store {
     pub(crate) locks: Locks,
-    pub(crate) memory: Arc<MemoryRecords>,
 }
 
 impl Store {
@@ -52,20 +51,25 @@ impl Store {
     /// [`LockError::NoQuorum`] and the other backend errors.
     pub(crate) async fn begin(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
         match self.locks.as_memory() {
-            Some(_) => self.begin_in_process(key, max_wait).await,
+            Some(memory) => self.begin_in_process(memory, key, max_wait).await,
             None => self.locks.begin_idempotent(key, max_wait).await,
         }
     }
 
-    async fn begin_in_process(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
+    async fn begin_in_process(
+        &self,
+        memory: &MemoryLocks,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Begin, LockError> {
         let record_key = record_key(&key);
-        if let Some(raw) = self.memory.get(&record_key) {
+        if let Some(raw) = memory.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
         let lease = self.locks.lock_key_within(key, max_wait).await?;
         // Checked again under the lock: a holder may have stored its record and released
         // between the first look and the acquisition.
-        if let Some(raw) = self.memory.get(&record_key) {
+        if let Some(raw) = memory.records().get(&record_key) {
             let _ = self.locks.unlock(lease).await;
             return Ok(Begin::Found(raw));
         }
@@ -84,11 +88,9 @@ impl Store {
         record: Option<Bytes>,
         ttl: Duration,
     ) -> Result<(), LockError> {
-        if self.locks.as_memory().is_some() {
-            if let Some(raw) = record {
-                if lease.is_valid() {
-                    self.memory.insert(record_key(lease.key()), raw, ttl);
-                }
+        if let Some(memory) = self.locks.as_memory() {
+            if let Some(raw) = record.filter(|_| lease.is_valid()) {
+                memory.records().insert(record_key(lease.key()), raw, ttl);
             }
             return self.locks.unlock(lease).await;
         }

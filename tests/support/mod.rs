@@ -255,3 +255,252 @@ pub async fn subscribers(nodes: &[RedisNode], channel: &str) -> i64 {
     }
     total
 }
+
+/// What a [`FakeServer`] answers to every read.
+pub const HTTP_400: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+/// A RESP error, as a proxy without a backend might answer every command.
+pub const RESP_ERROR: &[u8] = b"-ERR no backend available\r\n";
+
+/// A TCP server on a given port that is not Redis: it answers every read with fixed bytes
+/// (such as an HTTP 400), or every command with [`RESP_ERROR`], and keeps the connection
+/// open, as a web server with keep-alive does. Stopped (listener and connections closed)
+/// by [`FakeServer::stop`] or on drop.
+pub struct FakeServer {
+    port: u16,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl FakeServer {
+    /// Listens on `port` (retrying for up to 5 s while it is still taken) and answers every
+    /// read with `reply`.
+    pub fn start(port: u16, reply: &'static [u8]) -> Self {
+        Self::listen(port, reply, false)
+    }
+
+    /// Listens on `port` and answers every command (each RESP array in a read) with
+    /// [`RESP_ERROR`].
+    pub fn start_resp_errors(port: u16) -> Self {
+        Self::listen(port, RESP_ERROR, true)
+    }
+
+    fn listen(port: u16, reply: &'static [u8], per_command: bool) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)) {
+                Ok(listener) => break listener,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("fake server cannot bind port {port}: {e}"),
+            }
+        };
+        listener.set_nonblocking(true).unwrap();
+        let answered = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>> = Arc::default();
+        let accept = {
+            let (answered, stop, workers) = (answered.clone(), stop.clone(), workers.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((mut stream, _)) => {
+                            let (answered, stop) = (answered.clone(), stop.clone());
+                            let worker = std::thread::spawn(move || {
+                                stream.set_nonblocking(false).unwrap();
+                                stream
+                                    .set_read_timeout(Some(Duration::from_millis(10)))
+                                    .unwrap();
+                                let mut buf = [0u8; 4096];
+                                while !stop.load(Ordering::Acquire) {
+                                    match stream.read(&mut buf) {
+                                        Ok(0) => return,
+                                        Ok(n) => {
+                                            let commands = if per_command {
+                                                // Array headers at the start of a line.
+                                                let read = &buf[..n];
+                                                usize::from(read.first() == Some(&b'*'))
+                                                    + read
+                                                        .windows(3)
+                                                        .filter(|w| w == b"\r\n*")
+                                                        .count()
+                                            } else {
+                                                1
+                                            };
+                                            if stream.write_all(&reply.repeat(commands)).is_err() {
+                                                return;
+                                            }
+                                            answered.fetch_add(1, Ordering::AcqRel);
+                                        }
+                                        Err(e)
+                                            if matches!(
+                                                e.kind(),
+                                                std::io::ErrorKind::WouldBlock
+                                                    | std::io::ErrorKind::TimedOut
+                                            ) => {}
+                                        Err(_) => return,
+                                    }
+                                }
+                            });
+                            workers.lock().unwrap().push(worker);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+                // The listener closes here; then every connection.
+                drop(listener);
+                for worker in std::mem::take(&mut *workers.lock().unwrap()) {
+                    let _ = worker.join();
+                }
+            })
+        };
+        FakeServer {
+            port,
+            answered,
+            stop,
+            threads: vec![accept],
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How many reads it has answered, over all connections.
+    pub fn answered(&self) -> usize {
+        self.answered.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Closes the listener and every connection, and waits until they are closed.
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A TCP proxy on a free loopback port in front of a node. [`Proxy::black_hole`] makes
+/// the connections open at that moment stop forwarding in both directions while staying
+/// open, as a path whose peer vanished without a reset (a replaced pod behind a stale
+/// NAT entry, a dropped route): nothing answers, nothing fails. New connections are
+/// forwarded as before. Stops with the test's runtime or on drop.
+pub struct Proxy {
+    port: u16,
+    epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let epoch = Arc::new(AtomicU64::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let tasks: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let accept = {
+            let (epoch, open, tasks) = (epoch.clone(), open.clone(), tasks.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                        continue;
+                    };
+                    let born = epoch.load(Ordering::Acquire);
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    open.fetch_add(1, Ordering::AcqRel);
+                    let up = tokio::spawn(forward(client_read, server_write, epoch.clone(), born));
+                    let down =
+                        tokio::spawn(forward(server_read, client_write, epoch.clone(), born));
+                    let open = open.clone();
+                    let (up_handle, down_handle) = (up.abort_handle(), down.abort_handle());
+                    let watcher = tokio::spawn(async move {
+                        // Closed when the client side closes (or the server's does).
+                        let _ = up.await;
+                        open.fetch_sub(1, Ordering::AcqRel);
+                        down.abort();
+                    });
+                    tasks
+                        .lock()
+                        .unwrap()
+                        .extend([watcher.abort_handle(), up_handle, down_handle]);
+                }
+            })
+        };
+        tasks.lock().unwrap().push(accept.abort_handle());
+        Proxy {
+            port,
+            epoch,
+            open,
+            tasks,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// From now on, connections opened before this call forward nothing (and stay open).
+    pub fn black_hole(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Client connections open through the proxy.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Copies `from` to `to` while the connection's epoch is current; afterwards reads and
+/// drops, so that the connection stays open but silent. Ends when `from` closes.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if epoch.load(std::sync::atomic::Ordering::Acquire) == born
+            && to.write_all(&buf[..n]).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}

@@ -1,5 +1,12 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per node, opened on
 //! the first wait, waking this process's waiters (see [`Waiters`]) when a holder releases.
+//!
+//! A lock's release channel is `{<lock key>}:released` (see [`Aux`]). A subscriber
+//! connection lives as long as the client (every handle of the [`Redlock`]) or until it
+//! is replaced, whichever comes first: dropping it ends its reader task, which closes the
+//! connection.
+//!
+//! [`Redlock`]: super::Redlock
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -8,7 +15,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
+use tokio::sync::oneshot;
 
+use super::scripts::Aux;
 use crate::backend::wait::Waiters;
 
 /// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
@@ -42,8 +51,11 @@ struct NodeSubscriber {
 struct Subscriber {
     sink: PubSubSink,
     alive: Arc<AtomicBool>,
-    /// The channels this connection's subscription to is confirmed.
+    /// The lock keys whose release channel this connection's subscription to is confirmed.
     channels: HashSet<Arc<str>>,
+    /// Dropped with the subscriber (replaced, or the client gone): the reader task then
+    /// ends and drops its half, and the connection closes.
+    _close: oneshot::Sender<()>,
 }
 
 impl Notifier {
@@ -88,11 +100,13 @@ impl Notifier {
             if open.channels.contains(key) {
                 return Ok(());
             }
-            let subscribed = open.sink.subscribe(&**key).await;
+            let subscribed = open.sink.subscribe(Aux::released(key)).await;
             match subscribed {
                 Ok(()) => {
                     open.channels.insert(key.clone());
                 }
+                // Closes the connection (see `Subscriber::_close`); the next subscription
+                // opens a new one.
                 Err(_) => *sink = None,
             }
             subscribed
@@ -122,7 +136,8 @@ impl Notifier {
                 }
                 if let Some(open) = sink.as_mut() {
                     open.channels.remove(&key);
-                    let _ = tokio::time::timeout(this.timeout, open.sink.unsubscribe(&*key)).await;
+                    let unsubscribe = open.sink.unsubscribe(Aux::released(&key));
+                    let _ = tokio::time::timeout(this.timeout, unsubscribe).await;
                 }
             }
         });
@@ -135,17 +150,29 @@ impl Notifier {
         let (mut sink, mut stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
-            sink.subscribe(waited.iter().map(|k| &**k).collect::<Vec<_>>())
-                .await?;
+            let channels: Vec<_> = waited.iter().map(|key| Aux::released(key)).collect();
+            sink.subscribe(channels).await?;
         }
         // Only now: should this future be dropped (the subscribe timed out) or fail before,
         // both halves go with it and the connection is closed, not left to a reader task.
         let waiters = self.waiters.clone();
         let alive = Arc::new(AtomicBool::new(true));
         let reader_alive = alive.clone();
+        let (close, mut closed) = oneshot::channel::<()>();
         tokio::spawn(async move {
-            while let Some(msg) = stream.next().await {
-                waiters.wake(msg.get_channel_name());
+            loop {
+                tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(msg) => {
+                            if let Some(key) = Aux::lock_key_of_release(msg.get_channel_name()) {
+                                waiters.wake(key);
+                            }
+                        }
+                        None => break,
+                    },
+                    // The subscriber was dropped: dropping `stream` closes the connection.
+                    _ = &mut closed => break,
+                }
             }
             reader_alive.store(false, Ordering::Release);
             // Whoever waits now would miss notifications from this node: let them re-try.
@@ -155,6 +182,7 @@ impl Notifier {
             sink,
             alive,
             channels: waited.into_iter().collect(),
+            _close: close,
         })
     }
 }

@@ -1,27 +1,42 @@
 //! The Lua scripts, hashed once (SHA-1 in `redis::Script::new`) and run by `EVALSHA`,
 //! with a fallback to loading them when a node answers `NOSCRIPT` (after a restart, say).
 
-use std::sync::LazyLock;
+use std::fmt;
+use std::io::Write;
+use std::sync::{Arc, LazyLock};
 
-use redis::aio::ConnectionManager;
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
+    Value,
+};
+
+use crate::backend::connection::Connection;
+use crate::error::NodeFailureReason;
+use crate::lease::Token;
 
 /// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
 /// computed once, when the script is first used.
-pub(crate) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
+pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(numkeys);
     cmd
 }
 
 /// Every script, to load on each node when the client is built.
-pub(crate) static ALL: [&LazyLock<Script>; 5] =
-    [&RELEASE, &EXTEND, &ACQUIRE_WAITING, &ACQUIRE_FENCED, &FENCE];
+static ALL: [&LazyLock<Script>; 7] = [
+    &RELEASE,
+    &EXTEND,
+    &ACQUIRE_WAITING,
+    &ACQUIRE_FENCED,
+    &FENCE,
+    &super::idempotency::BEGIN,
+    &super::idempotency::FINISH,
+];
 
 /// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
 /// `NOSCRIPT` (a node restarted, or one that never saw it).
-pub(crate) async fn run<T: FromRedisValue>(
-    conn: &mut ConnectionManager,
+pub(super) async fn run<T: FromRedisValue>(
+    conn: &mut Connection,
     script: &Script,
     cmd: &Cmd,
 ) -> RedisResult<T> {
@@ -34,67 +49,72 @@ pub(crate) async fn run<T: FromRedisValue>(
     }
 }
 
-/// Deletes the key only if it holds our token (the Redis docs' release script), and tells
-/// apart "it had expired" from "another holder has it".
+/// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
+/// release script), and tells apart "it had expired" from "another holder has it".
 ///
-/// Waking waiters: a waiter that subscribed to the key's channel marks the holder's value
-/// with a `+` after the token ([`ACQUIRE_WAITING`]). When the key holds `{token}+` and
-/// ARGV[2] is `1`, the release publishes on the channel named after the key. A key nobody
-/// waits for is released without a `PUBLISH`, at the cost of the bare compare-and-delete.
-/// The cleanup of an attempt that fell short of a quorum passes `0`: two waiters that split
-/// the nodes between them would otherwise wake each other in a loop while the holder
-/// keeps the lock.
+/// Waking waiters: a waiter that subscribed to the lock's release channel sets the
+/// waiters' mark KEYS[2] ([`ACQUIRE_WAITING`]); the holder's value is never touched. When
+/// ARGV[2] is `1` and the mark is there, the release deletes it and publishes on the
+/// channel `{<lock key>}:released`. A lock nobody waits for is released without a
+/// `PUBLISH`, for the cost of one `DEL` of a missing key. The cleanup of an attempt that
+/// fell short of a quorum passes `0` and leaves the mark to the real holder: two waiters
+/// that split the nodes between them would otherwise wake each other in a loop while the
+/// holder keeps the lock.
 ///
-/// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds another
-/// token, where `pttl` is the holder's remaining TTL in ms (-1: no expiry); one integer,
-/// the cheapest reply to build and parse.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+/// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds anything
+/// else (another token, or a value of another type), where `pttl` is the holder's
+/// remaining TTL in ms (-1: no expiry); one integer, the cheapest reply to build and
+/// parse.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
+    redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+  end
   return 1
 elseif not v then
   return 0
-elseif v == ARGV[1] .. '+' then
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] == '1' then
-    redis.call('PUBLISH', KEYS[1], '')
-  end
-  return 1
 end
 return -3 - redis.call('PTTL', KEYS[1])
 ",
     )
 });
 
-/// Sets a new TTL (ARGV[2], ms) only if the key holds our token (ARGV[1]), marked by a
-/// waiter or not.
+/// Sets a new TTL (ARGV[2], ms) on the lock key KEYS[1] only if it holds our token
+/// ARGV[1]. With a second key, the fencing counter KEYS[2], and ARGV[3], the counter's
+/// expiry is refreshed to ARGV[3] ms as well when it holds a valid counter.
 ///
-/// Returns 1 when extended, 0 when the key is gone, -1 when it holds another token.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// Returns 1 when extended, 0 when the key is gone, -1 when it holds anything else.
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
         r"
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or (v and v == ARGV[1] .. '+') then
+local v = redis.pcall('GET', KEYS[1])
+if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[2] then
+    {READ_COUNTER}
+    if c and {COUNTER_VALID} then
+      redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    end
+  end
   return 1
 elseif not v then
   return 0
 end
 return -1
-",
-    )
+"
+    ))
 });
 
-/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and when the key is held,
-/// the waiter's mark on the holder's value (once; `APPEND` keeps the TTL), so that the
-/// holder's release publishes. Only this crate's 32-digit tokens are marked (`pcall`: a key
-/// of another type is just held, not an error).
+/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and when the lock is held,
+/// the waiters' mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes. The
+/// holder's value is left as it is, whoever wrote it.
 ///
 /// Returns 0 when set, -1 when the key is held.
-pub(crate) static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
+static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -106,21 +126,31 @@ return -1
     ))
 });
 
-/// Marks the holder's value of KEYS[1] for a waiter: one `+` after a 32-digit token.
-const MARK: &str = r"if redis.pcall('STRLEN', KEYS[1]) == 32 then
-  redis.call('APPEND', KEYS[1], '+')
-end";
+/// Sets the waiters' mark KEYS[2] (or KEYS[3] in [`ACQUIRE_FENCED`]) for ARGV[3] ms.
+const MARK: &str = "redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])";
+
+/// Reads the fencing counter KEYS[2] into `c`: `false` when unset, and `COUNTER_VALID`
+/// holds when it is unset or a decimal integer below 2^53 (exact as a Lua number).
+const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
+const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
 /// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
-/// stands (0 when unset), read atomically with the SET. Returns -1 when the key is held,
-/// after marking it as [`ACQUIRE_WAITING`] does when ARGV[3] is `1` (a waiter's attempt).
-pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
+/// stands (0 when unset), read atomically with the SET. When the lock is held and ARGV[4]
+/// is `1` (a waiter's attempt), sets the waiters' mark KEYS[3] for ARGV[3] ms.
+///
+/// Returns the counter when set, -1 when the key is held, -2 (before anything is set)
+/// when the counter holds anything but an integer below 2^53.
+static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
+{READ_COUNTER}
+if not {COUNTER_VALID} then
+  return -2
 end
-if ARGV[3] == '1' then
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(c or '0')
+end
+if ARGV[4] == '1' then
   {MARK}
 end
 return -1
@@ -128,21 +158,277 @@ return -1
     ))
 });
 
-/// Raises the fencing counter KEYS[2] to ARGV[2] while KEYS[1] holds our token ARGV[1]
-/// (marked by a waiter or not).
-/// Returns 1 when done (or already higher), 0 when the key does not hold our token.
-pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// Raises the fencing counter KEYS[2] to ARGV[2] while the lock key KEYS[1] holds our
+/// token ARGV[1], and sets the counter's expiry to ARGV[3] ms.
+///
+/// Returns 1 when done (or already higher), 0 when the key does not hold our token, -2
+/// when the counter holds anything but an integer below 2^53 (left as it is).
+static FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
         r"
-local v = redis.call('GET', KEYS[1])
-if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-if current < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+{READ_COUNTER}
+if not {COUNTER_VALID} then
+  return -2
+end
+if tonumber(c or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return 1
-",
-    )
+"
+    ))
 });
+
+/// A lock's own key or channel beside the lock key: `{<lock key>}:<role>`.
+///
+/// The hash tag `{<lock key>}` puts it in the lock key's Redis Cluster slot, and since
+/// lock keys never contain `{` or `}` (the prefix is checked, resource names and request
+/// values are percent-encoded), it can never be a lock key itself.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Aux<'a> {
+    lock_key: &'a str,
+    role: &'static str,
+}
+
+impl<'a> Aux<'a> {
+    /// The waiters' mark: present while a waiter subscribed to the release channel waits.
+    pub(super) fn waiters(lock_key: &'a str) -> Self {
+        Self {
+            lock_key,
+            role: "waiters",
+        }
+    }
+
+    /// The release channel, published on when a marked lock is released.
+    pub(super) fn released(lock_key: &'a str) -> Self {
+        Self {
+            lock_key,
+            role: "released",
+        }
+    }
+
+    /// The lock's idempotency record.
+    pub(super) fn record(lock_key: &'a str) -> Self {
+        Self {
+            lock_key,
+            role: "record",
+        }
+    }
+
+    /// The lock's fencing counter.
+    pub(super) fn fence(lock_key: &'a str) -> Self {
+        Self {
+            lock_key,
+            role: "fence",
+        }
+    }
+
+    /// The lock key of a release channel's name.
+    pub(super) fn lock_key_of_release(channel: &str) -> Option<&str> {
+        channel.strip_prefix('{')?.strip_suffix("}:released")
+    }
+}
+
+impl fmt::Display for Aux<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{{}}}:{}", self.lock_key, self.role)
+    }
+}
+
+impl ToRedisArgs for Aux<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Written in place: no string is built.
+        let mut arg = out.writer_for_next_arg();
+        for part in [
+            b"{".as_slice(),
+            self.lock_key.as_bytes(),
+            b"}:",
+            self.role.as_bytes(),
+        ] {
+            // Writing into the command's buffer cannot fail.
+            let _ = arg.write_all(part);
+        }
+    }
+}
+
+/// One node's answer to a release.
+pub(super) enum Release {
+    /// The key held our token and is deleted.
+    Deleted,
+    /// The key was gone.
+    Absent,
+    /// Something else holds the key, for `pttl_ms` more (-1: no expiry).
+    HeldByOther { pttl_ms: i64 },
+}
+
+/// What an acquisition attempt sends besides the key and the token.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Attempt {
+    /// The lease TTL, in ms.
+    pub(super) ttl_ms: u64,
+    /// Read the fencing counter atomically with the `SET`.
+    pub(super) fenced: bool,
+    /// A waiter's attempt: set the waiters' mark for this many ms when the lock is held.
+    pub(super) mark_ms: Option<u64>,
+}
+
+/// An acquisition attempt on one node: `Some(counter)` when the key is ours (the fencing
+/// counter as it stood, 0 without fencing), `None` when it is held.
+pub(super) async fn acquire(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    attempt: Attempt,
+) -> Result<Option<u64>, NodeFailureReason> {
+    let reply = if attempt.fenced {
+        let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
+        cmd.arg(&*key)
+            .arg(Aux::fence(&key))
+            .arg(Aux::waiters(&key))
+            .arg(token.as_bytes())
+            .arg(attempt.ttl_ms)
+            .arg(attempt.mark_ms.unwrap_or(0))
+            .arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
+        let counter: i64 = run(&mut conn, &ACQUIRE_FENCED, &cmd).await?;
+        if counter == -2 {
+            return Err(invalid_counter(&key));
+        }
+        u64::try_from(counter).ok()
+    } else if let Some(mark_ms) = attempt.mark_ms {
+        let mut cmd = evalsha(&ACQUIRE_WAITING, 2);
+        cmd.arg(&*key)
+            .arg(Aux::waiters(&key))
+            .arg(token.as_bytes())
+            .arg(attempt.ttl_ms)
+            .arg(mark_ms);
+        let set: i64 = run(&mut conn, &ACQUIRE_WAITING, &cmd).await?;
+        u64::try_from(set).ok()
+    } else {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&*key)
+            .arg(token.as_bytes())
+            .arg("NX")
+            .arg("PX")
+            .arg(attempt.ttl_ms);
+        let reply = cmd.query_async::<Value>(&mut conn).await?;
+        matches!(reply, Value::Okay).then_some(0)
+    };
+    Ok(reply)
+}
+
+fn invalid_counter(key: &str) -> NodeFailureReason {
+    NodeFailureReason::InvalidFencingCounter {
+        key: Aux::fence(key).to_string(),
+    }
+}
+
+/// Extends the key's TTL to `ttl_ms` where it holds `token`, and with `fence_ms` the
+/// fencing counter's expiry: 1 when done, 0 when the key is gone, -1 when something else
+/// holds it.
+pub(super) async fn extend(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = evalsha(&EXTEND, if fence_ms.is_some() { 2 } else { 1 });
+    cmd.arg(&*key);
+    if fence_ms.is_some() {
+        cmd.arg(Aux::fence(&key));
+    }
+    cmd.arg(token.as_bytes()).arg(ttl_ms);
+    if let Some(fence_ms) = fence_ms {
+        cmd.arg(fence_ms);
+    }
+    Ok(run(&mut conn, &EXTEND, &cmd).await?)
+}
+
+/// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.
+pub(super) async fn release(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    publish: bool,
+) -> Result<Release, NodeFailureReason> {
+    let mut cmd = evalsha(&RELEASE, 2);
+    cmd.arg(&*key)
+        .arg(Aux::waiters(&key))
+        .arg(token.as_bytes())
+        .arg(if publish { "1" } else { "0" });
+    let code: i64 = run(&mut conn, &RELEASE, &cmd).await?;
+    Ok(match code {
+        1 => Release::Deleted,
+        0 => Release::Absent,
+        _ => Release::HeldByOther {
+            pttl_ms: (-3i64).saturating_sub(code),
+        },
+    })
+}
+
+/// Raises the fencing counter to `fencing_token` where the key holds `token`, and sets
+/// its expiry to `fence_ms`: 1 when done, 0 when the key does not hold the token.
+pub(super) async fn raise_fence(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    fencing_token: u64,
+    fence_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = evalsha(&FENCE, 2);
+    cmd.arg(&*key)
+        .arg(Aux::fence(&key))
+        .arg(token.as_bytes())
+        .arg(fencing_token)
+        .arg(fence_ms);
+    let reply = run(&mut conn, &FENCE, &cmd).await?;
+    if reply == -2 {
+        return Err(invalid_counter(&key));
+    }
+    Ok(reply)
+}
+
+/// Loads every script on the node.
+pub(super) async fn load_all(mut conn: Connection) -> Result<(), NodeFailureReason> {
+    for script in ALL {
+        script.load_async(&mut conn).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aux_keys_carry_the_lock_key_as_their_hash_tag() {
+        let key = "tower-redlock:/items:42";
+        assert_eq!(
+            Aux::waiters(key).to_string(),
+            "{tower-redlock:/items:42}:waiters"
+        );
+        assert_eq!(
+            Aux::fence(key).to_string(),
+            "{tower-redlock:/items:42}:fence"
+        );
+        let channel = Aux::released(key).to_string();
+        assert_eq!(channel, "{tower-redlock:/items:42}:released");
+        assert_eq!(Aux::lock_key_of_release(&channel), Some(key));
+        assert_eq!(Aux::lock_key_of_release(key), None);
+        assert_eq!(Aux::lock_key_of_release("{x}:fence"), None);
+    }
+
+    #[test]
+    fn aux_keys_are_written_as_one_argument() {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(Aux::waiters("k"));
+        assert_eq!(
+            cmd.get_packed_command(),
+            b"*2\r\n$6\r\nEXISTS\r\n$11\r\n{k}:waiters\r\n".to_vec()
+        );
+    }
+}

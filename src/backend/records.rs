@@ -1,4 +1,4 @@
-//! The in-process record store: bounded memory, expired records evicted.
+//! The in-process store of idempotency records: bounded memory, expired records evicted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};

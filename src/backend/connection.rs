@@ -1,0 +1,272 @@
+//! One Redis node's connection, replaced after every kind of failure.
+//!
+//! redis-rs's `ConnectionManager` reconnects only after an I/O error
+//! (`reconnect_if_io_error` in its `aio/connection_manager.rs`, redis 1.x): a connection
+//! attempt that fails another way stays stored, and every later command gets the same
+//! error until the process restarts. That happens when a node's port answers something
+//! that is not Redis (an HTTP server, a TLS port: a parse error) or refuses the handshake
+//! (a proxy without a backend answering `-ERR` to `SELECT`: a server error). No setting
+//! of `ConnectionManagerConfig` changes it. And no error at all comes from a connection
+//! whose peer vanished without a reset: its commands wait for ever.
+//!
+//! [`Connection`] keeps redis-rs's multiplexed connection
+//! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
+//! - when a connection attempt fails, whatever the error;
+//! - when a command fails with anything but the server's reply (an I/O or parse error);
+//! - when a command is given up by its caller (a timeout) with nothing answered on the
+//!   connection since it was sent, and then a `PING` probe gets no answer within
+//!   [`PROBE_TIMEOUT`] while nothing else is answered either.
+//!
+//! A new attempt starts at most once per [`RETRY_INTERVAL`]; in between, commands get
+//! the last attempt's error at once. Replaced connections close when their last command
+//! ends.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
+};
+
+/// The shortest time between two connection attempts to one node: 100 ms.
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a probe of a silent connection waits for `PONG`: 1 s. Probes of one
+/// connection start at most once per this interval.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+
+/// A cheap handle to one node's connection; clones share it. See the module docs.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    shared: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: AsyncConnectionConfig,
+    label: String,
+    db: i64,
+    state: Mutex<State>,
+    /// Replies received (any reply, errors of the server included), for telling a silent
+    /// connection from a busy one.
+    replies: AtomicU64,
+    /// Whether the last outcome was a failure (for logging the recovery once).
+    failing: AtomicBool,
+}
+
+struct State {
+    connecting: Connecting,
+    /// Counts replacements, so that a late failure of an old connection replaces nothing.
+    generation: u64,
+    /// When the current connection's attempt started.
+    started: Instant,
+    probing: bool,
+    probed: Option<Instant>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("node", &self.shared.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `error` is the server's reply to a command, which says nothing against the
+/// connection.
+fn is_reply(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+}
+
+fn connect(client: &Client, config: &AsyncConnectionConfig) -> Connecting {
+    let (client, config) = (client.clone(), config.clone());
+    async move {
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+    .boxed()
+    .shared()
+}
+
+impl Connection {
+    /// A connection to `client`'s node, opened by the first command (not here). Each
+    /// attempt, handshake included, is bounded by `connect_timeout`; commands have no
+    /// bound of their own (the callers bound them).
+    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
+        let info = client.get_connection_info();
+        let label = info.addr().to_string();
+        let db = info.redis_settings().db();
+        let connecting = connect(&client, &config);
+        Self {
+            shared: Arc::new(Inner {
+                client,
+                config,
+                label,
+                db,
+                state: Mutex::new(State {
+                    connecting,
+                    generation: 0,
+                    started: Instant::now(),
+                    probing: false,
+                    probed: None,
+                }),
+                replies: AtomicU64::new(0),
+                failing: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Runs `op` on the current connection, and replaces the connection after a failure.
+    async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let inner = &self.shared;
+        let (connecting, generation) = {
+            let state = inner.state();
+            (state.connecting.clone(), state.generation)
+        };
+        let conn = match connecting.await {
+            Ok(conn) => conn,
+            Err(e) => {
+                inner.failed(generation, &e);
+                return Err(e);
+            }
+        };
+        let mut pending = Pending {
+            shared: &self.shared,
+            generation,
+            replies: inner.replies.load(Ordering::Acquire),
+            armed: true,
+        };
+        let result = op(conn).await;
+        pending.armed = false;
+        match &result {
+            Err(e) if !is_reply(e) => inner.failed(generation, e),
+            _ => inner.replied(),
+        }
+        result
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.run(move |mut conn| async move { conn.send_packed_command(cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.run(move |mut conn| async move {
+            conn.send_packed_commands(pipeline, offset, count).await
+        }))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.db
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock; recover the state if a panic ever did.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn replied(&self) {
+        self.replies.fetch_add(1, Ordering::AcqRel);
+        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
+            tracing::info!(node = %self.label, "Redis node answers again");
+        }
+    }
+
+    /// The connection of `generation` failed: start a new attempt, unless one started
+    /// since, or less than [`RETRY_INTERVAL`] ago.
+    fn failed(&self, generation: u64, error: &dyn std::fmt::Display) {
+        let mut state = self.state();
+        if state.generation != generation || state.started.elapsed() < RETRY_INTERVAL {
+            return;
+        }
+        if self.failing.swap(true, Ordering::AcqRel) {
+            tracing::debug!(node = %self.label, %error, "Redis node still failing; reconnecting");
+        } else {
+            tracing::warn!(node = %self.label, %error, "Redis node failed; reconnecting");
+        }
+        state.generation += 1;
+        state.started = Instant::now();
+        state.connecting = connect(&self.client, &self.config);
+        // Connect now, so that the next command finds the connection ready.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(state.connecting.clone().map(drop));
+        }
+    }
+
+    /// A command of `generation` was given up with nothing answered since it was sent:
+    /// probe the connection with `PING`, unless a probe runs or ran less than
+    /// [`PROBE_TIMEOUT`] ago.
+    fn suspect(self: &Arc<Self>, generation: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let connecting = {
+            let mut state = self.state();
+            let recent = state.probed.is_some_and(|at| at.elapsed() < PROBE_TIMEOUT);
+            if state.generation != generation || state.probing || recent {
+                return;
+            }
+            state.probing = true;
+            state.probed = Some(Instant::now());
+            state.connecting.clone()
+        };
+        let inner = self.clone();
+        runtime.spawn(async move {
+            let replies = inner.replies.load(Ordering::Acquire);
+            let ping = async {
+                let mut conn = connecting.await?;
+                conn.send_packed_command(&redis::cmd("PING")).await
+            };
+            match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
+                Ok(Err(e)) if !is_reply(&e) => inner.failed(generation, &e),
+                Ok(_) => inner.replied(),
+                // Something else was answered meanwhile: busy, not gone.
+                Err(_) if inner.replies.load(Ordering::Acquire) != replies => {}
+                Err(_) => inner.failed(
+                    generation,
+                    &format_args!("no answer to PING within {PROBE_TIMEOUT:?}"),
+                ),
+            }
+            inner.state().probing = false;
+        });
+    }
+}
+
+/// A command in flight; when its caller gives it up (drops it) with nothing answered on
+/// the connection since it was sent, the connection is probed.
+struct Pending<'a> {
+    shared: &'a Arc<Inner>,
+    generation: u64,
+    replies: u64,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.shared.replies.load(Ordering::Acquire) == self.replies {
+            self.shared.suspect(self.generation);
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! [`MemoryRateLimiter`]: fixed-window counters in this process's memory.
+
+use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use super::RateLimitError;
+use super::quota::{Quota, Usage};
+use crate::backend::settings::check_resource;
+
+/// Fixed-window counters in this process's memory, with the same semantics as
+/// [`RedisRateLimiter`](super::RedisRateLimiter): a window per key that starts with its
+/// first request and lasts the quota's window, refused requests counted too, the time to
+/// reset reported.
+///
+/// It is the embedded default ([`RateLimiter::default`](super::RateLimiter::default)):
+/// for examples, single-replica services and tests. It does not share counts across
+/// processes. Counting takes a short mutex, no `.await`. Cloning is cheap and shares the
+/// counters.
+///
+/// # Bounded memory
+///
+/// It holds at most [`max_keys`](Self::with_max_keys) live windows (default
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000), so that a client rotating its
+/// id cannot make it grow without end. A window is dropped as soon as it has ended
+/// (expired windows are evicted first, before any new one is refused), in `O(log n)` per
+/// window. Each live window costs about 115 bytes plus the key's length, allocator
+/// overhead aside (measured on 64-bit Linux at the default cap: 135 bytes for a 20-byte
+/// key, 13.6 MB for 100,000 windows; about 38 MB with the longest keys a layer makes, a
+/// 256-byte value; about 115 MB with 1,024-byte keys, the longest a direct call
+/// accepts). The memory is given back as the windows end.
+///
+/// When `max_keys` windows are live, a request on a key that has none is not counted:
+/// [`hit`](Self::hit) answers [`RateLimitError::StoreFull`], which the
+/// [`RateLimitLayer`](crate::RateLimitLayer) treats as an unavailable store
+/// ([`fail_open`](crate::RateLimitLayer::fail_open): let through uncounted by default,
+/// 503 when failing closed). Keys that have a window go on being counted and limited.
+/// Refusing new keys outright (429) would let the client that fills the store lock every
+/// new client out for a whole window; letting them through gives that client nothing it
+/// lacks already, since each fresh id starts a fresh window anyway. Where the limit is a
+/// security control, fail closed.
+///
+/// ```
+/// use tower_redlock::{MemoryRateLimiter, Quota, RateLimitError};
+///
+/// let limiter = MemoryRateLimiter::with_max_keys(2);
+/// let quota: Quota = "2/60".parse()?;
+/// assert_eq!(limiter.hit("ip:203.0.113.7", quota)?.remaining(), 1);
+/// assert_eq!(limiter.hit("ip:203.0.113.7", quota)?.remaining(), 0);
+/// assert!(limiter.hit("ip:203.0.113.7", quota)?.is_exceeded());
+/// limiter.hit("ip:203.0.113.8", quota)?;
+/// // Two live windows: a third key is not counted until one ends.
+/// assert!(matches!(
+///     limiter.hit("ip:203.0.113.9", quota),
+///     Err(RateLimitError::StoreFull { max_keys: 2 })
+/// ));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct MemoryRateLimiter {
+    inner: Arc<Mutex<Windows>>,
+}
+
+struct Windows {
+    counts: HashMap<Arc<str>, Window>,
+    /// Every window by the instant it ends, soonest first: one entry per key of `counts`.
+    ends: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    max_keys: usize,
+}
+
+struct Window {
+    count: u64,
+    resets_at: Instant,
+}
+
+/// Capacity kept when the store shrinks.
+const MIN_CAPACITY: usize = 1024;
+
+impl fmt::Debug for MemoryRateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let windows = self.windows();
+        f.debug_struct("MemoryRateLimiter")
+            .field("keys", &windows.counts.len())
+            .field("max_keys", &windows.max_keys)
+            .finish()
+    }
+}
+
+impl Default for MemoryRateLimiter {
+    /// New, empty counters, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) live
+    /// windows.
+    fn default() -> Self {
+        Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
+    }
+}
+
+impl MemoryRateLimiter {
+    /// The default bound on live windows: 100,000 (about 14 MB with 20-byte keys).
+    pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+    /// New, empty counters, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) live
+    /// windows.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// New, empty counters holding at most `max_keys` live windows (at least 1; 0 is
+    /// raised to 1). See [Bounded memory](Self#bounded-memory) for what happens when
+    /// they are all taken.
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Windows {
+                counts: HashMap::new(),
+                ends: BinaryHeap::new(),
+                max_keys: max_keys.max(1),
+            })),
+        }
+    }
+
+    /// The bound on live windows.
+    pub fn max_keys(&self) -> usize {
+        self.windows().max_keys
+    }
+
+    /// The number of windows held: the live ones, and ended ones not evicted yet (those
+    /// go at the next requests).
+    pub fn len(&self) -> usize {
+        self.windows().counts.len()
+    }
+
+    /// Whether no window is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn windows(&self) -> MutexGuard<'_, Windows> {
+        // No code panics while holding the lock; recover the map if a panic ever did.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one request on `resource` under `quota`: the count after this request, and
+    /// the time until the window resets. The first request of a window starts it.
+    ///
+    /// # Errors
+    ///
+    /// [`RateLimitError::InvalidKey`] for an empty key, one over
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
+    /// characters; [`RateLimitError::StoreFull`] for a key without a live window while
+    /// [`max_keys`](Self::with_max_keys) windows are live. It never answers
+    /// [`RateLimitError::Unavailable`].
+    pub fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        check_resource(resource)?;
+        let now = Instant::now();
+        let mut windows = self.windows();
+        windows.evict_ended(now);
+        let full = windows.counts.len() >= windows.max_keys;
+        let (count, resets_at) = match windows.counts.get_mut(resource) {
+            Some(window) => {
+                window.count = window.count.saturating_add(1);
+                (window.count, window.resets_at)
+            }
+            None if full => {
+                return Err(RateLimitError::StoreFull {
+                    max_keys: windows.max_keys,
+                });
+            }
+            None => {
+                let resets_at = now + quota.window();
+                let key: Arc<str> = Arc::from(resource);
+                windows.ends.push(Reverse((resets_at, key.clone())));
+                windows.counts.insert(
+                    key,
+                    Window {
+                        count: 1,
+                        resets_at,
+                    },
+                );
+                (1, resets_at)
+            }
+        };
+        Ok(Usage {
+            count,
+            limit: quota.limit(),
+            reset_after: resets_at - now,
+        })
+    }
+}
+
+impl Windows {
+    /// Evicts the windows that ended by `now`, soonest first; `O(log n)` each, and
+    /// nothing to do but a look at the soonest end when none has.
+    fn evict_ended(&mut self, now: Instant) {
+        let mut evicted = false;
+        while let Some(end) = self.ends.peek_mut() {
+            if end.0.0 > now {
+                break;
+            }
+            let Reverse((_, key)) = PeekMut::pop(end);
+            self.counts.remove(&key);
+            evicted = true;
+        }
+        if evicted {
+            self.shrink();
+        }
+    }
+
+    /// Gives memory back once at most a quarter of the capacity is used.
+    fn shrink(&mut self) {
+        let len = self.counts.len();
+        if self.counts.capacity() > MIN_CAPACITY.max(len.saturating_mul(4)) {
+            let keep = MIN_CAPACITY.max(len.saturating_mul(2));
+            self.counts.shrink_to(keep);
+            self.ends.shrink_to(keep);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::key::{KeyError, MAX_RESOURCE_LEN};
+
+    fn quota(text: &str) -> Quota {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn memory_counts_a_fixed_window_per_key() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("3/60");
+        let counts: Vec<u64> = (0..5)
+            .map(|_| limiter.hit("a", q).unwrap().count())
+            .collect();
+        assert_eq!(counts, [1, 2, 3, 4, 5]);
+        assert_eq!(limiter.hit("b", q).unwrap().count(), 1);
+        let usage = limiter.hit("a", q).unwrap();
+        assert!(usage.is_exceeded());
+        assert!(usage.reset_after() <= Duration::from_secs(60));
+        assert!(usage.reset_after() > Duration::from_secs(59));
+    }
+
+    #[test]
+    fn memory_window_does_not_move_with_later_hits() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("10/200ms");
+        let first = limiter.hit("a", q).unwrap().reset_after();
+        std::thread::sleep(Duration::from_millis(20));
+        let later = limiter.hit("a", q).unwrap().reset_after();
+        assert!(later < first, "{later:?} < {first:?}");
+    }
+
+    #[test]
+    fn memory_window_resets_after_it_ends() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("1/30ms");
+        assert!(!limiter.hit("a", q).unwrap().is_exceeded());
+        assert!(limiter.hit("a", q).unwrap().is_exceeded());
+        std::thread::sleep(Duration::from_millis(40));
+        let usage = limiter.hit("a", q).unwrap();
+        assert_eq!(usage.count(), 1);
+        assert!(usage.reset_after() <= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn memory_sweeps_expired_windows() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("1/1ms");
+        for i in 0..MIN_CAPACITY {
+            limiter.hit(&format!("k{i}"), q).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        limiter.hit("last", q).unwrap();
+        assert_eq!(limiter.windows().counts.len(), 1);
+    }
+
+    #[test]
+    fn rotating_ids_cannot_grow_the_store_past_its_cap() {
+        let limiter = MemoryRateLimiter::with_max_keys(1000);
+        let q = quota("5/3600");
+        for i in 0..10_000 {
+            match limiter.hit(&format!("id:{i}"), q) {
+                Ok(usage) => assert!(i < 1000, "id {i} counted: {usage:?}"),
+                Err(RateLimitError::StoreFull { max_keys: 1000 }) => assert!(i >= 1000),
+                Err(e) => panic!("{e}"),
+            }
+            assert!(limiter.len() <= 1000, "{} windows", limiter.len());
+        }
+        assert_eq!(limiter.len(), 1000);
+        // Clients that have a window go on being counted and limited.
+        for _ in 0..4 {
+            assert!(!limiter.hit("id:7", q).unwrap().is_exceeded());
+        }
+        let usage = limiter.hit("id:7", q).unwrap();
+        assert_eq!(usage.count(), 6);
+        assert!(usage.is_exceeded());
+    }
+
+    #[test]
+    fn ended_windows_are_evicted_before_a_new_key_is_refused() {
+        let limiter = MemoryRateLimiter::with_max_keys(10);
+        let short = quota("1/20ms");
+        for i in 0..9 {
+            limiter.hit(&format!("short:{i}"), short).unwrap();
+        }
+        limiter.hit("long", quota("1/60")).unwrap();
+        assert!(matches!(
+            limiter.hit("new", short),
+            Err(RateLimitError::StoreFull { max_keys: 10 })
+        ));
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(limiter.hit("new", short).unwrap().count(), 1);
+        // Every ended window went; the live one stayed, with its count.
+        assert_eq!(limiter.len(), 2);
+        assert_eq!(limiter.hit("long", quota("1/60")).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn memory_is_given_back_as_windows_end() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("1/500ms");
+        for i in 0..20_000 {
+            limiter.hit(&format!("k{i}"), q).unwrap();
+        }
+        assert!(limiter.windows().counts.capacity() >= 20_000);
+        std::thread::sleep(Duration::from_millis(510));
+        limiter.hit("last", q).unwrap();
+        let windows = limiter.windows();
+        assert_eq!(windows.counts.len(), 1);
+        assert!(windows.ends.len() == 1);
+        assert!(
+            windows.counts.capacity() <= 2 * MIN_CAPACITY,
+            "capacity {}",
+            windows.counts.capacity()
+        );
+        assert!(windows.ends.capacity() <= 2 * MIN_CAPACITY);
+    }
+
+    #[test]
+    fn the_cap_has_a_default_and_is_at_least_one() {
+        assert_eq!(
+            MemoryRateLimiter::new().max_keys(),
+            MemoryRateLimiter::DEFAULT_MAX_KEYS
+        );
+        assert_eq!(MemoryRateLimiter::DEFAULT_MAX_KEYS, 100_000);
+        let one = MemoryRateLimiter::with_max_keys(0);
+        assert_eq!(one.max_keys(), 1);
+        assert!(one.is_empty());
+        one.hit("a", quota("1/60")).unwrap();
+        assert!(one.hit("b", quota("1/60")).is_err());
+    }
+
+    #[test]
+    fn invalid_keys_are_refused() {
+        let limiter = MemoryRateLimiter::new();
+        let q = quota("1/1");
+        assert!(matches!(
+            limiter.hit("", q),
+            Err(RateLimitError::InvalidKey(KeyError::Empty))
+        ));
+        assert!(matches!(
+            limiter.hit("a\nb", q),
+            Err(RateLimitError::InvalidKey(KeyError::ControlCharacter))
+        ));
+        assert!(matches!(
+            limiter.hit(&"a".repeat(MAX_RESOURCE_LEN + 1), q),
+            Err(RateLimitError::InvalidKey(KeyError::TooLong { .. }))
+        ));
+    }
+}

@@ -1,0 +1,238 @@
+//! [`RedisRateLimiter`]: fixed-window counters on one Redis node.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::{Client, Script};
+
+use super::RateLimitError;
+use super::quota::{Quota, Usage};
+use crate::backend::connection::Connection;
+use crate::backend::settings::check_resource;
+use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+
+/// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock-rate:"`.
+///
+/// It is not inside the lock backends' default prefix (`"tower-redlock:"`), so that no
+/// lock key (whatever its scope) can be a rate-limit key: the two differ at the 14th byte.
+pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock-rate:";
+/// Default bound on one Redis call of [`RedisRateLimiter`]: 100 ms.
+pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The fixed-window counter, atomically: `INCR` the key, set its expiry on the first hit
+/// only, answer `{count, pttl_ms}`.
+///
+/// This is the Redis `INCR` documentation's "Pattern: Rate limiter 2"
+/// (<https://redis.io/docs/latest/commands/incr/>) as one script, so that no client can
+/// crash between `INCR` and `PEXPIRE` and leave a counter without expiry. A key found
+/// without expiry anyway (written by something else) is given one window, rather than
+/// blocking its client forever.
+static HIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local count = redis.call('INCR', KEYS[1])
+if count == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  return {count, tonumber(ARGV[1])}
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  ttl = tonumber(ARGV[1])
+end
+return {count, ttl}
+",
+    )
+});
+
+/// Fixed-window counters on one Redis node, shared by every replica that uses that node.
+///
+/// A rate limit needs no quorum: one node (or a replicated primary) is enough, and a
+/// count lost in a failover only lets a few extra requests through. Each request is one
+/// round trip: the script of the Redis `INCR` documentation's rate limiter pattern
+/// (`INCR`, `PEXPIRE` on the first hit, `PTTL`), run with `EVALSHA`.
+///
+/// The connection is multiplexed; every call is bounded by the
+/// [timeout](RedisRateLimiterBuilder::timeout), so a dead Redis costs at most that long per
+/// request, never a hang. Cloning is cheap and shares the connection.
+///
+/// The connection is replaced after any kind of failure, so that the limit comes back
+/// when Redis does. A connection that fails (refused, reset, an answer that is not Redis,
+/// a refused handshake) is replaced by the next call, with at most one connection attempt
+/// per 100 ms, each bounded by the timeout or 500 ms, whichever is longer: once Redis
+/// answers again, calls use it within about 100 ms plus one connection (measured: 80 to
+/// 95 ms). A connection that goes silent without failing (its peer gone without a reset)
+/// is probed with `PING` when a call times out with nothing else answered, at most once a
+/// second, and replaced when the probe gets no answer within 1 s: within the timeout plus
+/// 2 s.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{Quota, RateLimiter, RedisRateLimiter};
+///
+/// let redis = RedisRateLimiter::builder("redis://127.0.0.1:6379").build().await?;
+/// let usage = redis.hit("ip:203.0.113.7", "100/60".parse::<Quota>()?).await?;
+/// println!("{} left for {:?}", usage.remaining(), usage.reset_after());
+/// let limiter = RateLimiter::from(redis); // for RateLimitLayer::backend
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisRateLimiter {
+    inner: Arc<RedisInner>,
+}
+
+struct RedisInner {
+    label: String,
+    conn: Connection,
+    timeout: Duration,
+    prefix: Arc<str>,
+}
+
+impl fmt::Debug for RedisRateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRateLimiter")
+            .field("node", &self.inner.label)
+            .field("timeout", &self.inner.timeout)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+/// Builds a [`RedisRateLimiter`]; see [`RedisRateLimiter::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisRateLimiterBuilder {
+    client: Result<Client, ConfigError>,
+    timeout: Duration,
+    prefix: String,
+}
+
+impl RedisRateLimiter {
+    /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
+    pub fn builder(url: impl AsRef<str>) -> RedisRateLimiterBuilder {
+        let client = Client::open(url.as_ref())
+            .map_err(|source| ConfigError::InvalidUrl { index: 0, source });
+        RedisRateLimiterBuilder::new(client)
+    }
+
+    /// Starts a builder from a ready redis-rs client.
+    pub fn from_client(client: Client) -> RedisRateLimiterBuilder {
+        RedisRateLimiterBuilder::new(Ok(client))
+    }
+
+    /// The prefix put before every key.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The bound on one call.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Counts one request on `resource` (stored as `{prefix}{resource}`) under `quota`,
+    /// in one atomic script: the count after this request, and the time until the window
+    /// resets. The first request of a window starts it; it lasts `quota.window()`.
+    ///
+    /// # Errors
+    ///
+    /// [`RateLimitError::Unavailable`] when Redis does not answer within the timeout or
+    /// fails; [`RateLimitError::InvalidKey`] for an empty key, one over
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
+    /// characters.
+    pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        check_resource(resource)?;
+        let inner = &*self.inner;
+        let mut key = String::with_capacity(inner.prefix.len() + resource.len());
+        key.push_str(&inner.prefix);
+        key.push_str(resource);
+        let mut conn = inner.conn.clone();
+        let mut invocation = HIT.key(key);
+        invocation.arg(quota.window_ms());
+        let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
+        let failure = |reason| {
+            RateLimitError::Unavailable(NodeFailure {
+                node: inner.label.clone(),
+                reason,
+            })
+        };
+        let (count, pttl_ms) = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => return Err(failure(NodeFailureReason::Redis(e))),
+            Err(_) => return Err(failure(NodeFailureReason::Timeout(inner.timeout))),
+        };
+        Ok(Usage {
+            count: u64::try_from(count).unwrap_or(0),
+            limit: quota.limit(),
+            reset_after: Duration::from_millis(u64::try_from(pttl_ms).unwrap_or(0)),
+        })
+    }
+}
+
+impl RedisRateLimiterBuilder {
+    fn new(client: Result<Client, ConfigError>) -> Self {
+        Self {
+            client,
+            timeout: DEFAULT_RATE_TIMEOUT,
+            prefix: DEFAULT_RATE_PREFIX.to_owned(),
+        }
+    }
+
+    /// The prefix put before every key, so that several applications can share Redis.
+    /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
+    /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
+    /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal a
+    /// counter's key.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
+    /// 1 ms are raised to 1 ms. When it passes, the request is let through or answered
+    /// 503, as the layer is configured.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
+    /// be reached now is not an error: it is retried on every later call (which fails,
+    /// within the timeout, until it answers).
+    ///
+    /// Needs a Tokio runtime with the time driver.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
+    /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
+    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
+    pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
+        crate::backend::settings::check_prefix(&self.prefix)?;
+        let client = self.client?;
+        let label = client.get_connection_info().addr().to_string();
+        let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
+        let limiter = RedisRateLimiter {
+            inner: Arc::new(RedisInner {
+                label,
+                conn,
+                timeout: self.timeout,
+                prefix: Arc::from(self.prefix),
+            }),
+        };
+        let mut conn = limiter.inner.conn.clone();
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<()>(&mut conn);
+        match tokio::time::timeout(limiter.inner.timeout, ping).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(node = %limiter.inner.label, error = %e, "Redis not reachable yet; it will be retried")
+            }
+            Err(_) => {
+                tracing::warn!(node = %limiter.inner.label, timeout = ?limiter.inner.timeout, "Redis not reachable yet; it will be retried")
+            }
+        }
+        Ok(limiter)
+    }
+}

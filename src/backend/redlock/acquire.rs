@@ -1,0 +1,168 @@
+//! An acquisition: the `SET NX` round, the fencing round, and the cleanup of an attempt
+//! that fell short.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Redlock;
+use super::round::{Answers, Stragglers};
+use super::scripts::{self, Attempt, Release};
+use super::tally::{Rule, Verdict, Vote};
+use crate::error::{LockError, NodeFailureReason};
+use crate::lease::{Lease, Token};
+
+impl Redlock {
+    /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the lock's
+    /// release channel) sets the waiters' mark where the lock is held, so that its
+    /// holder's release publishes.
+    pub(super) async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+        let token = Token::random();
+        let start = Instant::now();
+        // Releases whatever was set if this future is dropped before the verdict.
+        let mut guard = AcquireGuard {
+            redlock: self,
+            key: &key,
+            token,
+            armed: true,
+            quorum: false,
+        };
+        let attempt = Attempt {
+            ttl_ms: self.inner.policy.ttl_ms(),
+            fenced: self.inner.fence_ms.is_some(),
+            mark_ms: waiting.then_some(self.inner.mark_ms),
+        };
+        let round = self
+            .on_nodes(
+                |conn| scripts::acquire(conn, key.clone(), token, attempt),
+                |set| Vote::of(set.is_some()),
+                Rule::Contest,
+                Stragglers::Drop,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => {}
+            // Released in the background by the guard: nothing to wait for.
+            Verdict::NoQuorum => return Err(self.no_quorum(round)),
+            Verdict::Lost => {
+                // Taken: the release also tells how long the holders have left. A quorum
+                // of answers is enough for that; the rest finish in the background.
+                let cleanup = self
+                    .release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
+                    .await;
+                guard.armed = false;
+                return Err(LockError::Taken {
+                    retry_after: self.retry_after(&cleanup),
+                });
+            }
+        }
+        // From here a failure gives up a lock that waiters may be marking: its release
+        // wakes them.
+        guard.quorum = true;
+        let fencing_token = match self.inner.fence_ms {
+            Some(fence_ms) => {
+                warn_invalid_counters(&round);
+                let highest = round.values().flatten().copied().max().unwrap_or(0);
+                let raised = self.raise_fence(&key, token, highest, fence_ms, start);
+                Some(raised.await?)
+            }
+            None => None,
+        };
+        let elapsed = start.elapsed();
+        // Without validity left, the guard, still armed, releases in the background.
+        let validity = self
+            .validity(elapsed)
+            .ok_or(LockError::TooSlow { elapsed })?;
+        guard.armed = false;
+        Ok(Lease {
+            key: key.clone(),
+            token,
+            ttl: self.inner.policy.ttl,
+            valid_until: start + validity,
+            fencing_token,
+            backend: self.inner.id,
+        })
+    }
+
+    /// The second round of a fenced acquisition: the token is one above the highest
+    /// counter the acquiring nodes returned, written back to every node where we hold the
+    /// key, with the counter's expiry set to `fence_ms`. Succeeds with a quorum of writes.
+    async fn raise_fence(
+        &self,
+        key: &Arc<str>,
+        token: Token,
+        highest_counter: u64,
+        fence_ms: u64,
+        start: Instant,
+    ) -> Result<u64, LockError> {
+        let fencing_token = highest_counter.saturating_add(1);
+        let round = self
+            .on_nodes(
+                |conn| scripts::raise_fence(conn, key.clone(), token, fencing_token, fence_ms),
+                |written| Vote::of(*written == 1),
+                Rule::Proof,
+                Stragglers::Finish,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => Ok(fencing_token),
+            Verdict::Lost => Err(LockError::TooSlow {
+                elapsed: start.elapsed(),
+            }),
+            Verdict::NoQuorum => Err(self.no_quorum(round)),
+        }
+    }
+
+    /// How long until enough holders' keys expire for a quorum to be free.
+    fn retry_after(&self, cleanup: &Answers<Release>) -> Duration {
+        let ttl = self.inner.policy.ttl;
+        let mut held: Vec<Duration> = Vec::with_capacity(cleanup.answers.len());
+        let mut free = 0usize;
+        for release in cleanup.values() {
+            match release {
+                Release::Deleted | Release::Absent => free += 1,
+                Release::HeldByOther { pttl_ms } => match u64::try_from(*pttl_ms) {
+                    Ok(ms) => held.push(Duration::from_millis(ms)),
+                    // -1: no expiry set (not one of ours); -2: gone meanwhile.
+                    Err(_) if *pttl_ms == -2 => free += 1,
+                    Err(_) => held.push(ttl),
+                },
+            }
+        }
+        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
+            return Duration::ZERO;
+        };
+        held.sort_unstable();
+        held.get(needed - 1).copied().unwrap_or(ttl)
+    }
+}
+
+/// Logs the nodes of a won round whose fencing counter another client spoiled: the lock
+/// was acquired without them, but they stay out of every fenced acquisition of the key.
+fn warn_invalid_counters(round: &Answers<Option<u64>>) {
+    for answer in round.answers.iter().flatten() {
+        if let Err(reason @ NodeFailureReason::InvalidFencingCounter { .. }) = answer {
+            tracing::warn!(
+                reason = ?reason,
+                "a node's fencing counter is not an integer; delete it"
+            );
+        }
+    }
+}
+
+struct AcquireGuard<'a> {
+    redlock: &'a Redlock,
+    key: &'a Arc<str>,
+    token: Token,
+    armed: bool,
+    /// Whether a quorum of nodes was acquired (the release then wakes marked waiters).
+    quorum: bool,
+}
+
+impl Drop for AcquireGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.redlock
+                .release_detached(self.key.clone(), self.token, self.quorum);
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The builder of a [`Redlock`]: configuration checks, connections, script loading.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::connection::Connection;
+use redis::Client;
+
+use super::notify::Notifier;
+use super::round::{self, Stragglers};
+use super::tally::{Rule, Vote};
+use super::{Inner, Node, Redlock, scripts};
+use crate::backend::settings::{Policy, policy_setters};
+use crate::backend::wait::MAX_FALLBACK;
+use crate::error::ConfigError;
+
+/// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
+const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
+/// Default clock drift factor, as the Redis docs and go-redsync: 0.01.
+const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// The fixed part of the drift allowance: 2 ms.
+const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Builds a [`Redlock`]; see [`Redlock::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedlockBuilder {
+    nodes: Vec<Result<Client, ConfigError>>,
+    node_timeout: Option<Duration>,
+    drift_factor: f64,
+    fencing: bool,
+    notify_waiters: bool,
+    policy: Policy,
+}
+
+/// The shortest life of a fencing counter after its last write-back or renewal: 24 h.
+const FENCE_LIFETIME_MIN: Duration = Duration::from_secs(24 * 3600);
+/// A fencing counter lives at least this many TTLs after its last write-back or renewal.
+const FENCE_LIFETIME_TTLS: u32 = 100;
+
+impl RedlockBuilder {
+    pub(super) fn new(nodes: Vec<Result<Client, ConfigError>>) -> Self {
+        Self {
+            nodes,
+            node_timeout: None,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            fencing: false,
+            notify_waiters: true,
+            policy: Policy::default(),
+        }
+    }
+
+    policy_setters!();
+
+    /// How long to wait for one node's answer before counting it as failed. Default 5% of
+    /// the TTL (500 ms for the default 10 s), as go-redsync. It must be shorter than the
+    /// TTL, and should be much shorter so that a dead node cannot eat the validity.
+    /// Every operation returns as soon as the answers in hand decide its verdict (a
+    /// quorum of OKs; for `Taken`, a quorum of answers with too many "held"; for
+    /// `Expired`, N - quorum + 1 "gone"), and finishes its cleanup on the slower nodes in
+    /// the background, so a hung node costs nothing while the others agree; the timeout
+    /// bounds the wait when the verdict needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
+    /// network.
+    ///
+    /// Recovery: a node's connection that fails in any way (refused, reset, an answer that
+    /// is not Redis, a refused handshake) is replaced by the next operation, with at most
+    /// one connection attempt per 100 ms, each bounded by the node timeout or 500 ms,
+    /// whichever is longer. Once the node serves Redis again, operations use it within
+    /// about 100 ms plus one connection (measured: 70 to 95 ms). A connection that goes
+    /// silent without failing (its peer gone without a reset) is probed with `PING` when
+    /// an operation gives up on it with nothing else answered, at most once a second, and
+    /// replaced when the probe gets no answer within 1 s: within the node timeout plus
+    /// 2 s.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// The clock drift factor: the validity is reduced by `ttl * factor + 2 ms` to allow for
+    /// clocks that run at different rates. Default 0.01 (the Redis docs, go-redsync); a
+    /// finite number in `[0, 0.5)`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Whether [`lock_within`](Redlock::lock_within) waiters subscribe to release
+    /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber
+    /// connection per node, opened on the first wait and closed when the last handle of
+    /// the client is dropped). Default on; off, waiters only re-try on their fallback
+    /// timer (the holder's remaining TTL, capped at 1 s), and set no mark. A release
+    /// publishes only when a subscribed waiter (of any process) set the mark
+    /// `{<lock key>}:waiters` beside the lock, so a lock nobody waits for costs no
+    /// `PUBLISH`.
+    pub fn notify_waiters(mut self, enabled: bool) -> Self {
+        self.notify_waiters = enabled;
+        self
+    }
+
+    /// Issue a fencing token with every acquisition ([`Lease::fencing_token`]). Default
+    /// off: it costs one more round trip per acquisition.
+    ///
+    /// Each lock key has its own counter on every node, `{<lock key>}:fence` (in the lock
+    /// key's Redis Cluster slot; no lock key can take that name). An acquisition reads
+    /// the counter on every node atomically with its `SET NX`, takes one above the
+    /// highest value seen, and writes it back (raising, never lowering) on every node
+    /// where it holds the key, requiring a quorum of those writes before it succeeds.
+    ///
+    /// Why the token is monotonic across quorums, not just per node: a later acquisition
+    /// of the same key succeeds on a quorum, and any two quorums share a node. On that
+    /// shared node the later `SET NX` succeeded only after the earlier holder's key was
+    /// gone, hence after the earlier holder's write-back there (which ran while its key
+    /// held its token). So the later acquisition reads at least the earlier token and
+    /// issues a strictly greater one, even if its quorum misses the node that holds the
+    /// highest counter.
+    ///
+    /// Lifetime: so that counters do not fill the keyspace, a counter expires
+    /// `max(24 h, 100 × TTL)` after the last write-back or renewal
+    /// ([`Redlock::extend`]) of a fenced lease of its key on that node. The argument
+    /// above needs the shared node's counter to still be there, so the order holds
+    /// between two acquisitions of a key less than that apart, counting from the earlier
+    /// lease's last renewal on the shared node. After a longer idle time the counter
+    /// starts again from 1: storage that keeps the highest token of a key for longer than
+    /// that will refuse the new, smaller tokens (forget its tokens sooner, or keep a
+    /// key busy), and a holder paused for that long past its last renewal could write
+    /// with a token above the new holder's.
+    ///
+    /// A counter that holds anything but a decimal integer below 2^53 was not written by
+    /// this crate: it is left as it is, and that node counts as failed for fenced
+    /// acquisitions of the key ([`NodeFailureReason::InvalidFencingCounter`], naming the
+    /// key; [`LockError::NoQuorum`] when too few nodes are left).
+    ///
+    /// Assumptions: nodes keep their data. A node restarted empty forgets its counter;
+    /// while every other node of a later quorum took part in the earlier write-back the
+    /// order still holds, but a restart combined with another failure can issue a smaller
+    /// token (A writes back on X and Z while Y is down; X restarts empty; B acquires on X
+    /// and Y). Delayed restarts protect the lock, not the counter. Run the nodes with
+    /// persistence (`appendonly yes`, `appendfsync always`) where fencing matters. Tokens
+    /// are exact up to 2^53 (Lua numbers).
+    ///
+    /// [`NodeFailureReason::InvalidFencingCounter`]: crate::NodeFailureReason::InvalidFencingCounter
+    /// [`LockError::NoQuorum`]: crate::LockError::NoQuorum
+    /// [`Lease::fencing_token`]: crate::Lease::fencing_token
+    pub fn fencing_tokens(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
+        self
+    }
+
+    /// Checks the configuration, opens a connection to every node and loads the Lua
+    /// scripts there, each node bounded by the node timeout. A node that cannot be reached
+    /// now is not an error: it is retried on every later operation, and locks are granted
+    /// while a quorum answers.
+    ///
+    /// Needs a Tokio runtime with the time driver.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`]: no nodes, an invalid URL, a zero or too long TTL, a TTL too short
+    /// to leave validity after the drift allowance, a node timeout not shorter than the
+    /// TTL, a drift factor out of range, an empty retry delay range, or a bad prefix.
+    pub async fn build(self) -> Result<Redlock, ConfigError> {
+        self.policy.validate()?;
+        if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {
+            return Err(ConfigError::InvalidDriftFactor(self.drift_factor));
+        }
+        let ttl = self.policy.ttl;
+        let drift = ttl.mul_f64(self.drift_factor).saturating_add(DRIFT_FLOOR);
+        if ttl <= drift {
+            return Err(ConfigError::InvalidTtl {
+                ttl,
+                reason: "it leaves no validity after the clock drift allowance (ttl * drift_factor + 2 ms)",
+            });
+        }
+        let node_timeout = self
+            .node_timeout
+            .unwrap_or(ttl / DEFAULT_NODE_TIMEOUT_FACTOR);
+        if node_timeout.is_zero() || node_timeout >= ttl {
+            return Err(ConfigError::InvalidNodeTimeout {
+                timeout: node_timeout,
+                ttl,
+            });
+        }
+        if self.nodes.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        let connect_timeout = node_timeout.max(Duration::from_millis(500));
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut clients = Vec::with_capacity(self.nodes.len());
+        for client in self.nodes {
+            let client = client?;
+            clients.push(client.clone());
+            let label = client.get_connection_info().addr().to_string();
+            let conn = Connection::new(client, connect_timeout);
+            nodes.push(Node { label, conn });
+        }
+        let quorum = nodes.len() / 2 + 1;
+        let redlock = Redlock {
+            inner: Arc::new(Inner {
+                id: crate::backend::next_backend_id(),
+                nodes,
+                notifier: self.notify_waiters.then(|| {
+                    Arc::new(Notifier::new(
+                        clients,
+                        node_timeout.max(Duration::from_millis(100)),
+                    ))
+                }),
+                fence_ms: self.fencing.then(|| {
+                    millis(FENCE_LIFETIME_MIN.max(ttl.saturating_mul(FENCE_LIFETIME_TTLS)))
+                }),
+                mark_ms: millis(MAX_FALLBACK.saturating_mul(2).saturating_add(node_timeout)),
+                quorum,
+                node_timeout,
+                drift,
+                policy: self.policy,
+            }),
+        };
+        // Loading the scripts now also checks that the nodes answer. An acquisition
+        // returns once the quorum is decided and drops the slower nodes' commands, so on
+        // a node that lacks a script (flushed, restarted) the `NOSCRIPT` fallback might
+        // never run there; releases and extensions finish theirs and load it again.
+        let loads = round::run(
+            redlock
+                .inner
+                .nodes
+                .iter()
+                .map(|node| scripts::load_all(node.conn.clone())),
+            node_timeout,
+            quorum,
+            |()| Vote::For,
+            Rule::Proof,
+            Stragglers::Await,
+        )
+        .await;
+        for (node, load) in redlock.inner.nodes.iter().zip(loads.answers) {
+            if let Some(Err(reason)) = load {
+                tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
+            }
+        }
+        Ok(redlock)
+    }
+}
+
+/// A duration in whole milliseconds, saturating (every duration here is bounded by
+/// [`MAX_TTL`](crate::backend::settings::MAX_TTL) times a small factor).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,277 @@
+//! The quorum round: one operation sent to every node at once under one deadline, the
+//! answers tallied as they come ([`Tally`]), and a return as soon as they decide the
+//! verdict, finishing or dropping the stragglers as the caller asks.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use super::tally::{Rule, Tally, Verdict, Vote};
+use crate::error::NodeFailureReason;
+
+/// What to do with the nodes still answering once the verdict is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stragglers {
+    /// Do not decide early: wait for every node, up to the deadline.
+    Await,
+    /// Return at the verdict and stop waiting for the rest.
+    Drop,
+    /// Return at the verdict and finish the rest in the background, up to the deadline
+    /// (writes that must land, such as releases).
+    Finish,
+}
+
+/// Every node's answer in node order (`None` for a node whose answer was not awaited),
+/// and the verdict they gave.
+pub(super) struct Answers<T> {
+    pub(super) verdict: Verdict,
+    pub(super) answers: Vec<Option<Result<T, NodeFailureReason>>>,
+}
+
+impl<T> Answers<T> {
+    /// The answers that came, in node order, without the failures.
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        self.answers
+            .iter()
+            .filter_map(|a| a.as_ref()?.as_ref().ok())
+    }
+}
+
+/// Runs `ops` (one per node, all started at once, so one timer bounds them all) and
+/// tallies their answers with `vote`.
+///
+/// Unless `stragglers` is [`Stragglers::Await`], returns as soon as the tally has a
+/// verdict: a hung node then costs nothing while the others decide.
+///
+/// The operations are taken from `ops` before the returned future is first polled, so
+/// that the future holds only them.
+pub(super) fn run<I, Fut, T>(
+    ops: I,
+    timeout: Duration,
+    quorum: usize,
+    vote: fn(&T) -> Vote,
+    rule: Rule,
+    stragglers: Stragglers,
+) -> impl Future<Output = Answers<T>>
+where
+    I: IntoIterator<Item = Fut>,
+    I::IntoIter: ExactSizeIterator,
+    Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut ops = ops.into_iter();
+    let nodes = ops.len();
+    // One node: nothing to tally against, no boxing.
+    let single = if nodes == 1 { ops.next() } else { None };
+    let pending: Vec<_> = ops.map(|op| Some(Box::pin(op))).collect();
+    async move {
+        match single {
+            Some(op) => run_one(op, timeout, quorum, vote, rule).await,
+            None => run_many(pending, timeout, quorum, vote, rule, stragglers).await,
+        }
+    }
+}
+
+async fn run_one<Fut, T>(
+    op: Fut,
+    timeout: Duration,
+    quorum: usize,
+    vote: fn(&T) -> Vote,
+    rule: Rule,
+) -> Answers<T>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>>,
+{
+    let answer = tokio::time::timeout(timeout, op)
+        .await
+        .unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
+    let mut tally = Tally::new(1);
+    tally.record(answer.as_ref().ok().map(vote));
+    Answers {
+        verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
+        answers: vec![Some(answer)],
+    }
+}
+
+async fn run_many<Fut, T>(
+    pending: Vec<Option<Pin<Box<Fut>>>>,
+    timeout: Duration,
+    quorum: usize,
+    vote: fn(&T) -> Vote,
+    rule: Rule,
+    stragglers: Stragglers,
+) -> Answers<T>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
+    T: Send + 'static,
+{
+    let nodes = pending.len();
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
+    let mut round = Round {
+        pending,
+        answers: (0..nodes).map(|_| None).collect(),
+        vote,
+        tally: Tally::new(nodes),
+    };
+    let early = stragglers != Stragglers::Await;
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    let timed_out = std::future::poll_fn(|cx| {
+        if round.poll_pending(cx) || (early && round.tally.verdict(quorum, rule).is_some()) {
+            Poll::Ready(false)
+        } else {
+            timer.as_mut().poll(cx).map(|()| true)
+        }
+    })
+    .await;
+    if timed_out {
+        round.time_out(timeout);
+    } else if stragglers == Stragglers::Finish && round.tally.pending > 0 {
+        // Healthy nodes answer within moments of each other: give them a short grace (as
+        // long as the verdict took, at least 1 ms) before handing the rest to a background
+        // task, so that the common case spawns nothing.
+        let grace = started.elapsed().max(Duration::from_millis(1));
+        timer
+            .as_mut()
+            .reset(deadline.min(tokio::time::Instant::now() + grace));
+        std::future::poll_fn(|cx| {
+            if round.poll_pending(cx) {
+                Poll::Ready(())
+            } else {
+                timer.as_mut().poll(cx)
+            }
+        })
+        .await;
+        if tokio::time::Instant::now() >= deadline {
+            round.time_out(timeout);
+        }
+        let rest: Vec<_> = round.pending.drain(..).flatten().collect();
+        if !rest.is_empty() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(tokio::time::timeout_at(
+                    deadline,
+                    futures_util::future::join_all(rest),
+                ));
+            }
+        }
+    }
+    Answers {
+        verdict: round
+            .tally
+            .verdict(quorum, rule)
+            .unwrap_or(Verdict::NoQuorum),
+        answers: round.answers,
+    }
+}
+
+/// The node operations of one [`run`], polled in place.
+struct Round<Fut, T> {
+    pending: Vec<Option<Pin<Box<Fut>>>>,
+    answers: Vec<Option<Result<T, NodeFailureReason>>>,
+    vote: fn(&T) -> Vote,
+    tally: Tally,
+}
+
+impl<Fut, T> Round<Fut, T>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>>,
+{
+    /// Polls the operations still pending and records their answers; true once none is.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut all_done = true;
+        for (slot, answer) in self.pending.iter_mut().zip(&mut self.answers) {
+            let Some(operation) = slot else { continue };
+            match operation.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    *slot = None;
+                    self.tally.record(result.as_ref().ok().map(self.vote));
+                    *answer = Some(result);
+                }
+                Poll::Pending => all_done = false,
+            }
+        }
+        all_done
+    }
+
+    /// Counts the operations still pending at the deadline as timed out, and drops them.
+    fn time_out(&mut self, timeout: Duration) {
+        for (slot, answer) in self.pending.iter_mut().zip(&mut self.answers) {
+            if slot.take().is_some() {
+                self.tally.record(None);
+                *answer = Some(Err(NodeFailureReason::Timeout(timeout)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(value: bool) -> Result<bool, NodeFailureReason> {
+        Ok(value)
+    }
+
+    fn vote(value: &bool) -> Vote {
+        Vote::of(*value)
+    }
+
+    #[tokio::test]
+    async fn run_returns_at_the_verdict_without_the_hung_node() {
+        let timeout = Duration::from_secs(30);
+        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+            Box::pin(answer(true)),
+            Box::pin(std::future::pending()),
+            Box::pin(answer(true)),
+        ];
+        let started = std::time::Instant::now();
+        let answers = run(ops, timeout, 2, vote, Rule::Proof, Stragglers::Drop).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(answers.verdict, Verdict::Won);
+        assert!(
+            answers.answers[1].is_none(),
+            "the hung node was not awaited"
+        );
+        assert_eq!(answers.values().count(), 2);
+    }
+
+    #[tokio::test]
+    async fn run_times_out_the_nodes_it_needs() {
+        let timeout = Duration::from_millis(50);
+        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+            Box::pin(answer(true)),
+            Box::pin(std::future::pending()),
+            Box::pin(std::future::pending()),
+        ];
+        let answers = run(ops, timeout, 2, vote, Rule::Proof, Stragglers::Finish).await;
+        assert_eq!(answers.verdict, Verdict::NoQuorum);
+        assert!(matches!(
+            answers.answers[1],
+            Some(Err(NodeFailureReason::Timeout(t))) if t == timeout
+        ));
+    }
+
+    #[tokio::test]
+    async fn await_waits_for_every_node() {
+        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+            Box::pin(answer(true)),
+            Box::pin(answer(true)),
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(false)
+            }),
+        ];
+        let answers = run(
+            ops,
+            Duration::from_secs(5),
+            2,
+            vote,
+            Rule::Proof,
+            Stragglers::Await,
+        )
+        .await;
+        assert_eq!(answers.verdict, Verdict::Won);
+        assert!(answers.answers.iter().all(Option::is_some));
+    }
+}

@@ -1,0 +1,302 @@
+//! The tally of a quorum round: node answers counted as they come, and the verdict they
+//! give, as soon as the nodes not heard from can no longer change it.
+//!
+//! The one place where node answers are counted, for every operation: acquisition
+//! ([`Rule::Contest`]), extension, release and the fencing write ([`Rule::Proof`]).
+
+/// How one node's answer counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Vote {
+    /// The node did what was asked (`SET NX` took, the token was there).
+    For,
+    /// The node answered, and the answer is against (the key is held by another, or our
+    /// token is gone).
+    Against,
+}
+
+impl Vote {
+    /// For when `agrees`, else against.
+    pub(super) fn of(agrees: bool) -> Self {
+        if agrees { Vote::For } else { Vote::Against }
+    }
+}
+
+/// What the answers of a round say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// A quorum voted for.
+    Won,
+    /// The answers rule the operation out.
+    Lost,
+    /// The answers in time decide nothing: too many nodes failed.
+    NoQuorum,
+}
+
+/// The answers counted so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tally {
+    /// Answers that voted for.
+    pub(super) won: usize,
+    /// Answers that voted against.
+    pub(super) against: usize,
+    /// Nodes that failed or did not answer in time.
+    pub(super) failed: usize,
+    /// Nodes not heard from yet.
+    pub(super) pending: usize,
+}
+
+impl Tally {
+    /// Nothing heard yet from `nodes` nodes.
+    pub(super) fn new(nodes: usize) -> Self {
+        Self {
+            pending: nodes,
+            ..Self::default()
+        }
+    }
+
+    /// Counts one node's answer: its vote, or `None` when it failed.
+    pub(super) fn record(&mut self, vote: Option<Vote>) {
+        self.pending = self.pending.saturating_sub(1);
+        match vote {
+            Some(Vote::For) => self.won += 1,
+            Some(Vote::Against) => self.against += 1,
+            None => self.failed += 1,
+        }
+    }
+
+    fn nodes(&self) -> usize {
+        self.won + self.against + self.failed + self.pending
+    }
+
+    /// The verdict under `rule`, once the answers so far decide it (whatever the pending
+    /// nodes say); `None` while they could still change it. Always `Some` once nothing
+    /// is pending.
+    pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<Verdict> {
+        if self.won >= quorum {
+            return Some(Verdict::Won);
+        }
+        let can_win = self.won + self.pending >= quorum;
+        match rule {
+            Rule::Contest => {
+                let answered = self.won + self.against;
+                if can_win {
+                    None
+                } else if answered >= quorum {
+                    Some(Verdict::Lost)
+                } else if answered + self.pending < quorum {
+                    Some(Verdict::NoQuorum)
+                } else {
+                    None
+                }
+            }
+            Rule::Proof => {
+                // Against on N - quorum + 1 nodes: the rest cannot make a quorum.
+                let proof = self.nodes().saturating_sub(quorum) + 1;
+                if self.against >= proof {
+                    Some(Verdict::Lost)
+                } else if !can_win && self.against + self.pending < proof {
+                    Some(Verdict::NoQuorum)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// What it takes for a round to be lost rather than without a quorum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rule {
+    /// An acquisition: lost (the lock is taken) once at least a quorum of nodes answered
+    /// and the votes for can no longer reach a quorum. With fewer answers, whatever they
+    /// said, nothing is known about the lock: no quorum.
+    Contest,
+    /// An operation on a held lease (extend, release, the fencing write): lost (the lease
+    /// is gone) only once N - quorum + 1 nodes voted against, so that the token cannot
+    /// be on a quorum; when the nodes that failed could still hold it, no quorum.
+    Proof,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tally of `won`, `against` and `failed` answers, `pending` nodes not heard from.
+    fn tally(won: usize, against: usize, failed: usize, pending: usize) -> Tally {
+        Tally {
+            won,
+            against,
+            failed,
+            pending,
+        }
+    }
+
+    const RULES: [Rule; 2] = [Rule::Contest, Rule::Proof];
+
+    #[test]
+    fn a_quorum_of_votes_wins_whatever_is_pending() {
+        for rule in RULES {
+            assert_eq!(tally(2, 0, 0, 1).verdict(2, rule), Some(Verdict::Won));
+            assert_eq!(tally(3, 1, 1, 0).verdict(3, rule), Some(Verdict::Won));
+            assert_eq!(tally(1, 0, 0, 0).verdict(1, rule), Some(Verdict::Won));
+        }
+    }
+
+    #[test]
+    fn taken_needs_a_quorum_of_answers() {
+        // 5 nodes, 3 killed: two "held" answers decide nothing.
+        assert_eq!(
+            tally(0, 2, 3, 0).verdict(3, Rule::Contest),
+            Some(Verdict::NoQuorum)
+        );
+        // Two held and one failed, two to come: a quorum of OKs is out of reach, but
+        // whether a quorum answers is not known yet.
+        assert_eq!(tally(0, 2, 1, 2).verdict(3, Rule::Contest), None);
+        assert_eq!(
+            tally(0, 3, 1, 1).verdict(3, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        // 3 nodes, one hung: two held answers are a quorum of answers.
+        assert_eq!(
+            tally(0, 2, 0, 1).verdict(2, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        // One OK, one held, the third could still be an OK.
+        assert_eq!(tally(1, 1, 0, 1).verdict(2, Rule::Contest), None);
+        // A quorum answered, with the failed node's OK it still would not be a quorum.
+        assert_eq!(
+            tally(1, 2, 1, 0).verdict(3, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 1, 1, 0).verdict(2, Rule::Contest),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 0, 2, 0).verdict(2, Rule::Contest),
+            Some(Verdict::NoQuorum)
+        );
+    }
+
+    #[test]
+    fn expired_needs_n_minus_quorum_plus_one_answers_against() {
+        // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
+        assert_eq!(
+            tally(2, 2, 1, 0).verdict(3, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
+        assert_eq!(tally(2, 2, 0, 1).verdict(3, Rule::Proof), None);
+        // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
+        assert_eq!(
+            tally(0, 3, 0, 2).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(1, 3, 1, 0).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(0, 2, 0, 1).verdict(2, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        // 3 nodes: gone on 1, one failed, one holds: no proof either way.
+        assert_eq!(
+            tally(1, 1, 1, 0).verdict(2, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
+        // 4 nodes, quorum 3: gone on 2 leaves at most 2.
+        assert_eq!(
+            tally(1, 2, 0, 1).verdict(3, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        // 1 node.
+        assert_eq!(
+            tally(0, 1, 0, 0).verdict(1, Rule::Proof),
+            Some(Verdict::Lost)
+        );
+        assert_eq!(
+            tally(0, 0, 1, 0).verdict(1, Rule::Proof),
+            Some(Verdict::NoQuorum)
+        );
+    }
+
+    #[test]
+    fn undecided_while_pending_nodes_could_still_change_it() {
+        for rule in RULES {
+            assert_eq!(tally(1, 0, 0, 2).verdict(2, rule), None);
+            assert_eq!(tally(1, 1, 0, 1).verdict(2, rule), None);
+            assert_eq!(tally(2, 1, 0, 2).verdict(3, rule), None);
+        }
+    }
+
+    #[test]
+    fn every_tally_has_one_verdict_once_nothing_is_pending() {
+        for nodes in 1..=7 {
+            let quorum = nodes / 2 + 1;
+            for won in 0..=nodes {
+                for against in 0..=nodes - won {
+                    let failed = nodes - won - against;
+                    for rule in RULES {
+                        let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
+                        let lost = match rule {
+                            Rule::Contest => won + against >= quorum,
+                            Rule::Proof => against > nodes - quorum,
+                        };
+                        let expected = if won >= quorum {
+                            Verdict::Won
+                        } else if lost {
+                            Verdict::Lost
+                        } else {
+                            Verdict::NoQuorum
+                        };
+                        assert_eq!(
+                            verdict,
+                            Some(expected),
+                            "{won}/{against}/{failed} of {nodes}, {rule:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_early_verdict_is_the_one_the_pending_nodes_cannot_change() {
+        // Whatever the pending nodes answer, the final verdict is the early one.
+        for nodes in 1..=5 {
+            let quorum = nodes / 2 + 1;
+            for known in 0..=nodes {
+                for won in 0..=known {
+                    for against in 0..=known - won {
+                        let failed = known - won - against;
+                        let pending = nodes - known;
+                        for rule in RULES {
+                            let Some(early) =
+                                tally(won, against, failed, pending).verdict(quorum, rule)
+                            else {
+                                continue;
+                            };
+                            for w in 0..=pending {
+                                for a in 0..=pending - w {
+                                    let f = pending - w - a;
+                                    let last = tally(won + w, against + a, failed + f, 0)
+                                        .verdict(quorum, rule);
+                                    assert_eq!(last, Some(early), "{rule:?}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn record_moves_a_node_from_pending() {
+        let mut t = Tally::new(3);
+        t.record(Some(Vote::For));
+        t.record(Some(Vote::Against));
+        t.record(None);
+        assert_eq!(t, tally(1, 1, 1, 0));
+    }
+}
