@@ -72,6 +72,11 @@ pub enum KeyError {
     /// A path parameter is not valid UTF-8 once percent-decoded.
     #[error("a path parameter is not valid UTF-8 once percent-decoded")]
     MalformedPathParameter,
+    /// The request does not say whose key it is: the
+    /// [`IdempotencyLayer::tenant`](crate::IdempotencyLayer::tenant) function found no
+    /// tenant in it.
+    #[error("the request does not say whose key it is (no tenant)")]
+    MissingTenant,
 }
 
 /// Why a request has no key, as the extractor sees it ([`KeyExtractor::no_key`]).
@@ -373,7 +378,7 @@ fn parse_sf_string(text: &str) -> Option<String> {
 
 /// The route template the router matched, if any.
 #[cfg(feature = "axum")]
-fn route_of(parts: &Parts) -> Option<&str> {
+pub(crate) fn route_of(parts: &Parts) -> Option<&str> {
     parts
         .extensions
         .get::<axum::extract::MatchedPath>()
@@ -381,7 +386,7 @@ fn route_of(parts: &Parts) -> Option<&str> {
 }
 
 #[cfg(not(feature = "axum"))]
-fn route_of(_parts: &Parts) -> Option<&str> {
+pub(crate) fn route_of(_parts: &Parts) -> Option<&str> {
     None
 }
 

@@ -26,6 +26,8 @@ pub use problem::Problem;
 pub use rate_limit::{
     MemoryRateLimiter, Quota, RateLimitError, RateLimitLayer, RateLimiter, RedisRateLimiter, Usage,
 };
+pub mod idempotency;
+pub use idempotency::IdempotencyLayer;
 
 // The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
 #[cfg(doctest)]

@@ -215,6 +215,32 @@ impl Locks {
         result
     }
 
+    /// Looks for the idempotency record of `key` and, when there is none, acquires `key`,
+    /// on a Redis backend; see [`Store::begin`](crate::idempotency::store::Store::begin).
+    pub(crate) async fn begin_idempotent(
+        &self,
+        key: std::sync::Arc<str>,
+        max_wait: Duration,
+    ) -> Result<crate::idempotency::store::Begin, LockError> {
+        match &self.backend {
+            Backend::Redlock(r) => r.begin_idempotent(key, max_wait).await,
+            Backend::Memory(_) => unreachable!("the in-process store is handled by the caller"),
+        }
+    }
+
+    /// Stores an idempotency record and releases the lease, on a Redis backend.
+    pub(crate) async fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: bytes::Bytes,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        match &self.backend {
+            Backend::Redlock(r) => r.finish_idempotent(lease, record, ttl).await,
+            Backend::Memory(_) => unreachable!("the in-process store is handled by the caller"),
+        }
+    }
+
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -41,6 +42,7 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
+    records: MemoryRecords,
 }
 
 struct State {
@@ -79,10 +81,21 @@ impl Default for MemoryLocks {
 #[must_use]
 pub struct MemoryLocksBuilder {
     policy: Policy,
+    max_records: Option<(usize, usize)>,
 }
 
 impl MemoryLocksBuilder {
     policy_setters!();
+
+    /// Bounds on the idempotency records ([`IdempotencyLayer`](crate::IdempotencyLayer))
+    /// kept in process: at most `records` of them, and `bytes` in all (keys and stored
+    /// responses). Defaults 10,000 and 64 MiB. When full, expired records go first, then
+    /// those closest to their expiry; a record evicted early lets a retry of its request
+    /// run again.
+    pub fn max_records(mut self, records: usize, bytes: usize) -> Self {
+        self.max_records = Some((records, bytes));
+        self
+    }
 
     /// Checks the configuration.
     ///
@@ -92,7 +105,13 @@ impl MemoryLocksBuilder {
     /// prefix.
     pub fn build(self) -> Result<MemoryLocks, ConfigError> {
         self.policy.validate()?;
-        Ok(MemoryLocks::with_policy(self.policy))
+        let (records, bytes) = self
+            .max_records
+            .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
+        Ok(MemoryLocks::with_policy(
+            self.policy,
+            MemoryRecords::new(records, bytes),
+        ))
     }
 }
 
@@ -100,7 +119,10 @@ impl MemoryLocks {
     /// New, empty locks with the defaults: 10 s TTL, 3 retries 50 to 250 ms apart, prefix
     /// `"tower-redlock:"`.
     pub fn new() -> Self {
-        Self::with_policy(Policy::default())
+        Self::with_policy(
+            Policy::default(),
+            MemoryRecords::new(DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES),
+        )
     }
 
     /// A builder to set the TTL, the retries and the prefix.
@@ -108,7 +130,7 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    fn with_policy(policy: Policy) -> Self {
+    fn with_policy(policy: Policy, records: MemoryRecords) -> Self {
         Self {
             inner: Arc::new(Shared {
                 id: crate::backend::next_backend_id(),
@@ -119,8 +141,14 @@ impl MemoryLocks {
                     fence: 0,
                 }),
                 waiters: Waiters::default(),
+                records,
             }),
         }
+    }
+
+    /// The idempotency records kept with these locks.
+    pub(crate) fn records(&self) -> &MemoryRecords {
+        &self.inner.records
     }
 
     #[cfg(feature = "axum")]

@@ -14,6 +14,7 @@ pub(crate) mod connection;
 pub(crate) mod handle;
 pub(crate) mod memory;
 pub(crate) mod rate_limit;
+pub(crate) mod records;
 pub(crate) mod redlock;
 pub(crate) mod settings;
 pub(crate) mod wait;

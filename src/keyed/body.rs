@@ -300,3 +300,11 @@ where
         }
     }
 }
+
+impl<B, P: Policy> From<Bytes> for ResponseBody<B, P> {
+    /// A whole body of `data`: how a layer in front of the core (such as the idempotency
+    /// layer's body read) answers by itself.
+    fn from(data: Bytes) -> Self {
+        Self::answer(data)
+    }
+}

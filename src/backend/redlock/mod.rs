@@ -30,6 +30,7 @@
 
 mod acquire;
 mod builder;
+mod idempotency;
 mod notify;
 mod round;
 mod scripts;

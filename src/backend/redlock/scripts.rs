@@ -16,18 +16,26 @@ use crate::lease::Token;
 
 /// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
 /// computed once, when the script is first used.
-fn evalsha(script: &Script, numkeys: usize) -> Cmd {
+pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(numkeys);
     cmd
 }
 
 /// Every script, to load on each node when the client is built.
-static ALL: [&LazyLock<Script>; 5] = [&RELEASE, &EXTEND, &ACQUIRE_WAITING, &ACQUIRE_FENCED, &FENCE];
+static ALL: [&LazyLock<Script>; 7] = [
+    &RELEASE,
+    &EXTEND,
+    &ACQUIRE_WAITING,
+    &ACQUIRE_FENCED,
+    &FENCE,
+    &super::idempotency::BEGIN,
+    &super::idempotency::FINISH,
+];
 
 /// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
 /// `NOSCRIPT` (a node restarted, or one that never saw it).
-async fn run<T: FromRedisValue>(
+pub(super) async fn run<T: FromRedisValue>(
     conn: &mut Connection,
     script: &Script,
     cmd: &Cmd,
@@ -200,6 +208,14 @@ impl<'a> Aux<'a> {
         Self {
             lock_key,
             role: "released",
+        }
+    }
+
+    /// The lock's idempotency record.
+    pub(super) fn record(lock_key: &'a str) -> Self {
+        Self {
+            lock_key,
+            role: "record",
         }
     }
 

@@ -1,0 +1,206 @@
+//! The in-process store of idempotency records: bounded memory, expired records evicted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+/// Default bound on the number of records kept in process: 10,000.
+pub const DEFAULT_MAX_RECORDS: usize = 10_000;
+/// Default bound on the bytes of the records kept in process (keys and stored
+/// responses): 64 MiB.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+
+/// A fixed per-record overhead counted against the byte bound (map and index entries).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// Records in this process's memory, bounded by a count and a byte total.
+///
+/// Expired records are dropped first; when the store is still full, the records closest
+/// to their expiry go (the oldest, since they share one TTL). A record evicted early lets
+/// a retry of its request run again: size the bounds for the records a TTL can hold.
+#[derive(Debug)]
+pub(crate) struct MemoryRecords {
+    inner: Mutex<Inner>,
+    max_records: usize,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    records: HashMap<Arc<str>, Entry>,
+    by_expiry: BTreeSet<(Instant, Arc<str>)>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    expires: Instant,
+    raw: Bytes,
+}
+
+fn cost(key: &str, raw: &Bytes) -> usize {
+    key.len()
+        .saturating_mul(2)
+        .saturating_add(raw.len())
+        .saturating_add(ENTRY_OVERHEAD)
+}
+
+impl MemoryRecords {
+    pub(crate) fn new(max_records: usize, max_bytes: usize) -> Self {
+        Self {
+            inner: Mutex::default(),
+            max_records,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The record stored under `key`, unless expired.
+    pub(crate) fn get(&self, key: &str) -> Option<Bytes> {
+        let now = Instant::now();
+        let inner = self.lock();
+        inner
+            .records
+            .get(key)
+            .filter(|e| e.expires > now)
+            .map(|e| e.raw.clone())
+    }
+
+    /// Stores `raw` under `key` for `ttl`; false when it alone is over the byte bound.
+    pub(crate) fn insert(&self, key: Arc<str>, raw: Bytes, ttl: Duration) -> bool {
+        let size = cost(&key, &raw);
+        if size > self.max_bytes || self.max_records == 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let expires = now
+            .checked_add(ttl)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        let mut inner = self.lock();
+        inner.remove(&key);
+        inner.evict_expired(now);
+        while inner.records.len() >= self.max_records
+            || inner.bytes.saturating_add(size) > self.max_bytes
+        {
+            if !inner.evict_first() {
+                break;
+            }
+        }
+        inner.bytes = inner.bytes.saturating_add(size);
+        inner.by_expiry.insert((expires, key.clone()));
+        inner.records.insert(key, Entry { expires, raw });
+        true
+    }
+
+    /// How many records and bytes are kept now.
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.records.len(), inner.bytes)
+    }
+}
+
+impl Inner {
+    fn remove(&mut self, key: &Arc<str>) {
+        if let Some(entry) = self.records.remove(key) {
+            self.by_expiry.remove(&(entry.expires, key.clone()));
+            self.bytes = self.bytes.saturating_sub(cost(key, &entry.raw));
+        }
+    }
+
+    fn evict_expired(&mut self, now: Instant) {
+        while let Some((expires, _)) = self.by_expiry.first() {
+            if *expires > now {
+                break;
+            }
+            if !self.evict_first() {
+                break;
+            }
+        }
+    }
+
+    fn evict_first(&mut self) -> bool {
+        let Some((_, key)) = self.by_expiry.pop_first() else {
+            return false;
+        };
+        if let Some(entry) = self.records.remove(&key) {
+            self.bytes = self.bytes.saturating_sub(cost(&key, &entry.raw));
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_kept_until_their_ttl() {
+        let store = MemoryRecords::new(10, 1 << 20);
+        assert!(store.insert(
+            Arc::from("k"),
+            Bytes::from_static(b"v"),
+            Duration::from_secs(60)
+        ));
+        assert_eq!(store.get("k"), Some(Bytes::from_static(b"v")));
+        assert!(store.insert(Arc::from("gone"), Bytes::from_static(b"v"), Duration::ZERO));
+        assert_eq!(store.get("gone"), None);
+    }
+
+    #[test]
+    fn rotating_keys_cannot_grow_the_store_past_its_bounds() {
+        let store = MemoryRecords::new(100, 1 << 20);
+        for i in 0..10_000 {
+            store.insert(
+                Arc::from(format!("key-{i}")),
+                Bytes::from(vec![0u8; 100]),
+                Duration::from_secs(3600),
+            );
+            let (count, _) = store.usage();
+            assert!(count <= 100);
+        }
+        // The newest are kept, the oldest went first.
+        assert!(store.get("key-9999").is_some());
+        assert!(store.get("key-0").is_none());
+
+        let small = MemoryRecords::new(usize::MAX, 10_000);
+        for i in 0..1_000 {
+            small.insert(
+                Arc::from(format!("key-{i}")),
+                Bytes::from(vec![0u8; 500]),
+                Duration::from_secs(3600),
+            );
+            assert!(small.usage().1 <= 10_000);
+        }
+    }
+
+    #[test]
+    fn a_record_over_the_byte_bound_is_refused() {
+        let store = MemoryRecords::new(10, 1_000);
+        assert!(!store.insert(
+            Arc::from("k"),
+            Bytes::from(vec![0u8; 2_000]),
+            Duration::from_secs(1)
+        ));
+        assert_eq!(store.usage(), (0, 0));
+    }
+
+    #[test]
+    fn replacing_a_record_does_not_leak_its_bytes() {
+        let store = MemoryRecords::new(10, 1 << 20);
+        for _ in 0..100 {
+            store.insert(
+                Arc::from("k"),
+                Bytes::from(vec![0u8; 100]),
+                Duration::from_secs(60),
+            );
+        }
+        assert_eq!(store.usage().0, 1);
+        assert_eq!(store.usage().1, cost("k", &Bytes::from(vec![0u8; 100])));
+    }
+}

@@ -1,0 +1,248 @@
+//! Idempotency records on the Redlock nodes: `{<lock key>}:record`, in the lock key's
+//! Redis Cluster slot, written by the crate's [`IdempotencyLayer`](crate::IdempotencyLayer)
+//! only.
+//!
+//! A first request looks for the record and acquires the lock in one script per node
+//! ([`BEGIN`]); it stores its record and releases the lock in one script per node
+//! ([`FINISH`]), on every node, acknowledged by a quorum. A retry takes the record if any
+//! node that answered has it: a quorum that let the retry acquire shares a node with the
+//! quorum that stored the record, and on that node the record was written before the
+//! lock was deleted, in the same script, so the retry finds it.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use redis::{Script, Value};
+
+use super::Redlock;
+use super::round::Stragglers;
+use super::scripts::{self, Aux};
+use super::tally::{Rule, Verdict, Vote};
+use crate::backend::connection::Connection;
+use crate::error::{LockError, NodeFailureReason};
+use crate::idempotency::store::Begin;
+use crate::lease::{Lease, Token};
+
+/// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
+/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held.
+pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local r = redis.pcall('GET', KEYS[2])
+if type(r) == 'string' then
+  return {2, r}
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// Stores the record ARGV[2] under KEYS[2] for ARGV[3] ms, then deletes the lock KEYS[1]
+/// if it holds our token ARGV[1] (publishing on the lock's release channel when a waiter
+/// set the mark KEYS[3]). A node where the lock is gone stores the record too, so that it
+/// lives on every node that can take it; a node where another holder has the lock is left
+/// alone. Returns 1 when stored, -1 when another holder has the lock.
+pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.pcall('GET', KEYS[1])
+if v and v ~= ARGV[1] then
+  return -1
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+if v then
+  redis.call('DEL', KEYS[1])
+  if redis.call('DEL', KEYS[3]) == 1 then
+    redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+  end
+end
+return 1
+",
+    )
+});
+
+/// One node's answer to [`BEGIN`].
+enum Found {
+    Record(Bytes),
+    Set,
+    Held { pttl_ms: i64 },
+}
+
+async fn begin_on(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    ttl_ms: u64,
+) -> Result<Found, NodeFailureReason> {
+    let mut cmd = scripts::evalsha(&BEGIN, 2);
+    cmd.arg(&*key)
+        .arg(Aux::record(&key))
+        .arg(token.as_bytes())
+        .arg(ttl_ms);
+    let reply: Vec<Value> = scripts::run(&mut conn, &BEGIN, &cmd).await?;
+    Ok(match reply.as_slice() {
+        [Value::Int(2), Value::BulkString(record)] => Found::Record(Bytes::from(record.clone())),
+        [Value::Int(1)] => Found::Set,
+        [Value::Int(0), Value::Int(pttl_ms)] => Found::Held { pttl_ms: *pttl_ms },
+        _ => Found::Held { pttl_ms: -1 },
+    })
+}
+
+async fn finish_on(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    record: Bytes,
+    ttl_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = scripts::evalsha(&FINISH, 3);
+    cmd.arg(&*key)
+        .arg(Aux::record(&key))
+        .arg(Aux::waiters(&key))
+        .arg(token.as_bytes())
+        .arg(&record[..])
+        .arg(ttl_ms);
+    Ok(scripts::run(&mut conn, &FINISH, &cmd).await?)
+}
+
+async fn read_on(mut conn: Connection, key: Arc<str>) -> Result<Option<Bytes>, NodeFailureReason> {
+    let raw: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(Aux::record(&key))
+        .query_async(&mut conn)
+        .await?;
+    Ok(raw.map(Bytes::from))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Redlock {
+    /// Finds the record of `key`, or acquires `key` when there is none; with `max_wait`,
+    /// waits for a holder to finish (woken by its release) and then finds its record.
+    pub(crate) async fn begin_idempotent(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Begin, LockError> {
+        let started = Instant::now();
+        match self.begin_once(key.clone()).await {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            other => return other,
+        }
+        let left = max_wait.saturating_sub(started.elapsed());
+        let lease = self.lock_key_within(key.clone(), left).await?;
+        // The holder we waited for stored its record before it released: look for it.
+        let round = self
+            .on_nodes(
+                |conn| read_on(conn, key.clone()),
+                |found| Vote::of(found.is_some()),
+                Rule::Proof,
+                Stragglers::Await,
+            )
+            .await;
+        if let Some(record) = round.values().flatten().next().cloned() {
+            self.release_detached(lease.key, lease.token, true);
+            return Ok(Begin::Found(record));
+        }
+        if round.values().count() < self.inner.quorum {
+            self.release_detached(lease.key.clone(), lease.token, true);
+            return Err(self.no_quorum(round));
+        }
+        Ok(Begin::Acquired(lease))
+    }
+
+    async fn begin_once(&self, key: Arc<str>) -> Result<Begin, LockError> {
+        let token = Token::random();
+        let start = Instant::now();
+        let ttl_ms = self.inner.policy.ttl_ms();
+        let round = self
+            .on_nodes(
+                |conn| begin_on(conn, key.clone(), token, ttl_ms),
+                |found| Vote::of(matches!(found, Found::Set)),
+                Rule::Contest,
+                Stragglers::Drop,
+            )
+            .await;
+        let record = round.values().find_map(|found| match found {
+            Found::Record(record) => Some(record.clone()),
+            _ => None,
+        });
+        let set_any = round.values().any(|found| matches!(found, Found::Set));
+        if let Some(record) = record {
+            if set_any || round.verdict != Verdict::Lost {
+                self.release_detached(key, token, false);
+            }
+            return Ok(Begin::Found(record));
+        }
+        match round.verdict {
+            Verdict::Won => {
+                let elapsed = start.elapsed();
+                match self.validity(elapsed) {
+                    Some(validity) => Ok(Begin::Acquired(Lease {
+                        key,
+                        token,
+                        ttl: self.inner.policy.ttl,
+                        valid_until: start + validity,
+                        fencing_token: None,
+                        backend: self.inner.id,
+                    })),
+                    None => {
+                        self.release_detached(key, token, true);
+                        Err(LockError::TooSlow { elapsed })
+                    }
+                }
+            }
+            Verdict::Lost => {
+                if set_any {
+                    self.release_detached(key, token, false);
+                }
+                let ttl = self.inner.policy.ttl;
+                let retry_after = round
+                    .values()
+                    .filter_map(|found| match found {
+                        Found::Held { pttl_ms } => {
+                            Some(u64::try_from(*pttl_ms).map_or(ttl, Duration::from_millis))
+                        }
+                        _ => None,
+                    })
+                    .max()
+                    .unwrap_or(ttl)
+                    .min(ttl);
+                Err(LockError::Taken { retry_after })
+            }
+            Verdict::NoQuorum => {
+                self.release_detached(key, token, false);
+                Err(self.no_quorum(round))
+            }
+        }
+    }
+
+    /// Stores `record` for `ttl` on every node and releases the lease there, in one
+    /// script per node; succeeds once a quorum stored it.
+    pub(crate) async fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Bytes,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        let ttl_ms = millis(ttl);
+        let round = self
+            .on_nodes(
+                |conn| finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms),
+                |stored| Vote::of(*stored == 1),
+                Rule::Proof,
+                Stragglers::Finish,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => Ok(()),
+            Verdict::Lost => Err(LockError::Expired { taken_over: true }),
+            Verdict::NoQuorum => Err(self.no_quorum(round)),
+        }
+    }
+}

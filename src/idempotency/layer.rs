@@ -1,0 +1,215 @@
+//! [`IdempotencyLayer`] and its settings.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, StatusCode, header};
+use tower_layer::Layer;
+
+use super::fingerprint::default_fingerprint;
+use super::key::IdempotencyKey;
+use super::policy::IdempotencyPolicy;
+use super::record::Fingerprint;
+use super::service::{Idempotency, ReadBody};
+use super::store::Store;
+use crate::backend::handle::Locks;
+use crate::backend::watchdog::Renewal;
+use crate::keyed::{Keyed, KeyedLayer};
+
+/// Default record TTL: 24 hours, as Stripe keeps its keys.
+pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default bound on a request body, buffered to fingerprint it: 1 MiB (413 beyond).
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// Default bound on a stored response body: 1 MiB.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
+
+/// The response headers stored with a record by default: those that describe the result
+/// rather than one transmission of it.
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 8] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::CACHE_CONTROL,
+    header::LINK,
+];
+
+/// Whether a response is stored for replay, by default: 2xx, 3xx and 4xx, except 408
+/// Request Timeout, 409 Conflict, 423 Locked, 425 Too Early and 429 Too Many Requests,
+/// which say "not now" rather than give a result; never 1xx or 5xx, so that a retry
+/// after a server error runs again.
+pub fn default_storable(status: StatusCode) -> bool {
+    let code = status.as_u16();
+    (200..500).contains(&code) && !matches!(code, 408 | 409 | 423 | 425 | 429)
+}
+
+pub(crate) type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;
+
+/// Answers a retried request with the response of the first, across replicas: the
+/// `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field",
+/// draft-ietf-httpapi-idempotency-key-header-07).
+///
+/// See the [module docs](crate::idempotency) for the answers and guarantees. It is a
+/// keyed layer ([`KeyedLayer`]) with an idempotency policy, behind a step that reads the
+/// request body to fingerprint it. Cloning this layer shares its settings.
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    keyed: KeyedLayer<IdempotencyKey, IdempotencyPolicy>,
+    max_request_body: usize,
+    fingerprint: Arc<FingerprintFn>,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("keyed", &self.keyed)
+            .field("max_request_body", &self.max_request_body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for IdempotencyLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IdempotencyLayer {
+    /// Keys from the `Idempotency-Key` header, required (400 without), on the process-wide
+    /// in-process backend ([`Locks::default`]), with every default of this page.
+    pub fn new() -> Self {
+        Self::with_header(HeaderName::from_static("idempotency-key"))
+    }
+
+    /// Keys from the header `name` instead of `Idempotency-Key`.
+    pub fn with_header(name: HeaderName) -> Self {
+        let missing = Cow::Owned(format!("This request needs an {name} header."));
+        let policy = IdempotencyPolicy {
+            store: Store {
+                locks: Locks::default(),
+            },
+            record_ttl: DEFAULT_RECORD_TTL,
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            stored_headers: Arc::from(DEFAULT_STORED_HEADERS.as_slice()),
+            storable: default_storable,
+            max_wait: Duration::ZERO,
+            renewal: Renewal::default(),
+        };
+        Self {
+            keyed: KeyedLayer::from_parts(IdempotencyKey::new(name), policy, missing),
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            fingerprint: Arc::new(default_fingerprint),
+        }
+    }
+
+    fn policy(&mut self) -> &mut IdempotencyPolicy {
+        self.keyed.policy_mut()
+    }
+
+    /// The lock backend, which also keeps the records: on Redis ([`Redlock`](crate::Redlock))
+    /// they live on the lock's nodes and are shared by every replica; in process, beside
+    /// the locks, in bounded memory
+    /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
+    pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
+        self.policy().store.locks = locks.into();
+        self
+    }
+
+    /// How long a record is kept, from the end of its first request. Default 24 hours
+    /// ([`DEFAULT_RECORD_TTL`]); a retry after that runs again. Publish it to your clients,
+    /// as the draft asks.
+    pub fn record_ttl(mut self, ttl: Duration) -> Self {
+        self.policy().record_ttl = ttl;
+        self
+    }
+
+    /// The largest request body read, in bytes; a longer one is answered 413 Content Too
+    /// Large. Default 1 MiB ([`DEFAULT_MAX_REQUEST_BODY`]). The body is handed on to the
+    /// service unchanged.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// The largest response body stored, in bytes. Default 1 MiB
+    /// ([`DEFAULT_MAX_RESPONSE_BODY`]). A longer body (or one that does not end within
+    /// the lease) is sent in full but not stored: retries within the record TTL get a
+    /// problem saying that the result cannot be replayed, and the request never runs twice.
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.policy().max_response_body = bytes;
+        self
+    }
+
+    /// The response headers stored and replayed; default [`DEFAULT_STORED_HEADERS`].
+    /// Headers about one transmission (`date`, `content-length`, `set-cookie`, ...) are
+    /// left out on purpose.
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.policy().stored_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Which statuses are stored; default [`default_storable`].
+    pub fn storable(mut self, storable: fn(StatusCode) -> bool) -> Self {
+        self.policy().storable = storable;
+        self
+    }
+
+    /// The fingerprint that tells a retry from another request reusing its key; default
+    /// [`default_fingerprint`](super::default_fingerprint) (method, route and body). Use
+    /// your own to fingerprint selected fields of the body.
+    pub fn fingerprint<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
+    {
+        self.fingerprint = Arc::new(f);
+        self
+    }
+
+    /// A tenant part of the key taken from the request (an account id, an API key's
+    /// owner), as the draft's security considerations ask: without it, two clients that
+    /// choose the same key share it, and one could be answered with the other's response.
+    /// A request for which the function returns `None` is answered 400. The tenant is part
+    /// of the key in Redis, so keep it short (the whole key is bounded: see
+    /// [`key`](crate::key)).
+    pub fn tenant<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        let core = self.keyed.core_mut();
+        core.extractor = Arc::new(core.extractor.with_tenant(Arc::new(f)));
+        self
+    }
+
+    /// How long a retry that arrives while the first request runs waits for it to finish
+    /// (and then gets its response). Default zero: 409 Conflict with `Retry-After` at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.policy().max_wait = max_wait;
+        self
+    }
+
+    /// How the lease of a running first request is renewed; default [`Renewal::default`].
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.policy().renewal = renewal;
+        self
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReadBody::new(
+            Keyed::new(inner, self.keyed.clone()),
+            self.max_request_body,
+            self.fingerprint.clone(),
+        )
+    }
+}

@@ -1,0 +1,19 @@
+//! [`IdempotencyLayer`]: a retried request gets the first response back.
+mod fingerprint;
+mod key;
+mod layer;
+mod policy;
+pub(crate) mod record;
+mod service;
+pub(crate) mod store;
+
+pub use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS};
+pub use fingerprint::default_fingerprint;
+pub use key::IdempotencyKey;
+pub use layer::{
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_RECORD_TTL,
+    DEFAULT_STORED_HEADERS, IdempotencyLayer, default_storable,
+};
+pub use policy::{IDEMPOTENT_REPLAYED, IdempotencyPermit, IdempotencyPolicy};
+pub use record::Fingerprint;
+pub use service::{Idempotency, ReadBody};

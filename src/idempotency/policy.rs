@@ -1,0 +1,318 @@
+//! What [`IdempotencyLayer`](super::IdempotencyLayer) does with a key: replay a stored
+//! response, or run the request under a lease and store what it answered.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
+
+use super::record::{Fingerprint, Record, kept_headers};
+use super::store::{Begin, Store};
+use crate::backend::handle::LeaseGuard;
+use crate::backend::watchdog::{Renewal, Watchdog};
+use crate::error::LockError;
+use crate::keyed::policy::{
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+};
+use crate::lease::Lease;
+use crate::problem::Problem;
+use crate::protect::Watch;
+
+/// The header set on a replayed response: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The fingerprint of a request, put in its extensions once its body is read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RequestFingerprint(pub(crate) Fingerprint);
+
+/// The policy of [`IdempotencyLayer`](super::IdempotencyLayer): its backend and what it
+/// stores. Set through the layer's builder methods.
+#[derive(Clone)]
+pub struct IdempotencyPolicy {
+    pub(crate) store: Store,
+    pub(crate) record_ttl: Duration,
+    pub(crate) max_response_body: usize,
+    pub(crate) stored_headers: Arc<[HeaderName]>,
+    pub(crate) storable: fn(StatusCode) -> bool,
+    pub(crate) max_wait: Duration,
+    pub(crate) renewal: Renewal,
+}
+
+impl fmt::Debug for IdempotencyPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyPolicy")
+            .field("locks", &self.store.locks)
+            .field("record_ttl", &self.record_ttl)
+            .field("max_response_body", &self.max_response_body)
+            .field("stored_headers", &self.stored_headers)
+            .field("max_wait", &self.max_wait)
+            .field("renewal", &self.renewal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyPolicy {
+    fn verdict(
+        &self,
+        begun: Result<Begin, LockError>,
+        fingerprint: Fingerprint,
+    ) -> Verdict<IdempotencyPermit> {
+        match begun {
+            Ok(Begin::Acquired(lease)) => {
+                Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
+            }
+            Ok(Begin::Found(raw)) => Verdict::Answer(replay(&raw, &fingerprint)),
+            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
+                Verdict::Unavailable {
+                    answer: Problem::from_lock_error(&e, StatusCode::CONFLICT).into(),
+                    error: Box::new(e),
+                    open: None,
+                }
+            }
+            Err(e) => {
+                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
+                    tracing::warn!(error = %e, "idempotency store unavailable; answering 503");
+                }
+                Verdict::Answer(Problem::from_lock_error(&e, StatusCode::CONFLICT).into())
+            }
+        }
+    }
+}
+
+impl Sealed for IdempotencyPolicy {}
+
+impl Policy for IdempotencyPolicy {
+    type Permit = IdempotencyPermit;
+    const LAYER: &'static str = "IdempotencyLayer";
+    const KEY_NOUN: &'static str = "idempotency key";
+    const FAIL_OPEN: bool = false;
+
+    fn prefix(&self) -> &str {
+        self.store.locks.prefix()
+    }
+
+    fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
+        let Some(RequestFingerprint(fingerprint)) = parts.extensions.get().copied() else {
+            // The layer reads the body before the core asks: only a service built by
+            // hand around the core could get here.
+            tracing::error!(
+                "IdempotencyLayer: a request reached the policy without its fingerprint"
+            );
+            return Decision::Ready(Verdict::Answer(Problem::misconfigured().into()));
+        };
+        let key = Arc::<str>::from(key);
+        if let Some(memory) = self
+            .store
+            .locks
+            .as_memory()
+            .filter(|_| self.max_wait.is_zero())
+        {
+            // In process: answered at once, no task, no boxed future.
+            return Decision::Ready(self.verdict(Store::begin_now(memory, key), fingerprint));
+        }
+        let policy = self.clone();
+        Decision::Pending(Box::pin(async move {
+            let begun = policy.store.begin(key, policy.max_wait).await;
+            policy.verdict(begun, fingerprint)
+        }))
+    }
+}
+
+/// The answer to a retry that found a record.
+fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
+    let Some(record) = Record::decode(raw) else {
+        tracing::error!(
+            "an idempotency record could not be read (another program's value, or another format version); answering 500"
+        );
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The stored result of this idempotency key could not be read.",
+        )
+        .into();
+    };
+    if record.fingerprint() != fingerprint {
+        return Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "This idempotency key was already used for another request.",
+        )
+        .into();
+    }
+    match record {
+        Record::Unreplayable { .. } => Problem::new(
+            StatusCode::CONFLICT,
+            "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
+        )
+        .into(),
+        Record::Response {
+            status,
+            headers,
+            body,
+            ..
+        } => {
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            for (name, value) in headers {
+                response.headers_mut().append(name, value);
+            }
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            response
+        }
+    }
+}
+
+/// A first request's lease, and what its response leaves to store.
+#[doc(hidden)]
+pub struct IdempotencyPermit {
+    watchdog: Watchdog,
+    store: Store,
+    fingerprint: Fingerprint,
+    record_ttl: Duration,
+    max_body: usize,
+    stored_headers: Arc<[HeaderName]>,
+    storable: fn(StatusCode) -> bool,
+    /// The head to store, once the inner service answered with a storable status.
+    head: Option<(StatusCode, Vec<(HeaderName, HeaderValue)>)>,
+    body: BytesMut,
+    /// The body went over the cap: the result cannot be replayed.
+    over: bool,
+    armed: bool,
+}
+
+impl fmt::Debug for IdempotencyPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyPermit")
+            .field("watchdog", &self.watchdog)
+            .field("stored", &self.head.is_some())
+            .field("body", &self.body.len())
+            .field("over", &self.over)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyPermit {
+    fn new(policy: &IdempotencyPolicy, lease: Lease, fingerprint: Fingerprint) -> Self {
+        Self {
+            watchdog: Watchdog::new(policy.store.locks.clone(), lease, policy.renewal),
+            store: policy.store.clone(),
+            fingerprint,
+            record_ttl: policy.record_ttl,
+            max_body: policy.max_response_body,
+            stored_headers: policy.stored_headers.clone(),
+            storable: policy.storable,
+            head: None,
+            body: BytesMut::new(),
+            over: false,
+            armed: true,
+        }
+    }
+
+    /// What to store as the request ends.
+    fn record(&mut self, end: End) -> Option<Bytes> {
+        let (status, headers) = self.head.take()?;
+        let fingerprint = self.fingerprint;
+        let record = match end {
+            End::Complete if !self.over => Record::Response {
+                fingerprint,
+                status,
+                headers,
+                body: std::mem::take(&mut self.body).freeze(),
+            },
+            End::Complete => Record::Unreplayable { fingerprint },
+            // A body cut because the lease ran out: the request ran, its result is gone.
+            End::Failed if !self.watchdog.is_valid() => Record::Unreplayable { fingerprint },
+            // The service or its body failed: nothing stored, a retry runs again.
+            End::Failed => return None,
+        };
+        record
+            .encode()
+            .or_else(|| Record::Unreplayable { fingerprint }.encode())
+    }
+}
+
+impl Drop for IdempotencyPermit {
+    fn drop(&mut self) {
+        if self.armed {
+            let lease = self.watchdog.lease().clone();
+            self.watchdog.locks().release_detached(lease);
+        }
+    }
+}
+
+impl Watch for IdempotencyPermit {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        self.watchdog.lost_before_poll(cx)
+    }
+
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Watch::poll_lost(&mut self.watchdog, cx)
+    }
+}
+
+impl Permit for IdempotencyPermit {
+    fn admit<B>(&mut self, request: &mut Request<B>) {
+        request.extensions_mut().insert(self.watchdog.status());
+    }
+
+    fn lost_response(self) -> Response<Bytes> {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The lock was lost while the request ran, so its work was stopped; retry the request.",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into()
+    }
+
+    fn lost_error(self) -> BoxError {
+        Box::new(LockError::Lost)
+    }
+
+    fn on_response(&mut self, head: &mut response::Parts) -> Hold {
+        if (self.storable)(head.status) {
+            self.head = Some((
+                head.status,
+                kept_headers(&head.headers, &self.stored_headers),
+            ));
+        }
+        Hold::BodyEnd
+    }
+
+    fn on_data(&mut self, data: &Bytes) {
+        if self.head.is_none() || self.over {
+            return;
+        }
+        if self.body.len().saturating_add(data.len()) > self.max_body {
+            self.over = true;
+            self.body = BytesMut::new();
+        } else {
+            self.body.extend_from_slice(data);
+        }
+    }
+
+    fn release(mut self, end: End) -> Release {
+        let record = self.record(end);
+        self.armed = false;
+        let lease = self.watchdog.lease().clone();
+        let store = self.store.clone();
+        let ttl = self.record_ttl;
+        // Dropped here: the renewals stop.
+        drop(self);
+        if let Some(memory) = store.locks.as_memory() {
+            Store::finish_now(memory, lease, record, ttl);
+            return Release::Done;
+        }
+        // Should the future be dropped meanwhile, the guard releases in the background.
+        let mut guard = LeaseGuard::new(store.locks.clone(), lease.clone());
+        Release::Pending(Box::pin(async move {
+            if let Err(e) = store.finish(lease, record, ttl).await {
+                tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
+            }
+            guard.disarm();
+        }))
+    }
+}

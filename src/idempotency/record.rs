@@ -1,0 +1,240 @@
+//! The stored result of a request, and its versioned byte format.
+//!
+//! A record is stored as one Redis string (or one in-process entry), in this layout
+//! (version 1; all integers big-endian):
+//!
+//! | bytes | content |
+//! | --- | --- |
+//! | 4 | the magic and version, `TRI1` |
+//! | 1 | the kind: `1` a response, `2` a result that cannot be replayed |
+//! | 32 | the request's fingerprint (SHA-256 by default) |
+//! | 2 | kind 1 only: the status code |
+//! | 2 | kind 1 only: the number of headers, then for each: a 2-byte name length, the name, a 2-byte value length, the value |
+//! | rest | kind 1 only: the body |
+//!
+//! A value that does not parse (another version, another program's data) is never
+//! overwritten: the layer answers 500 and logs it.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+/// The magic and version at the start of every record.
+const MAGIC: &[u8; 4] = b"TRI1";
+const KIND_RESPONSE: u8 = 1;
+const KIND_UNREPLAYABLE: u8 = 2;
+
+/// A request's fingerprint: 32 bytes, by default the SHA-256 of its method, route and body.
+pub type Fingerprint = [u8; 32];
+
+/// What a completed first request left for its retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// The response to replay.
+    Response {
+        fingerprint: Fingerprint,
+        status: StatusCode,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Bytes,
+    },
+    /// The request ran, but its response could not be kept (its body was over the cap or
+    /// did not end within the lease): retries get a problem, never a second run.
+    Unreplayable { fingerprint: Fingerprint },
+}
+
+impl Record {
+    pub(crate) fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Record::Response { fingerprint, .. } | Record::Unreplayable { fingerprint } => {
+                fingerprint
+            }
+        }
+    }
+
+    /// The record in its stored form; `None` when a header name or value is over 65,535
+    /// bytes (such a response is not stored).
+    pub(crate) fn encode(&self) -> Option<Bytes> {
+        match self {
+            Record::Unreplayable { fingerprint } => {
+                let mut out = BytesMut::with_capacity(MAGIC.len() + 1 + fingerprint.len());
+                out.put_slice(MAGIC);
+                out.put_u8(KIND_UNREPLAYABLE);
+                out.put_slice(fingerprint);
+                Some(out.freeze())
+            }
+            Record::Response {
+                fingerprint,
+                status,
+                headers,
+                body,
+            } => {
+                let header_bytes: usize = headers
+                    .iter()
+                    .map(|(n, v)| 4 + n.as_str().len() + v.len())
+                    .sum();
+                let mut out = BytesMut::with_capacity(
+                    MAGIC.len() + 1 + fingerprint.len() + 4 + header_bytes + body.len(),
+                );
+                out.put_slice(MAGIC);
+                out.put_u8(KIND_RESPONSE);
+                out.put_slice(fingerprint);
+                out.put_u16(status.as_u16());
+                out.put_u16(u16::try_from(headers.len()).ok()?);
+                for (name, value) in headers {
+                    out.put_u16(u16::try_from(name.as_str().len()).ok()?);
+                    out.put_slice(name.as_str().as_bytes());
+                    out.put_u16(u16::try_from(value.len()).ok()?);
+                    out.put_slice(value.as_bytes());
+                }
+                out.put_slice(body);
+                Some(out.freeze())
+            }
+        }
+    }
+
+    /// Parses a stored record; `None` when it is not one of this format.
+    pub(crate) fn decode(raw: &[u8]) -> Option<Record> {
+        let mut reader = Reader(raw);
+        if reader.take(MAGIC.len())? != MAGIC {
+            return None;
+        }
+        let kind = reader.u8()?;
+        let fingerprint: Fingerprint = reader.take(32)?.try_into().ok()?;
+        match kind {
+            KIND_UNREPLAYABLE if reader.0.is_empty() => Some(Record::Unreplayable { fingerprint }),
+            KIND_RESPONSE => {
+                let status = StatusCode::from_u16(reader.u16()?).ok()?;
+                let count = reader.u16()?;
+                let mut headers = Vec::with_capacity(usize::from(count));
+                for _ in 0..count {
+                    let len = usize::from(reader.u16()?);
+                    let name = HeaderName::from_bytes(reader.take(len)?).ok()?;
+                    let len = usize::from(reader.u16()?);
+                    let value = HeaderValue::from_bytes(reader.take(len)?).ok()?;
+                    headers.push((name, value));
+                }
+                Some(Record::Response {
+                    fingerprint,
+                    status,
+                    headers,
+                    body: Bytes::copy_from_slice(reader.0),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The headers of `headers` named in `keep`, in order, for a record.
+pub(crate) fn kept_headers(
+    headers: &HeaderMap,
+    keep: &[HeaderName],
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::new();
+    for name in keep {
+        for value in headers.get_all(name) {
+            out.push((name.clone(), value.clone()));
+        }
+    }
+    out
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        let b = self.take(2)?;
+        Some(u16::from_be_bytes([b[0], b[1]]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response() -> Record {
+        Record::Response {
+            fingerprint: [7; 32],
+            status: StatusCode::CREATED,
+            headers: vec![
+                (
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (
+                    http::header::LOCATION,
+                    HeaderValue::from_static("/orders/1"),
+                ),
+            ],
+            body: Bytes::from_static(b"{\"order_id\":\"1\"}"),
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        for record in [
+            response(),
+            Record::Unreplayable {
+                fingerprint: [9; 32],
+            },
+        ] {
+            let raw = record.encode().unwrap();
+            assert_eq!(Record::decode(&raw), Some(record));
+        }
+    }
+
+    #[test]
+    fn the_format_starts_with_its_version() {
+        let raw = response().encode().unwrap();
+        assert_eq!(&raw[..4], b"TRI1");
+        assert_eq!(raw[4], 1);
+        assert_eq!(&raw[5..37], &[7; 32]);
+        assert_eq!(&raw[37..39], &201u16.to_be_bytes());
+    }
+
+    #[test]
+    fn foreign_and_truncated_values_do_not_parse() {
+        assert_eq!(Record::decode(b""), None);
+        assert_eq!(Record::decode(b"0123456789abcdef0123456789abcdef"), None);
+        assert_eq!(Record::decode(b"TRI2\x01"), None);
+        let raw = response().encode().unwrap();
+        for cut in 0..39 {
+            assert_eq!(Record::decode(&raw[..cut]), None, "cut at {cut}");
+        }
+        let mut trailing = Record::Unreplayable {
+            fingerprint: [1; 32],
+        }
+        .encode()
+        .unwrap()
+        .to_vec();
+        trailing.push(0);
+        assert_eq!(Record::decode(&trailing), None);
+    }
+
+    #[test]
+    fn kept_headers_follow_the_list_and_keep_repeats() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        );
+        headers.append(http::header::SET_COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(http::header::LINK, HeaderValue::from_static("</a>"));
+        headers.append(http::header::LINK, HeaderValue::from_static("</b>"));
+        let kept = kept_headers(&headers, &[http::header::LINK, http::header::CONTENT_TYPE]);
+        let names: Vec<_> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["link", "link", "content-type"]);
+    }
+}

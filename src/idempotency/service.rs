@@ -1,0 +1,126 @@
+//! The service of [`IdempotencyLayer`](super::IdempotencyLayer): reads the request body
+//! to fingerprint it, then hands the request to the keyed core.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::key::IdempotencyKey;
+use super::layer::FingerprintFn;
+use super::policy::{IdempotencyPolicy, RequestFingerprint};
+use crate::keyed::Keyed;
+use crate::keyed::policy::{BoxError, BoxFuture};
+use crate::problem::Problem;
+
+/// The service of [`IdempotencyLayer`](super::IdempotencyLayer) around `S`.
+pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
+
+/// Reads the request body (up to a bound, 413 beyond), puts its fingerprint in the
+/// request's extensions and hands the request on, the body unchanged.
+pub struct ReadBody<S> {
+    inner: S,
+    max: usize,
+    fingerprint: Arc<FingerprintFn>,
+}
+
+impl<S> ReadBody<S> {
+    pub(crate) fn new(inner: S, max: usize, fingerprint: Arc<FingerprintFn>) -> Self {
+        Self {
+            inner,
+            max,
+            fingerprint,
+        }
+    }
+
+    /// Gets a reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Gets a mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for ReadBody<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            max: self.max,
+            fingerprint: self.fingerprint.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadBody")
+            .field("inner", &self.inner)
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for ReadBody<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqB: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: From<Bytes> + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResB>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The service that was driven to readiness is the one called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (max, fingerprint) = (self.max, self.fingerprint.clone());
+        Box::pin(async move {
+            let (mut parts, body) = req.into_parts();
+            let bytes = match Limited::new(body, max).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let problem = if e.is::<LengthLimitError>() {
+                        Problem::new(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            format!(
+                                "The request body is over {max} bytes, the most this endpoint reads."
+                            ),
+                        )
+                    } else {
+                        Problem::new(
+                            StatusCode::BAD_REQUEST,
+                            "The request body could not be read.",
+                        )
+                    };
+                    return Ok(problem.into());
+                }
+            };
+            parts
+                .extensions
+                .insert(RequestFingerprint(fingerprint(&parts, &bytes)));
+            inner
+                .call(Request::from_parts(parts, ReqB::from(bytes)))
+                .await
+        })
+    }
+}
