@@ -14,7 +14,9 @@
 //! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents;
 //! - `RATE_LIMIT`: `LIMIT/SECONDS` (such as `5/10`), a limit on `POST /items/{item_id}/buy`
 //!   per client (the `X-Client-Id` header if present, else the peer IP), counted in the
-//!   first Redis node (or in process). Unset: no limit.
+//!   first Redis node (or in process). Unset: no limit;
+//! - `IDEMPOTENCY_TTL`: how long `POST /orders` results are kept for replay, in seconds
+//!   (default 86400).
 //!
 //! Routes:
 //! - `GET /healthz`
@@ -23,9 +25,13 @@
 //! - `POST /items/{item_id}/buy`: locked on the item (423 while another buy runs); reads
 //!   the stock, works, writes stock - 1 (not atomically, on purpose); 410 when sold out;
 //!   429 over `RATE_LIMIT`;
-//! - `POST /orders`: locked on the `Idempotency-Key` header (400 without, 409 while the same
-//!   key is in flight); answers 201 with the Redis key the layer locked (`lock_key`, from
-//!   the request's `Lease`; `null` with `LOCKING=off`);
+//! - `POST /orders` with any JSON body: behind `IdempotencyLayer` on the `Idempotency-Key`
+//!   header (400 without, 409 while the same key is in flight, 422 for the same key with
+//!   another body); answers 201 with `{"order_id", "idempotency_key", "lock_key"}` (the
+//!   key the layer locked, from the request's `Lease`; `null` with `LOCKING=off`), and a
+//!   retry with the same key and body gets that same answer back with
+//!   `Idempotent-Replayed: true`, from any example process sharing the nodes.
+//!   `{"simulate": "error"}` answers 500, which is not stored: a retry runs again;
 //! - `POST /orders/{order_id}/pay`: locked by the `Locked<OrderId>` extractor (423 while
 //!   another pay of the same order runs).
 //!
@@ -48,8 +54,8 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
 use tower_redlock::{
-    Lease, LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer, RateLimiter,
-    RedisRateLimiter, Redlock,
+    IdempotencyLayer, Lease, LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer,
+    RateLimiter, RedisRateLimiter, Redlock,
 };
 
 /// How long one Redis node may take to answer a command: the lock's node timeout (the
@@ -61,6 +67,7 @@ struct AppState {
     locks: Locks,
     store: Store,
     work: Duration,
+    idempotency_ttl: Duration,
 }
 
 impl FromRef<AppState> for Locks {
@@ -211,15 +218,53 @@ async fn buy(State(app): State<AppState>, Path(item): Path<String>) -> Response 
     }
 }
 
-/// Answers with the key the layer locked, as stored in Redis: the lease knows it, where
-/// the header as the handler would re-read it may differ (quoting, whitespace).
-async fn create_order(State(app): State<AppState>, lease: Option<Lease>) -> Response {
+/// Creates an order from any JSON body. Answers with the key the layer locked, as stored
+/// in Redis: the lease knows it, where the header as the handler would re-read it may
+/// differ (quoting, whitespace). `{"simulate": "error"}` answers 500, to show that server
+/// errors are not stored for replay.
+async fn create_order(
+    State(app): State<AppState>,
+    lease: Option<Lease>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let order: serde_json::Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(order) => order,
+            Err(e) => {
+                return Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("The body is not JSON: {e}."),
+                )
+                .into_response();
+            }
+        }
+    };
     tokio::time::sleep(app.work).await;
-    let lock_key = lease.map(|lease| lease.key().to_owned());
+    if order.get("simulate").and_then(|v| v.as_str()) == Some("error") {
+        return Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "Simulated failure.")
+            .into_response();
+    }
+    let lock_key = lease.as_ref().map(|lease| lease.key().to_owned());
+    // The key's value as the layer read it (after the scope), else the raw header.
+    let idempotency_key = match &lease {
+        Some(lease) => lease
+            .key()
+            .split_once(" /orders:")
+            .map(|(_, v)| v.to_owned()),
+        None => headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
     let order_id = format!("ord_{:016x}", rand::random::<u64>());
     (
         StatusCode::CREATED,
-        Json(json!({"order_id": order_id, "lock_key": lock_key})),
+        Json(
+            json!({"order_id": order_id, "idempotency_key": idempotency_key, "lock_key": lock_key}),
+        ),
     )
         .into_response()
 }
@@ -257,7 +302,11 @@ fn app(
         router
             .route(
                 "/orders",
-                post(create_order).layer(LockLayer::by_header("Idempotency-Key").backend(locks)),
+                post(create_order).layer(
+                    IdempotencyLayer::new()
+                        .backend(locks)
+                        .record_ttl(state.idempotency_ttl),
+                ),
             )
             .route("/orders/{order_id}/pay", post(pay))
     } else {
@@ -285,6 +334,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .parse()
             .map_err(|e| format!("WORK_MS must be a whole number of milliseconds: {e}"))?,
         Err(_) => 50,
+    });
+    let idempotency_ttl = Duration::from_secs(match std::env::var("IDEMPOTENCY_TTL") {
+        Ok(secs) => secs
+            .parse()
+            .map_err(|e| format!("IDEMPOTENCY_TTL must be a whole number of seconds: {e}"))?,
+        Err(_) => 86_400,
     });
     let locking = !matches!(std::env::var("LOCKING").as_deref(), Ok("off"));
     let urls: Vec<String> = std::env::var("REDIS_URLS")
@@ -337,8 +392,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(
         listener,
-        app(AppState { locks, store, work }, locking, rate_limit)
-            .into_make_service_with_connect_info::<SocketAddr>(),
+        app(
+            AppState {
+                locks,
+                store,
+                work,
+                idempotency_ttl,
+            },
+            locking,
+            rate_limit,
+        )
+        .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;
     Ok(())

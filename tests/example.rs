@@ -321,3 +321,53 @@ async fn example_buy_answers_503_within_the_node_timeout_when_the_stock_node_is_
     }
     fake.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_orders_are_replayed_across_processes_and_with_a_node_down() {
+    let mut nodes = nodes(3);
+    let one = start_example(&nodes, 20, true).await;
+    let two = start_example(&nodes, 20, true).await;
+    let client = reqwest::Client::new();
+    let order = |base: &str, key: &str, body: &str| {
+        client
+            .post(format!("{base}/orders"))
+            .header("Idempotency-Key", key)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    let body = r#"{"item": "tv", "quantity": 1}"#;
+    let first = order(&one.base, "order-7", body).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let created: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(created["idempotency_key"], "order-7");
+    // Sequential retries, on either process, get the first answer back.
+    for base in [&one.base, &two.base, &one.base] {
+        let again = order(base, "order-7", body).await.unwrap();
+        assert_eq!(again.status(), 201);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let replayed: serde_json::Value = again.json().await.unwrap();
+        assert_eq!(replayed, created, "one order, not four");
+    }
+    // The same key with another body is refused.
+    let other = order(&two.base, "order-7", r#"{"item": "radio"}"#)
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 422);
+    // A simulated server error is not stored: the retry runs again.
+    for _ in 0..2 {
+        let failed = order(&one.base, "order-8", r#"{"simulate": "error"}"#)
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), 500);
+        assert!(failed.headers().get("idempotent-replayed").is_none());
+    }
+    // One node of three down: still replayed.
+    nodes[2].kill();
+    let again = order(&two.base, "order-7", body).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let replayed: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(replayed, created);
+}
