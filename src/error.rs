@@ -95,6 +95,8 @@ pub enum NodeFailureReason {
     /// No answer within the node timeout.
     Timeout(Duration),
     /// The connection or the command failed.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
 }
 
@@ -102,6 +104,7 @@ impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {
             NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
+            #[cfg(feature = "redis")]
             NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
         }
     }
@@ -130,6 +133,8 @@ pub enum ConfigError {
     #[error("no Redis nodes were given: pass at least one redis:// URL")]
     NoNodes,
     /// A Redis URL could not be parsed.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("invalid Redis URL for node {index}: {source}")]
     InvalidUrl {
         /// Position of the URL in the list, from 0.

@@ -26,8 +26,8 @@
 //! [`scope`]: crate::LockLayer::scope
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::fmt;
+#[cfg(feature = "lock")]
 use std::sync::Arc;
 
 use http::HeaderName;
@@ -146,6 +146,7 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
 /// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the
 /// extractor's, percent-encoded (see [`push_escaped`]). The value follows, with
 /// [`push_escaped`].
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
     key: &mut String,
     prefix: &str,
@@ -169,6 +170,7 @@ pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
 /// Hash tags are chosen on purpose: every auxiliary key of a lock is named
 /// `{<lock key>}<suffix>`, which lands in the lock key's slot only because the lock key has
 /// no braces of its own.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn push_escaped(out: &mut String, part: &str) {
     if !part.bytes().any(needs_escape) {
         out.push_str(part);
@@ -185,6 +187,7 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
 }
 
 /// [`push_escaped`] in place on what `out` holds from byte `from` on.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
     if !out.as_bytes()[from..].iter().copied().any(needs_escape) {
         return;
@@ -193,6 +196,7 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     push_escaped(out, &tail);
 }
 
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b'{' | b'}')
 }
@@ -200,11 +204,13 @@ fn needs_escape(b: u8) -> bool {
 /// Runs `f` on this thread's scratch buffer, cleared: a key written there and only read (a
 /// count in memory) costs no allocation, and one that is kept is copied once, into what
 /// keeps it.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut String) -> T) -> T {
     /// Scratch buffers above this capacity are not kept.
     const KEEP: usize = 4096;
     thread_local! {
-        static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+        static SCRATCH: std::cell::RefCell<String> =
+            const { std::cell::RefCell::new(String::new()) };
     }
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buffer) => {

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::backend::memory::MemoryLocks;
+#[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
 use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
 use crate::error::LockError;
@@ -23,6 +24,7 @@ pub struct Locks {
 
 #[derive(Clone, Debug)]
 enum Backend {
+    #[cfg(feature = "redis")]
     Redlock(Redlock),
     Memory(MemoryLocks),
 }
@@ -36,6 +38,8 @@ impl Default for Locks {
     }
 }
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 impl From<Redlock> for Locks {
     fn from(redlock: Redlock) -> Self {
         Self {
@@ -61,6 +65,7 @@ impl Locks {
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.ttl(),
             Backend::Memory(m) => m.ttl(),
         }
@@ -74,6 +79,7 @@ impl Locks {
     /// [`LockError::InvalidKey`].
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.try_lock(resource).await,
             Backend::Memory(m) => m.try_lock(resource),
         }
@@ -86,6 +92,7 @@ impl Locks {
     /// The error of the last attempt.
     pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock(resource).await,
             Backend::Memory(m) => m.lock(resource).await,
         }
@@ -104,6 +111,7 @@ impl Locks {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock_within(resource, max_wait).await,
             Backend::Memory(m) => m.lock_within(resource, max_wait).await,
         }
@@ -116,6 +124,7 @@ impl Locks {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock_key_within(key, max_wait).await,
             Backend::Memory(m) => m.lock_key_within(key, max_wait).await,
         }
@@ -124,6 +133,7 @@ impl Locks {
     /// The prefix the backend puts before every key.
     pub fn prefix(&self) -> &str {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.prefix(),
             Backend::Memory(m) => m.prefix(),
         }
@@ -136,6 +146,7 @@ impl Locks {
     /// [`LockError::Expired`], [`LockError::NoQuorum`] or [`LockError::TooSlow`].
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.extend(lease).await,
             Backend::Memory(m) => m.extend(lease),
         }
@@ -149,6 +160,7 @@ impl Locks {
     /// too few nodes answered.
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.unlock(lease).await,
             Backend::Memory(m) => m.unlock(lease),
         }
@@ -219,6 +231,8 @@ impl Locks {
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {
             Backend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            #[cfg(feature = "redis")]
             Backend::Redlock(_) => None,
         }
     }
@@ -228,6 +242,7 @@ impl Locks {
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
         let id = match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.id(),
             Backend::Memory(m) => m.id(),
         };
@@ -243,6 +258,7 @@ impl Locks {
     /// Redis (the TTL is the backstop when there is no runtime).
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.release_detached(lease.key, lease.token, true),
             Backend::Memory(m) => {
                 let _ = m.unlock(lease);

@@ -10,15 +10,22 @@
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
 //!   waiters).
 
+#[cfg(feature = "lock")]
 pub(crate) mod handle;
+#[cfg(feature = "lock")]
 pub(crate) mod memory;
+#[cfg(feature = "rate-limit")]
 pub(crate) mod rate_limit;
+#[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
 pub(crate) mod settings;
+#[cfg(feature = "lock")]
 pub(crate) mod wait;
+#[cfg(feature = "lock")]
 pub(crate) mod watchdog;
 
 /// A process-unique id for a backend instance, so that a lease can tell which one issued it.
+#[cfg(feature = "lock")]
 pub(crate) fn next_backend_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

@@ -22,6 +22,7 @@ use crate::problem::Problem;
 ///
 /// Cloning the layer shares its key extractor, its backend and its settings; the builder
 /// methods change a copy once the layer has been cloned.
+#[must_use]
 pub struct KeyedLayer<K, P> {
     pub(crate) core: Arc<Core<K, P>>,
 }

@@ -3,24 +3,34 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+#[cfg(feature = "redis")]
+use std::time::Duration;
+use std::time::Instant;
 
+#[cfg(feature = "redis")]
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "redis")]
 use redis::{Client, Script};
 
 pub(crate) mod quota;
 
 use crate::backend::settings::check_resource;
-use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+use crate::error::NodeFailure;
+#[cfg(feature = "redis")]
+use crate::error::{ConfigError, NodeFailureReason};
 use crate::key::KeyError;
 #[cfg(test)]
 use crate::key::MAX_RESOURCE_LEN;
 use quota::{Quota, Usage};
 
 /// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock:rate:"`.
+#[cfg(feature = "redis")]
 pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock:rate:";
 /// Default bound on one Redis call of [`RedisRateLimiter`]: 100 ms.
+#[cfg(feature = "redis")]
 pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The fixed-window counter, atomically: `INCR` the key, set its expiry on the first hit
@@ -31,6 +41,7 @@ pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
 /// crash between `INCR` and `PEXPIRE` and leave a counter without expiry. A key found
 /// without expiry anyway (written by something else) is given one window, rather than
 /// blocking its client forever.
+#[cfg(feature = "redis")]
 static HIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -79,6 +90,7 @@ pub struct RateLimiter {
 
 #[derive(Clone, Debug)]
 enum Backend {
+    #[cfg(feature = "redis")]
     Redis(RedisRateLimiter),
     Memory(MemoryRateLimiter),
 }
@@ -93,6 +105,7 @@ impl Default for RateLimiter {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<RedisRateLimiter> for RateLimiter {
     fn from(redis: RedisRateLimiter) -> Self {
         Self {
@@ -124,6 +137,7 @@ impl RateLimiter {
     /// [`RateLimitError::InvalidKey`] for an unusable key.
     pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redis(r) => r.hit(resource, quota).await,
             Backend::Memory(m) => m.hit(resource, quota),
         }
@@ -133,6 +147,7 @@ impl RateLimiter {
     pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
         match &self.backend {
             Backend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
             Backend::Redis(_) => None,
         }
     }
@@ -160,11 +175,13 @@ impl RateLimiter {
 /// let limiter = RateLimiter::from(redis); // for RateLimitLayer::backend
 /// # Ok(()) }
 /// ```
+#[cfg(feature = "redis")]
 #[derive(Clone)]
 pub struct RedisRateLimiter {
     inner: Arc<RedisInner>,
 }
 
+#[cfg(feature = "redis")]
 struct RedisInner {
     label: String,
     conn: ConnectionManager,
@@ -172,6 +189,7 @@ struct RedisInner {
     prefix: Arc<str>,
 }
 
+#[cfg(feature = "redis")]
 impl fmt::Debug for RedisRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisRateLimiter")
@@ -183,6 +201,7 @@ impl fmt::Debug for RedisRateLimiter {
 }
 
 /// Builds a [`RedisRateLimiter`]; see [`RedisRateLimiter::builder`].
+#[cfg(feature = "redis")]
 #[derive(Debug)]
 #[must_use]
 pub struct RedisRateLimiterBuilder {
@@ -191,6 +210,7 @@ pub struct RedisRateLimiterBuilder {
     prefix: String,
 }
 
+#[cfg(feature = "redis")]
 impl RedisRateLimiter {
     /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
     pub fn builder(url: impl AsRef<str>) -> RedisRateLimiterBuilder {
@@ -253,6 +273,7 @@ impl RedisRateLimiter {
     }
 }
 
+#[cfg(feature = "redis")]
 impl RedisRateLimiterBuilder {
     fn new(client: Result<Client, ConfigError>) -> Self {
         Self {
