@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
-use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
+use crate::backend::status::LeaseStatus;
+use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::protect::{Lost, Protected};

@@ -3,8 +3,9 @@
 //! From the top down:
 //! - [`handle`]: [`Locks`](crate::Locks), the cheap handle the middleware holds, and the
 //!   lease guard that releases on drop;
-//! - [`watchdog`]: a held lease's renewal, its live status, and the protected future that
-//!   never polls work past the lease's validity;
+//! - [`watchdog`]: a held lease's renewal and loss (the [`Watch`](crate::protect::Watch)
+//!   that `protect` polls work under), and [`status`], the live view of it that handlers
+//!   read;
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
 //!   rate-limit backends in [`rate_limit`];
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
@@ -19,6 +20,8 @@ pub(crate) mod rate_limit;
 #[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
 pub(crate) mod settings;
+#[cfg(feature = "lock")]
+pub(crate) mod status;
 #[cfg(feature = "lock")]
 pub(crate) mod wait;
 #[cfg(feature = "lock")]

@@ -52,7 +52,8 @@ pub use crate::backend::memory::{MemoryLocks, MemoryLocksBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::backend::redlock::{Redlock, RedlockBuilder};
-pub use crate::backend::watchdog::{LeaseStatus, OnLockLoss, Renewal};
+pub use crate::backend::status::LeaseStatus;
+pub use crate::backend::watchdog::{OnLockLoss, Renewal};
 pub use crate::lease::{Lease, Token};
 
 /// The response future of [`Lock`].
