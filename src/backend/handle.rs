@@ -1,17 +1,13 @@
 //! [`Locks`]: one cheap handle over either backend.
 
-use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
-use crate::backend::status::LeaseStatus;
-use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::protect::{Lost, Protected};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -167,67 +163,6 @@ impl Locks {
         }
     }
 
-    /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
-    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
-    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
-    /// its token and fencing token), its validity, and its loss.
-    ///
-    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
-    /// found the token gone, or the validity ended without a successful renewal); it is
-    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
-    /// releases the lease in the background.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::{Locks, Renewal};
-    ///
-    /// let locks = Locks::default();
-    /// let rows = locks
-    ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
-    ///         // Fence the writes: storage keeps the highest token it has seen and
-    ///         // refuses older ones.
-    ///         let fence = status.lease().fencing_token();
-    ///         assert!(fence.is_some());
-    ///         // ... long work; status.remaining() says how much validity is left ...
-    ///         42
-    ///     })
-    ///     .await?;
-    /// assert_eq!(rows, 42);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The acquisition's error ([`LockError::Taken`] after the retries,
-    /// [`LockError::NoQuorum`], ...), or [`LockError::Lost`] when the lease was lost
-    /// while `work` ran.
-    pub async fn with_lock<F, Fut>(
-        &self,
-        resource: &str,
-        renewal: Renewal,
-        work: F,
-    ) -> Result<Fut::Output, LockError>
-    where
-        F: FnOnce(LeaseStatus) -> Fut,
-        Fut: Future,
-    {
-        let lease = self.lock(resource).await?;
-        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
-        let watchdog = Watchdog::new(self.clone(), lease, renewal);
-        let status = watchdog.status();
-        let result = Protected::new(work(status), watchdog)
-            .await
-            .map_err(|Lost| LockError::Lost);
-        if let Some((locks, lease)) = guard.take() {
-            if let Err(e) = locks.unlock(lease).await {
-                if result.is_ok() {
-                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
-                }
-            }
-        }
-        result
-    }
-
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {
@@ -307,6 +242,7 @@ impl Drop for LeaseGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Renewal;
 
     #[tokio::test]
     async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
