@@ -100,6 +100,8 @@ pub enum NodeFailureReason {
     /// No answer within the node timeout.
     Timeout(Duration),
     /// The connection or the command failed.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
     /// The lock's fencing counter on this node (`{<lock key>}:fence`) holds something
     /// other than a decimal integer below 2^53, which this crate never writes: another
@@ -111,6 +113,7 @@ pub enum NodeFailureReason {
     },
 }
 
+#[cfg(feature = "redis")]
 impl From<redis::RedisError> for NodeFailureReason {
     fn from(e: redis::RedisError) -> Self {
         NodeFailureReason::Redis(e)
@@ -121,6 +124,7 @@ impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {
             NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
+            #[cfg(feature = "redis")]
             NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
             NodeFailureReason::InvalidFencingCounter { key } => write!(
                 f,
@@ -154,6 +158,8 @@ pub enum ConfigError {
     #[error("no Redis nodes were given: pass at least one redis:// URL")]
     NoNodes,
     /// A Redis URL could not be parsed.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("invalid Redis URL for node {index}: {source}")]
     InvalidUrl {
         /// Position of the URL in the list, from 0.

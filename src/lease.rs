@@ -17,7 +17,7 @@ impl Token {
     /// Draws a new token from `rand`'s thread-local generator: a cryptographically
     /// secure generator (ChaCha12) seeded from the operating system's random source and
     /// reseeded periodically, so a token costs no system call.
-    pub fn random() -> Self {
+    pub(crate) fn random() -> Self {
         use rand::RngCore;
         let mut raw = [0u8; 16];
         rand::rng().fill_bytes(&mut raw);
@@ -36,6 +36,7 @@ impl Token {
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.0
     }

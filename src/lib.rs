@@ -1,35 +1,72 @@
 #![doc = include_str!("docs/crate.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The layout, from the top down (no module imports from one above it):
+// - the middlewares: `lock` (LockLayer), `rate_limit` (RateLimitLayer), `extract` (axum
+//   extractors);
+// - `keyed`: the core every keyed middleware is a policy of;
+// - `backend`: the handles (`Locks`, `RateLimiter`), the lease watchdog, and the backends
+//   (in-process; Redlock; the rate-limit stores);
+// - the primitives: `key`, `lease`, `protect`, `problem`, `error`.
+//
+// The crate root re-exports what a user names to build and use the layers: the layers,
+// the backends with their builders, the extractors and their rejections, the errors and
+// `Problem`. Services, futures, bodies, policies and key extractors stay in their modules.
+
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod backend;
 pub mod error;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 pub mod key;
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub mod keyed;
+#[cfg(feature = "lock")]
 mod lease;
+#[cfg(feature = "lock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub mod lock;
 pub mod problem;
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod protect;
+#[cfg(feature = "rate-limit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
 
-pub use backend::handle::Locks;
-pub use backend::memory::{MemoryLocks, MemoryLocksBuilder};
-pub use backend::redlock::{Redlock, RedlockBuilder};
-pub use backend::watchdog::{LeaseStatus, OnLockLoss, Renewal};
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
-#[cfg(feature = "axum")]
+#[cfg(all(feature = "axum", any(feature = "lock", feature = "rate-limit")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use extract::NotGuarded;
+#[cfg(all(feature = "axum", feature = "lock"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "lock"))))]
 pub use extract::{LockKey, Locked, LockedRejection};
-pub use lease::{Lease, Token};
-pub use lock::LockLayer;
-pub use problem::Problem;
-pub use rate_limit::{
-    MemoryRateLimiter, Quota, RateLimitError, RateLimitLayer, RateLimiter, RedisRateLimiter, Usage,
+#[cfg(feature = "lock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
+pub use lock::{
+    Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Renewal,
+    Token,
 };
+#[cfg(all(feature = "lock", feature = "redis"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]
+pub use lock::{Redlock, RedlockBuilder};
+pub use problem::Problem;
+#[cfg(feature = "rate-limit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
+pub use rate_limit::{
+    MemoryRateLimiter, Quota, QuotaError, RateLimitError, RateLimitLayer, RateLimiter, Usage,
+};
+#[cfg(all(feature = "rate-limit", feature = "redis"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "rate-limit", feature = "redis"))))]
+pub use rate_limit::{RedisRateLimiter, RedisRateLimiterBuilder};
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use idempotency::IdempotencyLayer;
 
 // The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "idempotency"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -97,6 +97,7 @@ impl Problem {
 
     /// The answer to a server mistake: 500 with nothing internal in it (the details go
     /// to the log).
+    #[cfg(any(feature = "lock", feature = "rate-limit"))]
     pub(crate) fn misconfigured() -> Self {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,

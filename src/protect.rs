@@ -9,7 +9,9 @@
 //! seen before the work runs again), and after the work returned `Pending` it lets the
 //! watch drive its renewals and arm its wake-ups.
 
+#[cfg(feature = "lock")]
 use std::future::Future;
+#[cfg(feature = "lock")]
 use std::pin::Pin;
 use std::task::{Context, Poll};
 

@@ -1,15 +1,13 @@
 //! [`Locks`]: one cheap handle over either backend.
 
-use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::backend::memory::MemoryLocks;
+#[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
-use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::protect::{Lost, Protected};
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -23,6 +21,7 @@ pub struct Locks {
 
 #[derive(Clone, Debug)]
 enum Backend {
+    #[cfg(feature = "redis")]
     Redlock(Redlock),
     Memory(MemoryLocks),
 }
@@ -36,6 +35,8 @@ impl Default for Locks {
     }
 }
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 impl From<Redlock> for Locks {
     fn from(redlock: Redlock) -> Self {
         Self {
@@ -61,6 +62,7 @@ impl Locks {
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.ttl(),
             Backend::Memory(m) => m.ttl(),
         }
@@ -74,6 +76,7 @@ impl Locks {
     /// [`LockError::InvalidKey`].
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.try_lock(resource).await,
             Backend::Memory(m) => m.try_lock(resource),
         }
@@ -86,6 +89,7 @@ impl Locks {
     /// The error of the last attempt.
     pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock(resource).await,
             Backend::Memory(m) => m.lock(resource).await,
         }
@@ -104,6 +108,7 @@ impl Locks {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock_within(resource, max_wait).await,
             Backend::Memory(m) => m.lock_within(resource, max_wait).await,
         }
@@ -116,6 +121,7 @@ impl Locks {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.lock_key_within(key, max_wait).await,
             Backend::Memory(m) => m.lock_key_within(key, max_wait).await,
         }
@@ -124,6 +130,7 @@ impl Locks {
     /// The prefix the backend puts before every key.
     pub fn prefix(&self) -> &str {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.prefix(),
             Backend::Memory(m) => m.prefix(),
         }
@@ -136,6 +143,7 @@ impl Locks {
     /// [`LockError::Expired`], [`LockError::NoQuorum`] or [`LockError::TooSlow`].
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.extend(lease).await,
             Backend::Memory(m) => m.extend(lease),
         }
@@ -149,95 +157,50 @@ impl Locks {
     /// too few nodes answered.
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.unlock(lease).await,
             Backend::Memory(m) => m.unlock(lease),
         }
     }
 
-    /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
-    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
-    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
-    /// its token and fencing token), its validity, and its loss.
-    ///
-    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
-    /// found the token gone, or the validity ended without a successful renewal); it is
-    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
-    /// releases the lease in the background.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::{Locks, Renewal};
-    ///
-    /// let locks = Locks::default();
-    /// let rows = locks
-    ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
-    ///         // Fence the writes: storage keeps the highest token it has seen and
-    ///         // refuses older ones.
-    ///         let fence = status.lease().fencing_token();
-    ///         assert!(fence.is_some());
-    ///         // ... long work; status.remaining() says how much validity is left ...
-    ///         42
-    ///     })
-    ///     .await?;
-    /// assert_eq!(rows, 42);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The acquisition's error ([`LockError::Taken`] after the retries,
-    /// [`LockError::NoQuorum`], ...), or [`LockError::Lost`] when the lease was lost
-    /// while `work` ran.
-    pub async fn with_lock<F, Fut>(
-        &self,
-        resource: &str,
-        renewal: Renewal,
-        work: F,
-    ) -> Result<Fut::Output, LockError>
-    where
-        F: FnOnce(LeaseStatus) -> Fut,
-        Fut: Future,
-    {
-        let lease = self.lock(resource).await?;
-        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
-        let watchdog = Watchdog::new(self.clone(), lease, renewal);
-        let status = watchdog.status();
-        let result = Protected::new(work(status), watchdog)
-            .await
-            .map_err(|Lost| LockError::Lost);
-        if let Some((locks, lease)) = guard.take() {
-            if let Err(e) = locks.unlock(lease).await {
-                if result.is_ok() {
-                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
-                }
-            }
-        }
-        result
-    }
-
-    /// Looks for the idempotency record of `key` and, when there is none, acquires `key`,
-    /// on a Redis backend; see [`Store::begin`](crate::idempotency::store::Store::begin).
+    /// Looks for the idempotency record of `key` and, when there is none, acquires `key`;
+    /// waits up to `max_wait` for a holder to finish.
+    #[cfg(feature = "idempotency")]
     pub(crate) async fn begin_idempotent(
         &self,
         key: std::sync::Arc<str>,
         max_wait: Duration,
-    ) -> Result<crate::idempotency::store::Begin, LockError> {
+    ) -> Result<crate::backend::records::Begin, LockError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.begin_idempotent(key, max_wait).await,
-            Backend::Memory(_) => unreachable!("the in-process store is handled by the caller"),
+            Backend::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
         }
     }
 
-    /// Stores an idempotency record and releases the lease, on a Redis backend.
+    /// Stores an idempotency record (when given) for `ttl` and releases the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NoQuorum`] when too few nodes took the record (a retry may then run
+    /// the request again), [`LockError::Expired`] when the lease had run out.
+    #[cfg(feature = "idempotency")]
     pub(crate) async fn finish_idempotent(
         &self,
         lease: Lease,
-        record: bytes::Bytes,
+        record: Option<bytes::Bytes>,
         ttl: Duration,
     ) -> Result<(), LockError> {
         match &self.backend {
-            Backend::Redlock(r) => r.finish_idempotent(lease, record, ttl).await,
-            Backend::Memory(_) => unreachable!("the in-process store is handled by the caller"),
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => match record {
+                Some(record) => r.finish_idempotent(lease, record, ttl).await,
+                None => r.unlock(lease).await,
+            },
+            Backend::Memory(m) => {
+                m.finish_idempotent(lease, record, ttl);
+                Ok(())
+            }
         }
     }
 
@@ -245,6 +208,8 @@ impl Locks {
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {
             Backend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            #[cfg(feature = "redis")]
             Backend::Redlock(_) => None,
         }
     }
@@ -254,6 +219,7 @@ impl Locks {
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
         let id = match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.id(),
             Backend::Memory(m) => m.id(),
         };
@@ -269,6 +235,7 @@ impl Locks {
     /// Redis (the TTL is the backstop when there is no runtime).
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redlock(r) => r.release_detached(lease.key, lease.token, true),
             Backend::Memory(m) => {
                 let _ = m.unlock(lease);
@@ -316,6 +283,7 @@ impl Drop for LeaseGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Renewal;
 
     #[tokio::test]
     async fn with_lock_gives_the_work_its_lease_and_fencing_token() {

@@ -4,9 +4,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+#[cfg(feature = "idempotency")]
+use std::time::Duration;
 use std::time::Instant;
 
-use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
+#[cfg(feature = "idempotency")]
+use crate::backend::records::{
+    Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
+};
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -42,6 +47,7 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
+    #[cfg(feature = "idempotency")]
     records: MemoryRecords,
 }
 
@@ -81,6 +87,7 @@ impl Default for MemoryLocks {
 #[must_use]
 pub struct MemoryLocksBuilder {
     policy: Policy,
+    #[cfg(feature = "idempotency")]
     max_records: Option<(usize, usize)>,
 }
 
@@ -92,6 +99,8 @@ impl MemoryLocksBuilder {
     /// responses). Defaults 10,000 and 64 MiB. When full, expired records go first, then
     /// those closest to their expiry; a record evicted early lets a retry of its request
     /// run again.
+    #[cfg(feature = "idempotency")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
     pub fn max_records(mut self, records: usize, bytes: usize) -> Self {
         self.max_records = Some((records, bytes));
         self
@@ -105,12 +114,17 @@ impl MemoryLocksBuilder {
     /// prefix.
     pub fn build(self) -> Result<MemoryLocks, ConfigError> {
         self.policy.validate()?;
-        let (records, bytes) = self
-            .max_records
-            .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
+        #[cfg(feature = "idempotency")]
+        let records = {
+            let (records, bytes) = self
+                .max_records
+                .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
+            MemoryRecords::new(records, bytes)
+        };
         Ok(MemoryLocks::with_policy(
             self.policy,
-            MemoryRecords::new(records, bytes),
+            #[cfg(feature = "idempotency")]
+            records,
         ))
     }
 }
@@ -121,6 +135,7 @@ impl MemoryLocks {
     pub fn new() -> Self {
         Self::with_policy(
             Policy::default(),
+            #[cfg(feature = "idempotency")]
             MemoryRecords::new(DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES),
         )
     }
@@ -130,7 +145,7 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    fn with_policy(policy: Policy, records: MemoryRecords) -> Self {
+    fn with_policy(policy: Policy, #[cfg(feature = "idempotency")] records: MemoryRecords) -> Self {
         Self {
             inner: Arc::new(Shared {
                 id: crate::backend::next_backend_id(),
@@ -141,12 +156,14 @@ impl MemoryLocks {
                     fence: 0,
                 }),
                 waiters: Waiters::default(),
+                #[cfg(feature = "idempotency")]
                 records,
             }),
         }
     }
 
     /// The idempotency records kept with these locks.
+    #[cfg(feature = "idempotency")]
     pub(crate) fn records(&self) -> &MemoryRecords {
         &self.inner.records
     }
@@ -309,5 +326,59 @@ impl MemoryLocks {
         } else {
             Ok(())
         }
+    }
+}
+
+/// Idempotency records in process, beside the locks.
+#[cfg(feature = "idempotency")]
+impl MemoryLocks {
+    /// The record of `key`, or the lock on `key` when there is none; at once.
+    pub(crate) fn begin_idempotent(&self, key: Arc<str>) -> Result<Begin, LockError> {
+        let record_key = record_key(&key);
+        if let Some(raw) = self.records().get(&record_key) {
+            return Ok(Begin::Found(raw));
+        }
+        let lease = self.acquire(key)?;
+        Ok(self.recheck(lease, &record_key))
+    }
+
+    /// [`begin_idempotent`](Self::begin_idempotent), waiting up to `max_wait` for a holder
+    /// to finish.
+    pub(crate) async fn begin_idempotent_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Begin, LockError> {
+        let record_key = record_key(&key);
+        if let Some(raw) = self.records().get(&record_key) {
+            return Ok(Begin::Found(raw));
+        }
+        let lease = self.lock_key_within(key, max_wait).await?;
+        Ok(self.recheck(lease, &record_key))
+    }
+
+    /// Looks again under the lock: a holder may have stored its record and released
+    /// between the first look and the acquisition.
+    fn recheck(&self, lease: Lease, record_key: &str) -> Begin {
+        match self.records().get(record_key) {
+            Some(raw) => {
+                let _ = self.unlock(lease);
+                Begin::Found(raw)
+            }
+            None => Begin::Acquired(lease),
+        }
+    }
+
+    /// Stores `record` for `ttl` while the lease is valid, then releases the lease.
+    pub(crate) fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Option<bytes::Bytes>,
+        ttl: Duration,
+    ) {
+        if let Some(raw) = record.filter(|_| lease.is_valid()) {
+            self.records().insert(record_key(lease.key()), raw, ttl);
+        }
+        let _ = self.unlock(lease);
     }
 }

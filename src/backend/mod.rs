@@ -3,24 +3,36 @@
 //! From the top down:
 //! - [`handle`]: [`Locks`](crate::Locks), the cheap handle the middleware holds, and the
 //!   lease guard that releases on drop;
-//! - [`watchdog`]: a held lease's renewal, its live status, and the protected future that
-//!   never polls work past the lease's validity;
+//! - [`watchdog`]: a held lease's renewal and loss (the [`Watch`](crate::protect::Watch)
+//!   that `protect` polls work under), and [`status`], the live view of it that handlers
+//!   read;
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
 //!   rate-limit backends in [`rate_limit`];
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
 //!   waiters).
 
+#[cfg(feature = "redis")]
 pub(crate) mod connection;
+#[cfg(feature = "lock")]
 pub(crate) mod handle;
+#[cfg(feature = "lock")]
 pub(crate) mod memory;
+#[cfg(feature = "rate-limit")]
 pub(crate) mod rate_limit;
+#[cfg(feature = "idempotency")]
 pub(crate) mod records;
+#[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
 pub(crate) mod settings;
+#[cfg(feature = "lock")]
+pub(crate) mod status;
+#[cfg(feature = "lock")]
 pub(crate) mod wait;
+#[cfg(feature = "lock")]
 pub(crate) mod watchdog;
 
 /// A process-unique id for a backend instance, so that a lease can tell which one issued it.
+#[cfg(feature = "lock")]
 pub(crate) fn next_backend_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

@@ -6,6 +6,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::lease::Lease;
+
+/// What a request with an idempotency key finds.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// A stored record (raw, as written): the first request completed.
+    Found(Bytes),
+    /// Nothing stored and the lock is ours: run the request.
+    Acquired(Lease),
+}
+
+/// The record key of a lock key: `{<lock key>}:record`, in the lock key's Redis Cluster
+/// slot.
+pub(crate) fn record_key(lock_key: &str) -> Arc<str> {
+    crate::key::shared_key(|out| {
+        out.push('{');
+        out.push_str(lock_key);
+        out.push_str("}:record");
+    })
+}
+
 /// Default bound on the number of records kept in process: 10,000.
 pub const DEFAULT_MAX_RECORDS: usize = 10_000;
 /// Default bound on the bytes of the records kept in process (keys and stored

@@ -1,23 +1,35 @@
 //! Settings shared by both backends: TTL, retries, key prefix.
 
+#[cfg(feature = "lock")]
 use std::sync::Arc;
+#[cfg(feature = "lock")]
 use std::time::Duration;
 
-use crate::error::{ConfigError, LockError};
+#[cfg(any(feature = "lock", feature = "redis"))]
+use crate::error::ConfigError;
+#[cfg(feature = "lock")]
+use crate::error::LockError;
 use crate::key::{KeyError, MAX_RESOURCE_LEN};
+#[cfg(feature = "lock")]
 use crate::lease::Lease;
 
 /// Default lease TTL: 10 s.
+#[cfg(feature = "lock")]
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// Default retries of [`Locks::lock`](crate::Locks::lock) after the first attempt: 3.
+#[cfg(feature = "lock")]
 pub(crate) const DEFAULT_RETRY_COUNT: u32 = 3;
 /// Default random delay between retries: 50 to 250 ms, as go-redsync.
+#[cfg(feature = "lock")]
 pub(crate) const DEFAULT_RETRY_DELAY: (Duration, Duration) =
     (Duration::from_millis(50), Duration::from_millis(250));
 /// Default key prefix.
+#[cfg(feature = "lock")]
 pub(crate) const DEFAULT_PREFIX: &str = "tower-redlock:";
 /// Longest TTL accepted: 2^32 - 1 ms (about 49.7 days).
+#[cfg(feature = "lock")]
 pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+#[cfg(any(feature = "lock", feature = "redis"))]
 const MAX_PREFIX_LEN: usize = 128;
 
 /// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}`.
@@ -25,6 +37,7 @@ const MAX_PREFIX_LEN: usize = 128;
 /// Braces are refused because a lock's own keys and channels are named
 /// `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key: that needs
 /// lock keys without braces (resource names and request values are percent-encoded).
+#[cfg(any(feature = "lock", feature = "redis"))]
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
     if prefix.contains(['{', '}']) {
         return Err(ConfigError::BraceInPrefix(prefix.to_owned()));
@@ -59,6 +72,7 @@ pub(crate) fn check_resource(resource: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
+#[cfg(feature = "lock")]
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
     pub(crate) ttl: Duration,
@@ -67,6 +81,7 @@ pub(crate) struct Policy {
     pub(crate) prefix: Arc<str>,
 }
 
+#[cfg(feature = "lock")]
 impl Default for Policy {
     fn default() -> Self {
         Self {
@@ -78,6 +93,7 @@ impl Default for Policy {
     }
 }
 
+#[cfg(feature = "lock")]
 impl Policy {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
@@ -139,6 +155,7 @@ impl Policy {
         min.saturating_add(Duration::from_millis(jitter))
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn ttl_ms(&self) -> u64 {
         // Bounded by MAX_TTL in validate().
         u64::try_from(self.ttl.as_millis()).unwrap_or(u64::from(u32::MAX))
@@ -147,6 +164,7 @@ impl Policy {
 
 /// Setters shared by [`RedlockBuilder`](crate::RedlockBuilder) and
 /// [`MemoryLocksBuilder`](crate::MemoryLocksBuilder).
+#[cfg(feature = "lock")]
 macro_rules! policy_setters {
     () => {
         /// The lease TTL: how long a lock lives if it is neither released nor extended.
@@ -179,6 +197,7 @@ macro_rules! policy_setters {
         }
     };
 }
+#[cfg(feature = "lock")]
 pub(crate) use policy_setters;
 
 #[cfg(test)]

@@ -11,17 +11,17 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use crate::backend::handle::Locks;
+use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::status::{LeaseStatus, Shared};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::protect::Watch;
+use crate::protect::{Lost, Protected, Watch};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -112,139 +112,6 @@ impl Renewal {
     }
 }
 
-/// What a [`Watchdog`] shares with the [`LeaseStatus`] handles: the lease, its validity
-/// (moved by renewals), the loss, and whether the holder is done.
-struct Shared {
-    /// The lease as acquired.
-    lease: Lease,
-    /// Its backend.
-    locks: Locks,
-    /// How often it is renewed (`None`: never), and until when.
-    every: Option<Duration>,
-    stop_renewing_at: Option<Instant>,
-    /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
-    /// nanoseconds (an `Instant` is not atomic).
-    base: Instant,
-    offset_nanos: AtomicI64,
-    lost: AtomicBool,
-    /// The watchdog is gone: the holder released the lease.
-    closed: AtomicBool,
-    changed: Notify,
-}
-
-impl Shared {
-    fn new(
-        locks: Locks,
-        lease: Lease,
-        every: Option<Duration>,
-        stop_renewing_at: Option<Instant>,
-    ) -> Self {
-        Self {
-            base: lease.valid_until(),
-            lease,
-            locks,
-            every,
-            stop_renewing_at,
-            offset_nanos: AtomicI64::new(0),
-            lost: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            changed: Notify::new(),
-        }
-    }
-
-    fn valid_until(&self) -> Instant {
-        let offset = self.offset_nanos.load(Ordering::Acquire);
-        let magnitude = Duration::from_nanos(offset.unsigned_abs());
-        // Every offset stored came from a representable `Instant`: these cannot fail.
-        if offset >= 0 {
-            self.base.checked_add(magnitude)
-        } else {
-            self.base.checked_sub(magnitude)
-        }
-        .unwrap_or(self.base)
-    }
-
-    fn set_valid_until(&self, valid_until: Instant) {
-        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-        let offset = match valid_until.checked_duration_since(self.base) {
-            Some(later) => nanos(later),
-            None => -nanos(self.base.duration_since(valid_until)),
-        };
-        self.offset_nanos.store(offset, Ordering::Release);
-    }
-}
-
-/// A live view of a held lease: the lease itself (key, token, fencing token), its current
-/// validity (moved by each renewal) and whether it was lost. Cloning is cheap; all clones
-/// see the same lease.
-///
-/// The [`LockLayer`](crate::LockLayer) puts one in the request extensions (read it with
-/// the `LeaseStatus` extractor, feature `axum`); [`Locked`] and [`Locks::with_lock`] hand
-/// one out.
-///
-/// [`Locked`]: crate::Locked
-#[derive(Clone)]
-pub struct LeaseStatus {
-    shared: Arc<Shared>,
-}
-
-impl fmt::Debug for LeaseStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseStatus")
-            .field("valid_until", &self.valid_until())
-            .field("lost", &self.shared.lost.load(Ordering::Acquire))
-            .finish()
-    }
-}
-
-impl LeaseStatus {
-    /// The lease as acquired: its key, its token and its fencing token (to pass on to
-    /// storage that rejects stale writers). Its [`valid_until`](Lease::valid_until) is the
-    /// one at acquisition; [`valid_until`](Self::valid_until) follows the renewals.
-    pub fn lease(&self) -> &Lease {
-        &self.shared.lease
-    }
-
-    /// The instant the validity ends now (monotonic clock); each renewal moves it.
-    pub fn valid_until(&self) -> Instant {
-        self.shared.valid_until()
-    }
-
-    /// The validity left; zero once it has ended.
-    pub fn remaining(&self) -> Duration {
-        self.valid_until().saturating_duration_since(Instant::now())
-    }
-
-    /// Whether the lease was lost: a renewal found the token gone, or the validity ended.
-    pub fn is_lost(&self) -> bool {
-        self.shared.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
-    }
-
-    /// Resolves when the lease is lost, or when the holder released it (the watchdog is
-    /// gone); use [`is_lost`](Self::is_lost) to tell which.
-    pub async fn lost(&self) {
-        let shared = &*self.shared;
-        loop {
-            // Armed before the state is read, so that a change in between is not missed.
-            let changed = shared.changed.notified();
-            let mut changed = std::pin::pin!(changed);
-            changed.as_mut().enable();
-            if shared.lost.load(Ordering::Acquire) || shared.closed.load(Ordering::Acquire) {
-                return;
-            }
-            let valid_until = shared.valid_until();
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(valid_until.into()) => {
-                    if Instant::now() >= shared.valid_until() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Renews a lease while it is polled, and says when it is lost.
 ///
 /// The lease and its backend live in the state it shares with its [`LeaseStatus`]
@@ -302,9 +169,7 @@ impl Watchdog {
     }
 
     pub(crate) fn status(&self) -> LeaseStatus {
-        LeaseStatus {
-            shared: self.status.clone(),
-        }
+        LeaseStatus::new(self.status.clone())
     }
 
     /// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle
@@ -409,6 +274,69 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.status.closed.store(true, Ordering::Release);
         self.notify_status();
+    }
+}
+
+impl Locks {
+    /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
+    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
+    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
+    /// its token and fencing token), its validity, and its loss.
+    ///
+    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
+    /// found the token gone, or the validity ended without a successful renewal); it is
+    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
+    /// releases the lease in the background.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{Locks, Renewal};
+    ///
+    /// let locks = Locks::default();
+    /// let rows = locks
+    ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
+    ///         // Fence the writes: storage keeps the highest token it has seen and
+    ///         // refuses older ones.
+    ///         let fence = status.lease().fencing_token();
+    ///         assert!(fence.is_some());
+    ///         // ... long work; status.remaining() says how much validity is left ...
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The acquisition's error ([`LockError::Taken`] after the retries,
+    /// [`LockError::NoQuorum`], ...), or [`LockError::Lost`] when the lease was lost
+    /// while `work` ran.
+    pub async fn with_lock<F, Fut>(
+        &self,
+        resource: &str,
+        renewal: Renewal,
+        work: F,
+    ) -> Result<Fut::Output, LockError>
+    where
+        F: FnOnce(LeaseStatus) -> Fut,
+        Fut: Future,
+    {
+        let lease = self.lock(resource).await?;
+        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
+        let watchdog = Watchdog::new(self.clone(), lease, renewal);
+        let status = watchdog.status();
+        let result = Protected::new(work(status), watchdog)
+            .await
+            .map_err(|Lost| LockError::Lost);
+        if let Some((locks, lease)) = guard.take() {
+            if let Err(e) = locks.unlock(lease).await {
+                if result.is_ok() {
+                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
+                }
+            }
+        }
+        result
     }
 }
 

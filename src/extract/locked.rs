@@ -10,7 +10,8 @@ use http::StatusCode;
 use http::request::Parts;
 
 use crate::backend::handle::Locks;
-use crate::backend::watchdog::{LeaseStatus, Renewal, Watchdog};
+use crate::backend::status::LeaseStatus;
+use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::key::validate_value;
 use crate::lease::Lease;

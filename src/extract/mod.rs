@@ -4,6 +4,7 @@
 //! the [`Usage`](crate::Usage) (from a [`RateLimitLayer`](crate::RateLimitLayer)).
 //!
 //! ```
+//! # #[cfg(all(feature = "lock", feature = "rate-limit"))] {
 //! use axum::{Router, routing::post};
 //! use tower_redlock::{Lease, LeaseStatus, LockLayer, Usage};
 //!
@@ -21,10 +22,16 @@
 //! let app: Router = Router::new()
 //!     .route("/pay", post(pay).layer(LockLayer::by_header("Idempotency-Key")))
 //!     .route("/buy", post(buy).layer(LockLayer::by_header("Idempotency-Key").fail_open(true)));
+//! # }
 //! ```
 
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod held;
+#[cfg(feature = "lock")]
 mod locked;
 
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub use held::NotGuarded;
+#[cfg(feature = "lock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use locked::{LockKey, Locked, LockedRejection};

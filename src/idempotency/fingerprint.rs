@@ -17,7 +17,9 @@ pub fn default_fingerprint(parts: &Parts, body: &Bytes) -> Fingerprint {
     let mut hash = Sha256::new();
     for part in [
         parts.method.as_str().as_bytes(),
-        crate::key::route_of(parts).unwrap_or_default().as_bytes(),
+        crate::key::extractors::route_of(parts)
+            .unwrap_or_default()
+            .as_bytes(),
         body,
     ] {
         hash.update((part.len() as u64).to_be_bytes());

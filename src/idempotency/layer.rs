@@ -16,7 +16,6 @@ use super::key::IdempotencyKey;
 use super::policy::IdempotencyPolicy;
 use super::record::Fingerprint;
 use super::service::{Idempotency, ReadBody};
-use super::store::Store;
 use crate::backend::handle::Locks;
 use crate::backend::watchdog::Renewal;
 use crate::keyed::{Keyed, KeyedLayer};
@@ -93,9 +92,7 @@ impl IdempotencyLayer {
     pub fn with_header(name: HeaderName) -> Self {
         let missing = Cow::Owned(format!("This request needs an {name} header."));
         let policy = IdempotencyPolicy {
-            store: Store {
-                locks: Locks::default(),
-            },
+            locks: Locks::default(),
             record_ttl: DEFAULT_RECORD_TTL,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             stored_headers: Arc::from(DEFAULT_STORED_HEADERS.as_slice()),
@@ -119,7 +116,7 @@ impl IdempotencyLayer {
     /// the locks, in bounded memory
     /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
     pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
-        self.policy().store.locks = locks.into();
+        self.policy().locks = locks.into();
         self
     }
 

@@ -11,8 +11,9 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
-use super::store::{Begin, Store};
+use super::store::Begin;
 use crate::backend::handle::LeaseGuard;
+use crate::backend::handle::Locks;
 use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::keyed::policy::{
@@ -33,7 +34,7 @@ pub(crate) struct RequestFingerprint(pub(crate) Fingerprint);
 /// stores. Set through the layer's builder methods.
 #[derive(Clone)]
 pub struct IdempotencyPolicy {
-    pub(crate) store: Store,
+    pub(crate) locks: Locks,
     pub(crate) record_ttl: Duration,
     pub(crate) max_response_body: usize,
     pub(crate) stored_headers: Arc<[HeaderName]>,
@@ -45,7 +46,7 @@ pub struct IdempotencyPolicy {
 impl fmt::Debug for IdempotencyPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyPolicy")
-            .field("locks", &self.store.locks)
+            .field("locks", &self.locks)
             .field("record_ttl", &self.record_ttl)
             .field("max_response_body", &self.max_response_body)
             .field("stored_headers", &self.stored_headers)
@@ -92,7 +93,7 @@ impl Policy for IdempotencyPolicy {
     const FAIL_OPEN: bool = false;
 
     fn prefix(&self) -> &str {
-        self.store.locks.prefix()
+        self.locks.prefix()
     }
 
     fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
@@ -105,18 +106,13 @@ impl Policy for IdempotencyPolicy {
             return Decision::Ready(Verdict::Answer(Problem::misconfigured().into()));
         };
         let key = Arc::<str>::from(key);
-        if let Some(memory) = self
-            .store
-            .locks
-            .as_memory()
-            .filter(|_| self.max_wait.is_zero())
-        {
+        if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             // In process: answered at once, no task, no boxed future.
-            return Decision::Ready(self.verdict(Store::begin_now(memory, key), fingerprint));
+            return Decision::Ready(self.verdict(memory.begin_idempotent(key), fingerprint));
         }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
-            let begun = policy.store.begin(key, policy.max_wait).await;
+            let begun = policy.locks.begin_idempotent(key, policy.max_wait).await;
             policy.verdict(begun, fingerprint)
         }))
     }
@@ -170,7 +166,7 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
 #[doc(hidden)]
 pub struct IdempotencyPermit {
     watchdog: Watchdog,
-    store: Store,
+    locks: Locks,
     fingerprint: Fingerprint,
     record_ttl: Duration,
     max_body: usize,
@@ -198,8 +194,8 @@ impl fmt::Debug for IdempotencyPermit {
 impl IdempotencyPermit {
     fn new(policy: &IdempotencyPolicy, lease: Lease, fingerprint: Fingerprint) -> Self {
         Self {
-            watchdog: Watchdog::new(policy.store.locks.clone(), lease, policy.renewal),
-            store: policy.store.clone(),
+            watchdog: Watchdog::new(policy.locks.clone(), lease, policy.renewal),
+            locks: policy.locks.clone(),
             fingerprint,
             record_ttl: policy.record_ttl,
             max_body: policy.max_response_body,
@@ -298,18 +294,18 @@ impl Permit for IdempotencyPermit {
         let record = self.record(end);
         self.armed = false;
         let lease = self.watchdog.lease().clone();
-        let store = self.store.clone();
+        let locks = self.locks.clone();
         let ttl = self.record_ttl;
         // Dropped here: the renewals stop.
         drop(self);
-        if let Some(memory) = store.locks.as_memory() {
-            Store::finish_now(memory, lease, record, ttl);
+        if let Some(memory) = locks.as_memory() {
+            memory.finish_idempotent(lease, record, ttl);
             return Release::Done;
         }
         // Should the future be dropped meanwhile, the guard releases in the background.
-        let mut guard = LeaseGuard::new(store.locks.clone(), lease.clone());
+        let mut guard = LeaseGuard::new(locks.clone(), lease.clone());
         Release::Pending(Box::pin(async move {
-            if let Err(e) = store.finish(lease, record, ttl).await {
+            if let Err(e) = locks.finish_idempotent(lease, record, ttl).await {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
             guard.disarm();

@@ -307,8 +307,8 @@ where
         Ok(response) => {
             let (mut head, mut body) = response.into_parts();
             let hold = held.on_response(&mut head);
-            let ended = body.is_end_stream() || body.size_hint().exact() == Some(0);
-            if hold == Hold::Head || ended {
+            // A body that has ended already yields its end to the look below.
+            if hold == Hold::Head {
                 (End::Complete, Ok(Response::from_parts(head, body)), None)
             } else {
                 let mut peek = |cx: &mut Context<'_>| Pin::new(&mut body).poll_frame(cx);

@@ -22,6 +22,7 @@ use crate::problem::Problem;
 ///
 /// Cloning the layer shares its key extractor, its backend and its settings; the builder
 /// methods change a copy once the layer has been cloned.
+#[must_use]
 pub struct KeyedLayer<K, P> {
     pub(crate) core: Arc<Core<K, P>>,
 }
@@ -129,7 +130,6 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// of one kind (and, for locks, [`Locked`](crate::Locked) extractors) with the same
     /// scope and value share a lock or a count. The scope is the server's: never build it
     /// from the request.
-    #[must_use]
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
         self.core_mut().scope = Some(Arc::from(scope.into()));
         self
@@ -138,7 +138,6 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// Whether requests without a key pass through, unguarded, instead of getting **400**.
     /// Default `false`: the key is required. An invalid key is a 400 either way, and a
     /// server misconfiguration a 500.
-    #[must_use]
     pub fn optional(mut self, optional: bool) -> Self {
         self.core_mut().required = !optional;
         self
@@ -150,7 +149,6 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// is logged. The default is the layer's: see
     /// [`LockLayer::fail_open`](crate::lock#failing-open) (fail closed) and
     /// [`RateLimitLayer`](crate::rate_limit#failing-open) (fail open).
-    #[must_use]
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.core_mut().fail_open = fail_open;
         self

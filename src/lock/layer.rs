@@ -136,7 +136,6 @@ impl<K: KeyExtractor> LockLayer<K> {
 impl<K> LockLayer<K> {
     /// The lock backend: a [`Redlock`](crate::Redlock), [`MemoryLocks`](crate::MemoryLocks)
     /// or [`Locks`]. Default: the process-wide in-process backend ([`Locks::default`]).
-    #[must_use]
     pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
         self.policy_mut().locks = locks.into();
         self
@@ -144,7 +143,6 @@ impl<K> LockLayer<K> {
 
     /// The status sent when the lock is held by another request. Default 409 Conflict for
     /// `by_header` (a request with that key is in flight), 423 Locked otherwise.
-    #[must_use]
     pub fn taken_status(mut self, status: StatusCode) -> Self {
         self.policy_mut().taken_status = status;
         self
@@ -156,7 +154,6 @@ impl<K> LockLayer<K> {
     /// zero: answer at once. The wait counts against the client's own timeout, so keep it
     /// short. An acquisition attempt in flight at the deadline runs to its end, so the
     /// answer can come up to one node timeout after `max_wait`.
-    #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.policy_mut().max_wait = max_wait;
         self
@@ -165,7 +162,6 @@ impl<K> LockLayer<K> {
     /// How the lease is renewed while the request runs (its inner future and its response
     /// body). Default: every TTL/3, for at most 10 × TTL in all ([`Renewal::default`]);
     /// [`Renewal::disabled`] lets the lease run out after one TTL.
-    #[must_use]
     pub fn renewal(mut self, renewal: Renewal) -> Self {
         self.policy_mut().renewal = renewal;
         self
@@ -175,7 +171,6 @@ impl<K> LockLayer<K> {
     /// [`OnLockLoss::Abort`]: the inner future is dropped, never polled past the lease's
     /// validity, and the client gets 503; once the response head is out, the body ends
     /// with an error instead (the client sees a cut response).
-    #[must_use]
     pub fn on_lock_loss(mut self, on_loss: OnLockLoss) -> Self {
         self.policy_mut().on_loss = on_loss;
         self
@@ -187,7 +182,6 @@ impl<K> LockLayer<K> {
     /// handed on, before the client can see the end of the response (a client that sends
     /// its next request after reading the response never meets its own lock). Set `true`
     /// for long streams that must not hold a lock: the body then runs unlocked.
-    #[must_use]
     pub fn release_at_head(mut self, release_at_head: bool) -> Self {
         self.policy_mut().release_at_head = release_at_head;
         self
@@ -202,7 +196,6 @@ impl<K> LockLayer<K> {
     ///
     /// `name` is a [`HeaderName`] or a string; one that is not a header name makes the
     /// layer answer 500 and log why once.
-    #[must_use]
     pub fn fencing_header<N>(mut self, name: N) -> Self
     where
         N: TryInto<HeaderName>,

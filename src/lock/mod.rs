@@ -5,10 +5,10 @@
 //! [`LockPolicy`]):
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    and checks it ([`validate_value`](crate::key::validate_value));
-//! 2. acquires `{scope}:{value}` on its backend ([`Locks`](crate::Locks)), one attempt
+//! 2. acquires `{scope}:{value}` on its backend ([`Locks`]), one attempt
 //!    (or waits up to [`LockLayer::max_wait`]);
-//! 3. runs the inner service with the lease's live [`LeaseStatus`](crate::LeaseStatus) in
-//!    the request extensions (read it, or the [`Lease`](crate::Lease), with their
+//! 3. runs the inner service with the lease's live [`LeaseStatus`] in
+//!    the request extensions (read it, or the [`Lease`], with their
 //!    extractors), renewing the lease while it runs ([`LockLayer::renewal`]) and never
 //!    polling it past the lease's validity ([`LockLayer::on_lock_loss`]);
 //! 4. keeps the lease while the response body streams, and releases it as the last frame
@@ -46,6 +46,15 @@ mod tests;
 use crate::keyed;
 pub use layer::{Lock, LockLayer};
 pub use policy::LockPolicy;
+
+pub use crate::backend::handle::Locks;
+pub use crate::backend::memory::{MemoryLocks, MemoryLocksBuilder};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::backend::redlock::{Redlock, RedlockBuilder};
+pub use crate::backend::status::LeaseStatus;
+pub use crate::backend::watchdog::{OnLockLoss, Renewal};
+pub use crate::lease::{Lease, Token};
 
 /// The response future of [`Lock`].
 pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, LockPolicy>;

@@ -171,7 +171,6 @@ impl<K> RateLimitLayer<K> {
     /// one limit across replicas, a [`MemoryRateLimiter`](crate::MemoryRateLimiter), or a
     /// [`RateLimiter`]. Default: the process-wide in-process store
     /// ([`RateLimiter::default`]), which counts per process.
-    #[must_use]
     pub fn backend(mut self, limiter: impl Into<RateLimiter>) -> Self {
         self.policy_mut().limiter = limiter.into();
         self
@@ -180,7 +179,6 @@ impl<K> RateLimitLayer<K> {
     /// Also sends the legacy headers `X-RateLimit-Limit` (the limit),
     /// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until the window resets,
     /// a delay, not a timestamp) wherever `RateLimit` is sent. Default: `false`.
-    #[must_use]
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
         let headers = &self.core.policy.headers;
         let rebuilt = Headers::new(headers.quota, &headers.name, enabled);
@@ -196,7 +194,6 @@ impl<K> RateLimitLayer<K> {
     ///
     /// When `name` has characters other than printable ASCII (space to `~`), which an
     /// RFC 8941 string cannot carry.
-    #[must_use]
     pub fn policy_name(mut self, name: impl AsRef<str>) -> Self {
         let name = name.as_ref();
         assert!(

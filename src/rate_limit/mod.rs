@@ -93,10 +93,12 @@ mod policy;
 mod tests;
 
 pub use crate::backend::rate_limit::quota::{Quota, QuotaError, Usage};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::backend::rate_limit::{
-    DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, MemoryRateLimiter, RateLimitError, RateLimiter,
-    RedisRateLimiter, RedisRateLimiterBuilder,
+    DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, RedisRateLimiter, RedisRateLimiterBuilder,
 };
+pub use crate::backend::rate_limit::{MemoryRateLimiter, RateLimitError, RateLimiter};
 use crate::keyed;
 pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
 pub use layer::{RateLimit, RateLimitLayer};

@@ -5,12 +5,14 @@ use std::sync::OnceLock;
 
 mod memory;
 pub(crate) mod quota;
+#[cfg(feature = "redis")]
 mod redis;
 
 use crate::error::NodeFailure;
 use crate::key::KeyError;
 pub use memory::MemoryRateLimiter;
 use quota::{Quota, Usage};
+#[cfg(feature = "redis")]
 pub use redis::{
     DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, RedisRateLimiter, RedisRateLimiterBuilder,
 };
@@ -56,6 +58,7 @@ pub struct RateLimiter {
 
 #[derive(Clone, Debug)]
 enum Backend {
+    #[cfg(feature = "redis")]
     Redis(RedisRateLimiter),
     Memory(MemoryRateLimiter),
 }
@@ -70,6 +73,7 @@ impl Default for RateLimiter {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<RedisRateLimiter> for RateLimiter {
     fn from(redis: RedisRateLimiter) -> Self {
         Self {
@@ -101,6 +105,7 @@ impl RateLimiter {
     /// [`RateLimitError::InvalidKey`] for an unusable key.
     pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         match &self.backend {
+            #[cfg(feature = "redis")]
             Backend::Redis(r) => r.hit(resource, quota).await,
             Backend::Memory(m) => m.hit(resource, quota),
         }
@@ -110,6 +115,7 @@ impl RateLimiter {
     pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
         match &self.backend {
             Backend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
             Backend::Redis(_) => None,
         }
     }

@@ -82,6 +82,7 @@ impl Quota {
     }
 
     /// The window in milliseconds, as sent to `PEXPIRE`.
+    #[cfg(feature = "redis")]
     pub(crate) fn window_ms(&self) -> u64 {
         // Bounded by MAX_WINDOW in new().
         u64::try_from(self.window.as_millis()).unwrap_or(u64::from(u32::MAX))

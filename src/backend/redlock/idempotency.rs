@@ -20,8 +20,8 @@ use super::round::Stragglers;
 use super::scripts::{self, Aux};
 use super::tally::{Rule, Verdict, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::records::Begin;
 use crate::error::{LockError, NodeFailureReason};
-use crate::idempotency::store::Begin;
 use crate::lease::{Lease, Token};
 
 /// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX

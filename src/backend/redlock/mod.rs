@@ -30,6 +30,7 @@
 
 mod acquire;
 mod builder;
+#[cfg(feature = "idempotency")]
 mod idempotency;
 mod notify;
 mod round;

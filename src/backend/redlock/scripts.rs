@@ -23,16 +23,17 @@ pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
 }
 
 /// Every script, to load on each node when the client is built.
-static ALL: [&LazyLock<Script>; 7] = [
+static ALL: &[&LazyLock<Script>] = &[
     &RELEASE,
     &EXTEND,
     &ACQUIRE_WAITING,
     &ACQUIRE_FENCED,
     &FENCE,
+    #[cfg(feature = "idempotency")]
     &super::idempotency::BEGIN,
+    #[cfg(feature = "idempotency")]
     &super::idempotency::FINISH,
 ];
-
 /// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
 /// `NOSCRIPT` (a node restarted, or one that never saw it).
 pub(super) async fn run<T: FromRedisValue>(
@@ -212,6 +213,7 @@ impl<'a> Aux<'a> {
     }
 
     /// The lock's idempotency record.
+    #[cfg(feature = "idempotency")]
     pub(super) fn record(lock_key: &'a str) -> Self {
         Self {
             lock_key,

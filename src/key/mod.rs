@@ -26,8 +26,7 @@
 //! [`scope`]: crate::LockLayer::scope
 
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::fmt;
+#[cfg(feature = "lock")]
 use std::sync::Arc;
 
 use http::HeaderName;
@@ -151,6 +150,7 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
 /// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the
 /// extractor's, percent-encoded (see [`push_escaped`]). The value follows, with
 /// [`push_escaped`].
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
     key: &mut String,
     prefix: &str,
@@ -174,6 +174,7 @@ pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
 /// Hash tags are chosen on purpose: every auxiliary key of a lock is named
 /// `{<lock key>}<suffix>`, which lands in the lock key's slot only because the lock key has
 /// no braces of its own.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn push_escaped(out: &mut String, part: &str) {
     if !part.bytes().any(needs_escape) {
         out.push_str(part);
@@ -190,6 +191,7 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
 }
 
 /// [`push_escaped`] in place on what `out` holds from byte `from` on.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
     if !out.as_bytes()[from..].iter().copied().any(needs_escape) {
         return;
@@ -198,6 +200,7 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     push_escaped(out, &tail);
 }
 
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b'{' | b'}')
 }
@@ -205,11 +208,13 @@ fn needs_escape(b: u8) -> bool {
 /// Runs `f` on this thread's scratch buffer, cleared: a key written there and only read (a
 /// count in memory) costs no allocation, and one that is kept is copied once, into what
 /// keeps it.
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut String) -> T) -> T {
     /// Scratch buffers above this capacity are not kept.
     const KEEP: usize = 4096;
     thread_local! {
-        static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+        static SCRATCH: std::cell::RefCell<String> =
+            const { std::cell::RefCell::new(String::new()) };
     }
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buffer) => {
@@ -271,256 +276,12 @@ pub trait KeyExtractor: Send + Sync + 'static {
     }
 }
 
-/// The key is a request header's value, such as `Idempotency-Key`.
-///
-/// The value may be an RFC 8941 string (`"8e03978e-40d5"`, as the IETF draft "The
-/// Idempotency-Key HTTP Header Field" defines it) or a bare token (`8e03978e-40d5`); the
-/// quotes are not part of the key. The scope is the header name, the method and the route
-/// (axum's `MatchedPath`), so the same key sent to two endpoints takes two locks. Without
-/// a `MatchedPath` (a layer outside the `Router`, or without the `axum` feature) the scope
-/// is the header name and the method only, never the request's path, which the client
-/// chooses: give such a layer a fixed [`scope`](crate::LockLayer::scope) per endpoint.
-#[derive(Debug, Clone)]
-pub struct HeaderKey {
-    name: HeaderName,
-}
-
-impl HeaderKey {
-    /// Reads the header `name`.
-    pub fn new(name: HeaderName) -> Self {
-        Self { name }
-    }
-
-    /// The header read.
-    pub fn name(&self) -> &HeaderName {
-        &self.name
-    }
-}
-
-impl KeyExtractor for HeaderKey {
-    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
-        let Some(raw) = parts.headers.get(&self.name) else {
-            return Ok(None);
-        };
-        let malformed = || KeyError::MalformedHeader(self.name.clone());
-        let text = raw.to_str().map_err(|_| malformed())?;
-        let text = text.trim_matches([' ', '\t']);
-        if text.starts_with('"') {
-            parse_sf_string(text)
-                .ok_or_else(malformed)
-                .map(|value| Some(Cow::Owned(value)))
-        } else {
-            Ok(Some(Cow::Borrowed(text)))
-        }
-    }
-
-    fn write_scope(&self, parts: &Parts, out: &mut String) {
-        out.push_str(self.name.as_str());
-        out.push(' ');
-        out.push_str(method_of(parts));
-        if let Some(route) = route_of(parts) {
-            out.push(' ');
-            out.push_str(route);
-        }
-    }
-}
-
-/// The method for a scope: one of RFC 9110's (and PATCH), else `other`, so that a client
-/// cannot mint scopes with methods of its own.
-fn method_of(parts: &Parts) -> &'static str {
-    use http::Method;
-    const KNOWN: [Method; 9] = [
-        Method::GET,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::HEAD,
-        Method::OPTIONS,
-        Method::CONNECT,
-        Method::TRACE,
-    ];
-    KNOWN
-        .iter()
-        .find(|known| **known == parts.method)
-        .map_or("other", |known| match known.as_str() {
-            "GET" => "GET",
-            "POST" => "POST",
-            "PUT" => "PUT",
-            "DELETE" => "DELETE",
-            "PATCH" => "PATCH",
-            "HEAD" => "HEAD",
-            "OPTIONS" => "OPTIONS",
-            "CONNECT" => "CONNECT",
-            _ => "TRACE",
-        })
-}
-
-/// Parses an RFC 8941 sf-string (section 3.3.3): `"` ... `"` with `\"` and `\\` escapes,
-/// printable ASCII only, nothing after the closing quote.
-fn parse_sf_string(text: &str) -> Option<String> {
-    let inner = text.strip_prefix('"')?;
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next()? {
-                c @ ('"' | '\\') => out.push(c),
-                _ => return None,
-            },
-            '"' => return chars.next().is_none().then_some(out),
-            ' '..='~' => out.push(c),
-            _ => return None,
-        }
-    }
-    None
-}
-
-/// The route template the router matched, if any.
-#[cfg(feature = "axum")]
-pub(crate) fn route_of(parts: &Parts) -> Option<&str> {
-    parts
-        .extensions
-        .get::<axum::extract::MatchedPath>()
-        .map(axum::extract::MatchedPath::as_str)
-}
-
-#[cfg(not(feature = "axum"))]
-pub(crate) fn route_of(_parts: &Parts) -> Option<&str> {
-    None
-}
-
-/// The key is a path parameter of an axum route, such as `item_id` in
-/// `/items/{item_id}/buy`.
-///
-/// The scope is the route template up to and including the parameter (`/items/{item_id}`),
-/// so `/items/{item_id}/buy` and `/items/{item_id}` lock the same item while
-/// `/users/{user_id}` never shares a lock with it. Path parameters exist once axum has
-/// routed the request, so use the layer with `Router::route_layer`, `Router::layer` or
-/// `MethodRouter::layer`, not around the whole `Router` from outside.
-///
-/// Misplaced, it answers 500 and logs the fix once ([`NoKey::Misconfigured`]): outside
-/// the `Router`, or on a route without the parameter. A request that no route matched
-/// (the fallback, under `Router::layer`) passes through unguarded, to its 404.
-#[cfg(feature = "axum")]
-#[derive(Debug, Clone)]
-pub struct PathParamKey {
-    name: Cow<'static, str>,
-    brace: String,
-}
+pub(crate) mod extractors;
 
 #[cfg(feature = "axum")]
-impl PathParamKey {
-    /// Reads the path parameter `name`.
-    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        let name = name.into();
-        let brace = format!("{{{name}}}");
-        Self { name, brace }
-    }
-
-    /// The parameter read.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-#[cfg(feature = "axum")]
-impl KeyExtractor for PathParamKey {
-    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
-        use axum::extract::rejection::RawPathParamsRejection;
-        use axum::extract::{FromRequestParts, RawPathParams};
-        use futures_util::FutureExt;
-        // RawPathParams reads what the router stored; its future is ready at once.
-        match RawPathParams::from_request_parts(parts, &()).now_or_never() {
-            Some(Ok(params)) => Ok(params
-                .iter()
-                .find(|(name, _)| *name == self.name)
-                .map(|(_, value)| Cow::Owned(value.to_owned()))),
-            Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => {
-                Err(KeyError::MalformedPathParameter)
-            }
-            // No parameters at all: `no_key` says why.
-            _ => Ok(None),
-        }
-    }
-
-    fn no_key(&self, parts: &mut Parts) -> NoKey {
-        let routed = parts
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|matched| matched.as_str().to_owned());
-        let name = &self.name;
-        match routed {
-            Some(route) => NoKey::Misconfigured(Misconfiguration::new(format!(
-                "by_path_param(\"{name}\") on the route {route}, which has no path parameter \
-                 `{{{name}}}`: add the layer only to routes that have it \
-                 (MethodRouter::layer, or Router::route_layer on a Router of such routes)"
-            ))),
-            // The fallback of a Router::layer: a request no route matched.
-            None if has_path_params(parts) => NoKey::NotApplicable,
-            None => NoKey::Misconfigured(Misconfiguration::new(format!(
-                "by_path_param(\"{name}\") runs before the Router has matched a route, so there \
-                 are no path parameters: add it with Router::route_layer or MethodRouter::layer, \
-                 not around the Router"
-            ))),
-        }
-    }
-
-    fn write_scope(&self, parts: &Parts, out: &mut String) {
-        match parts.extensions.get::<axum::extract::MatchedPath>() {
-            Some(matched) => {
-                let route = matched.as_str();
-                match route.find(&self.brace) {
-                    Some(at) => out.push_str(&route[..at + self.brace.len()]),
-                    None => out.push_str(route),
-                }
-            }
-            None => out.push_str(&self.brace),
-        }
-    }
-}
-
-/// Whether the router stored path parameters (possibly none) for this request: it routed
-/// it, to a route or to its fallback.
-#[cfg(feature = "axum")]
-fn has_path_params(parts: &mut Parts) -> bool {
-    use axum::extract::{FromRequestParts, RawPathParams};
-    use futures_util::FutureExt;
-    matches!(
-        RawPathParams::from_request_parts(parts, &()).now_or_never(),
-        Some(Ok(_))
-    )
-}
-
-/// The key is what a function returns for the request; `None` means the request has no key.
-///
-/// The scope is empty unless the layer sets one, so the function's value names the lock.
-#[derive(Clone)]
-pub struct FnKey<F> {
-    f: F,
-}
-
-impl<F> FnKey<F> {
-    /// Wraps `f`.
-    pub fn new(f: F) -> Self {
-        Self { f }
-    }
-}
-
-impl<F> fmt::Debug for FnKey<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FnKey").finish_non_exhaustive()
-    }
-}
-
-impl<F> KeyExtractor for FnKey<F>
-where
-    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-{
-    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
-        Ok((self.f)(parts).map(Cow::Owned))
-    }
-}
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use extractors::PathParamKey;
+pub use extractors::{FnKey, HeaderKey};
 
 #[cfg(test)]
 mod tests {
@@ -540,70 +301,6 @@ mod tests {
     }
 
     use super::*;
-
-    fn parts(header: &str) -> Parts {
-        let req = http::Request::builder()
-            .uri("/orders")
-            .header("idempotency-key", header)
-            .body(())
-            .unwrap();
-        req.into_parts().0
-    }
-
-    #[test]
-    fn header_accepts_bare_token_and_sf_string() {
-        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
-        assert_eq!(
-            key.extract(&mut parts("abc-1")).unwrap().as_deref(),
-            Some("abc-1")
-        );
-        assert_eq!(
-            key.extract(&mut parts("\"abc-1\"")).unwrap().as_deref(),
-            Some("abc-1")
-        );
-        assert_eq!(
-            key.extract(&mut parts(r#""a\"b\\c""#)).unwrap().as_deref(),
-            Some(r#"a"b\c"#)
-        );
-    }
-
-    #[test]
-    fn header_rejects_malformed_sf_string() {
-        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
-        for bad in ["\"open", "\"a\"b", r#""a\nb""#] {
-            assert!(
-                matches!(
-                    key.extract(&mut parts(bad)),
-                    Err(KeyError::MalformedHeader(_))
-                ),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn header_scope_separates_methods_and_never_takes_the_clients_path() {
-        let key = HeaderKey::new(HeaderName::from_static("idempotency-key"));
-        let scope_of = |method: &str, path: &str| {
-            let p = http::Request::builder()
-                .method(method)
-                .uri(path)
-                .body(())
-                .unwrap()
-                .into_parts()
-                .0;
-            let mut scope = String::new();
-            key.write_scope(&p, &mut scope);
-            scope
-        };
-        // No route matched (no MatchedPath): the path the client chose is left out.
-        assert_eq!(scope_of("GET", "/orders"), "idempotency-key GET");
-        assert_eq!(scope_of("GET", "/orders/x/y/z"), "idempotency-key GET");
-        assert_eq!(scope_of("POST", "/orders"), "idempotency-key POST");
-        // Methods of the client's own invention share one scope.
-        assert_eq!(scope_of("BREW", "/"), "idempotency-key other");
-        assert_eq!(scope_of("MINT-1", "/"), "idempotency-key other");
-    }
 
     #[test]
     fn validate_bounds_length_and_control_bytes() {
