@@ -14,12 +14,13 @@ use super::record::{Fingerprint, Record, kept_headers};
 use super::store::Begin;
 use crate::backend::handle::LeaseGuard;
 use crate::backend::handle::Locks;
-use crate::backend::watchdog::{Renewal, Watchdog};
+use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::lease::Lease;
+use crate::lock::policy::LockPermit;
 use crate::problem::Problem;
 use crate::protect::Watch;
 
@@ -165,8 +166,8 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
 /// A first request's lease, and what its response leaves to store.
 #[doc(hidden)]
 pub struct IdempotencyPermit {
-    watchdog: Watchdog,
-    locks: Locks,
+    /// The lease, held, renewed and released as a lock layer's.
+    lease: LockPermit,
     fingerprint: Fingerprint,
     record_ttl: Duration,
     max_body: usize,
@@ -177,13 +178,12 @@ pub struct IdempotencyPermit {
     body: BytesMut,
     /// The body went over the cap: the result cannot be replayed.
     over: bool,
-    armed: bool,
 }
 
 impl fmt::Debug for IdempotencyPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyPermit")
-            .field("watchdog", &self.watchdog)
+            .field("lease", &self.lease)
             .field("stored", &self.head.is_some())
             .field("body", &self.body.len())
             .field("over", &self.over)
@@ -194,8 +194,7 @@ impl fmt::Debug for IdempotencyPermit {
 impl IdempotencyPermit {
     fn new(policy: &IdempotencyPolicy, lease: Lease, fingerprint: Fingerprint) -> Self {
         Self {
-            watchdog: Watchdog::new(policy.locks.clone(), lease, policy.renewal),
-            locks: policy.locks.clone(),
+            lease: LockPermit::for_lease(policy.locks.clone(), lease, policy.renewal),
             fingerprint,
             record_ttl: policy.record_ttl,
             max_body: policy.max_response_body,
@@ -204,7 +203,6 @@ impl IdempotencyPermit {
             head: None,
             body: BytesMut::new(),
             over: false,
-            armed: true,
         }
     }
 
@@ -221,7 +219,7 @@ impl IdempotencyPermit {
             },
             End::Complete => Record::Unreplayable { fingerprint },
             // A body cut because the lease ran out: the request ran, its result is gone.
-            End::Failed if !self.watchdog.is_valid() => Record::Unreplayable { fingerprint },
+            End::Failed if !self.lease.is_valid() => Record::Unreplayable { fingerprint },
             // The service or its body failed: nothing stored, a retry runs again.
             End::Failed => return None,
         };
@@ -231,41 +229,27 @@ impl IdempotencyPermit {
     }
 }
 
-impl Drop for IdempotencyPermit {
-    fn drop(&mut self) {
-        if self.armed {
-            let lease = self.watchdog.lease().clone();
-            self.watchdog.locks().release_detached(lease);
-        }
-    }
-}
-
 impl Watch for IdempotencyPermit {
     fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
-        self.watchdog.lost_before_poll(cx)
+        self.lease.lost_before_poll(cx)
     }
 
     fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        Watch::poll_lost(&mut self.watchdog, cx)
+        Watch::poll_lost(&mut self.lease, cx)
     }
 }
 
 impl Permit for IdempotencyPermit {
     fn admit<B>(&mut self, request: &mut Request<B>) {
-        request.extensions_mut().insert(self.watchdog.status());
+        self.lease.admit(request);
     }
 
     fn lost_response(self) -> Response<Bytes> {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The lock was lost while the request ran, so its work was stopped; retry the request.",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into()
+        self.lease.lost_response()
     }
 
     fn lost_error(self) -> BoxError {
-        Box::new(LockError::Lost)
+        self.lease.lost_error()
     }
 
     fn on_response(&mut self, head: &mut response::Parts) -> Hold {
@@ -292,12 +276,9 @@ impl Permit for IdempotencyPermit {
 
     fn release(mut self, end: End) -> Release {
         let record = self.record(end);
-        self.armed = false;
-        let lease = self.watchdog.lease().clone();
-        let locks = self.locks.clone();
         let ttl = self.record_ttl;
-        // Dropped here: the renewals stop.
-        drop(self);
+        // The renewals stop as the lock permit goes.
+        let (locks, lease) = self.lease.disarm();
         if let Some(memory) = locks.as_memory() {
             memory.finish_idempotent(lease, record, ttl);
             return Release::Done;

@@ -39,7 +39,7 @@
 //! tell: it has no lease (take `Option<Lease>` or `Option<LeaseStatus>`).
 
 mod layer;
-mod policy;
+pub(crate) mod policy;
 #[cfg(test)]
 mod tests;
 

@@ -148,9 +148,28 @@ impl LockPermit {
         }
     }
 
+    /// A permit over `lease` for another keyed layer that holds a lease per request (the
+    /// idempotency layer): renewed, aborting on loss, held until the body ends.
+    #[cfg(feature = "idempotency")]
+    pub(crate) fn for_lease(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
+        Self {
+            watchdog: Watchdog::new(locks, lease, renewal),
+            armed: true,
+            abort: true,
+            release_at_head: false,
+            fencing_header: None,
+        }
+    }
+
+    /// Whether the lease is still valid.
+    #[cfg(feature = "idempotency")]
+    pub(crate) fn is_valid(&self) -> bool {
+        self.watchdog.is_valid()
+    }
+
     /// Disarms the permit and hands back what to release; dropping the permit then
     /// stops the renewals and tells the status the holder is done.
-    fn disarm(mut self) -> (Locks, Lease) {
+    pub(crate) fn disarm(mut self) -> (Locks, Lease) {
         self.armed = false;
         (self.watchdog.locks().clone(), self.watchdog.lease().clone())
     }
