@@ -13,10 +13,10 @@
 //! `cargo bench --bench idempotency` (`BENCH_QUICK=1` for a short run). It starts its own
 //! `redis-server` processes on free ports.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
 #[path = "common/mod.rs"]
 mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,12 @@ use axum::Router;
 use axum::routing::post;
 use tower_redlock::{IdempotencyLayer, LockLayer, Locks};
 
-const CASES: [&str; 4] = ["no layer", "LockLayer", "Idempotency first", "Idempotency replay"];
+const CASES: [&str; 4] = [
+    "no layer",
+    "LockLayer",
+    "Idempotency first",
+    "Idempotency replay",
+];
 
 fn app(case: usize, locks: &Locks) -> Router {
     let route = post(common::ok_handler);
@@ -49,7 +54,9 @@ fn main() {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        println!("idempotency: added p50 per request, serial, {rounds} rounds x {per_round} requests");
+        println!(
+            "idempotency: added p50 per request, serial, {rounds} rounds x {per_round} requests"
+        );
         println!("| nodes | case | p50 | added | vs LockLayer's added | target |");
         println!("| --- | --- | --- | --- | --- | --- |");
         for n in [1usize, 3] {
@@ -62,7 +69,11 @@ fn main() {
             }
             // The replay case's one key, stored once.
             let replay_key = u64::MAX;
-            assert!(common::post_key(&mut senders[3], replay_key).await.is_success());
+            assert!(
+                common::post_key(&mut senders[3], replay_key)
+                    .await
+                    .is_success()
+            );
             let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); CASES.len()];
             let mut next_key = 0u64;
             for _ in 0..rounds {
@@ -85,8 +96,14 @@ fn main() {
             let added: Vec<Duration> = p.iter().map(|d| d.saturating_sub(p[0])).collect();
             for case in 0..CASES.len() {
                 let (ratio, target) = match case {
-                    2 => (Some(added[2].as_secs_f64() / added[1].as_secs_f64()), "<= 1.10x"),
-                    3 => (Some(added[3].as_secs_f64() / added[1].as_secs_f64()), "<= 0.60x"),
+                    2 => (
+                        Some(added[2].as_secs_f64() / added[1].as_secs_f64()),
+                        "<= 1.10x",
+                    ),
+                    3 => (
+                        Some(added[3].as_secs_f64() / added[1].as_secs_f64()),
+                        "<= 0.60x",
+                    ),
                     _ => (None, ""),
                 };
                 println!(
