@@ -18,6 +18,28 @@
 //!    lease's validity), lets the permit add its headers, and either releases it or hands
 //!    it to the [`ResponseBody`], which releases it as the body ends.
 
+/// `get_ref`, `get_mut` and `into_inner` for a service whose inner service `S` is the
+/// field `inner`, as tower-http's services have them.
+macro_rules! inner_service_accessors {
+    () => {
+        /// Gets a reference to the inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// Gets a mutable reference to the inner service.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Consumes `self`, returning the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+pub(crate) use inner_service_accessors;
+
 mod body;
 mod future;
 pub(crate) mod layer;

@@ -30,20 +30,7 @@ impl<S, K, P> Keyed<S, K, P> {
         Self { inner, core }
     }
 
-    /// Gets a reference to the inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// Gets a mutable reference to the inner service.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::keyed::inner_service_accessors!();
 }
 
 impl<S: Clone, K, P> Clone for Keyed<S, K, P> {
