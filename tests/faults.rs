@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{RedisNode, eventually, exists, nodes, urls};
+use support::{RedisNode, calls, eventually, exists, nodes, urls};
 use tower_redlock::{LockError, Locks, Redlock, Renewal};
 
 async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Redlock {
@@ -40,20 +40,6 @@ async fn delete(node: &RedisNode, key: &str) {
         .query_async(&mut conn)
         .await
         .unwrap();
-}
-
-/// Calls of `command` on the node so far (`INFO commandstats`).
-async fn calls(node: &RedisNode, command: &str) -> u64 {
-    let mut conn = node.conn().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
 #[tokio::test]

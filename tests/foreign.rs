@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{RedisNode, eventually, exists};
+use support::{RedisNode, calls, eventually, exists};
 use tower_redlock::Redlock;
 
 /// Holds a redis-py lock until told to release it on stdin; reports on stdout.
@@ -96,18 +96,6 @@ async fn get(node: &RedisNode, key: &str) -> Option<String> {
         .unwrap()
 }
 
-async fn evalsha_calls(node: &RedisNode) -> u64 {
-    let mut conn = node.conn().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_lock_is_left_alone_while_we_wait_and_then_handed_over() {
     let node = RedisNode::start();
@@ -138,7 +126,7 @@ async fn redis_py_lock_is_left_alone_while_we_wait_and_then_handed_over() {
     // The waiter's first attempt, then two more once subscribed (each attempt and the
     // cleanup after it are one script call apiece).
     let retried = eventually(Duration::from_secs(5), || async {
-        evalsha_calls(&node).await >= 5
+        calls(&node, "evalsha").await >= 5
     })
     .await;
     assert!(retried, "the waiter did not try again");

@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, eventually, nodes, serve, subscribers, urls};
+use support::{RedisNode, calls, command_calls, eventually, nodes, serve, subscribers, urls};
 use tower_redlock::{LockError, LockLayer, Locks, MemoryLocks, Redlock};
 
 async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
@@ -169,20 +169,6 @@ async fn layer_waits_for_the_holder_instead_of_409() {
     let (a, b) = tokio::join!(send(), send());
     assert_eq!(a.unwrap().status(), 200);
     assert_eq!(b.unwrap().status(), 200);
-}
-
-/// Calls of `command` on the node so far (`INFO commandstats`).
-async fn calls(node: &RedisNode, command: &str) -> u64 {
-    let mut conn = node.conn().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
 #[tokio::test]
@@ -404,23 +390,6 @@ async fn waiting_on_a_key_of_another_type_is_taken_not_an_outage() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
-}
-
-/// Every command's calls on the node so far (`INFO commandstats`), `info` itself left out.
-async fn command_calls(node: &RedisNode) -> std::collections::BTreeMap<String, u64> {
-    let mut conn = node.conn().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            let calls = rest.split(',').next()?.parse().ok()?;
-            (name != "info").then(|| (name.to_owned(), calls))
-        })
-        .collect()
 }
 
 #[tokio::test]

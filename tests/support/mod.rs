@@ -504,3 +504,25 @@ impl Drop for Proxy {
         }
     }
 }
+
+/// Every command's calls on the node so far (`INFO commandstats`), `info` itself left out.
+pub async fn command_calls(node: &RedisNode) -> std::collections::BTreeMap<String, u64> {
+    let mut conn = node.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Calls of `command` (lower case, as `INFO commandstats` names it) on the node so far.
+pub async fn calls(node: &RedisNode, command: &str) -> u64 {
+    command_calls(node).await.get(command).copied().unwrap_or(0)
+}
