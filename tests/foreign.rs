@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{RedisNode, calls, eventually, exists};
+use support::{RedisNode, calls, eventually, exists, get};
 use tower_redlock::Redlock;
 
 /// Holds a redis-py lock until told to release it on stdin; reports on stdout.
@@ -85,15 +85,6 @@ impl Drop for PythonHolder {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-async fn get(node: &RedisNode, key: &str) -> Option<String> {
-    let mut conn = node.conn().await;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -241,14 +241,7 @@ async fn release_nobody_waits_for_publishes_nothing() {
 async fn values(nodes: &[RedisNode], key: &str) -> Vec<Option<String>> {
     let mut values = Vec::new();
     for node in nodes {
-        let mut conn = node.conn().await;
-        values.push(
-            redis::cmd("GET")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .unwrap(),
-        );
+        values.push(support::get(node, key).await);
     }
     values
 }

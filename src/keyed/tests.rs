@@ -202,6 +202,24 @@ fn request() -> Request<()> {
     Request::builder().header("key", "k").body(()).unwrap()
 }
 
+impl Probe {
+    /// A probe whose permit is held until the response body ends.
+    fn holding() -> Self {
+        Self {
+            hold_to_body_end: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// A body of `frames`, one poll apart.
+fn slow(frames: &'static [&'static str]) -> impl Fn() -> Frames + Clone + Send + Sync + 'static {
+    move || Frames {
+        slow: true,
+        ..Frames::new(frames)
+    }
+}
+
 /// Sends one request through `probe`'s layer to a service that answers with `body()`.
 async fn send(
     probe: &Probe,
@@ -216,15 +234,8 @@ async fn send(
 
 #[tokio::test]
 async fn a_held_body_is_released_before_its_last_frame_is_handed_on() {
-    let probe = Probe {
-        hold_to_body_end: true,
-        ..Probe::default()
-    };
-    let mut response = send(&probe, || Frames {
-        slow: true,
-        ..Frames::new(&["a", "b", "c"])
-    })
-    .await;
+    let probe = Probe::holding();
+    let mut response = send(&probe, slow(&["a", "b", "c"])).await;
     assert_eq!(probe.events(), ["decide p::k", "admit", "response"]);
     let body = response.body_mut();
     for (frame, released) in [("a", false), ("b", false), ("c", true)] {
@@ -252,10 +263,7 @@ async fn a_held_body_is_released_before_its_last_frame_is_handed_on() {
 #[tokio::test]
 async fn a_body_of_known_size_is_released_with_its_last_byte() {
     // The body never says it has ended; its size says so.
-    let probe = Probe {
-        hold_to_body_end: true,
-        ..Probe::default()
-    };
+    let probe = Probe::holding();
     let mut response = send(&probe, || Frames {
         slow: true,
         sized: true,
@@ -279,10 +287,7 @@ async fn a_body_of_known_size_is_released_with_its_last_byte() {
 
 #[tokio::test]
 async fn a_body_ready_at_once_is_released_before_the_head_is_handed_on() {
-    let probe = Probe {
-        hold_to_body_end: true,
-        ..Probe::default()
-    };
+    let probe = Probe::holding();
     let response = send(&probe, || Frames::new(&["all"])).await;
     assert_eq!(
         probe.events(),
@@ -301,11 +306,7 @@ async fn a_body_ready_at_once_is_released_before_the_head_is_handed_on() {
 #[tokio::test]
 async fn released_at_the_head_when_the_policy_says_so() {
     let probe = Probe::default();
-    let response = send(&probe, || Frames {
-        slow: true,
-        ..Frames::new(&["a", "b"])
-    })
-    .await;
+    let response = send(&probe, slow(&["a", "b"])).await;
     assert_eq!(
         probe.events(),
         ["decide p::k", "admit", "response", "release Complete"]
@@ -317,15 +318,8 @@ async fn released_at_the_head_when_the_policy_says_so() {
 
 #[tokio::test]
 async fn a_permit_lost_mid_body_ends_the_body_with_an_error() {
-    let probe = Probe {
-        hold_to_body_end: true,
-        ..Probe::default()
-    };
-    let mut response = send(&probe, || Frames {
-        slow: true,
-        ..Frames::new(&["a", "b", "c"])
-    })
-    .await;
+    let probe = Probe::holding();
+    let mut response = send(&probe, slow(&["a", "b", "c"])).await;
     let body = response.body_mut();
     assert_eq!(
         body.frame().await.unwrap().unwrap().into_data().unwrap(),
@@ -341,10 +335,7 @@ async fn a_permit_lost_mid_body_ends_the_body_with_an_error() {
 
 #[tokio::test]
 async fn a_permit_lost_before_the_response_answers_instead() {
-    let probe = Probe {
-        hold_to_body_end: true,
-        ..Probe::default()
-    };
+    let probe = Probe::holding();
     let lost = probe.lost.clone();
     let svc = probe.layer().layer(service_fn(move |_req: Request<()>| {
         let lost = lost.clone();

@@ -526,3 +526,13 @@ pub async fn command_calls(node: &RedisNode) -> std::collections::BTreeMap<Strin
 pub async fn calls(node: &RedisNode, command: &str) -> u64 {
     command_calls(node).await.get(command).copied().unwrap_or(0)
 }
+
+/// The string value of `key` on the node, if any.
+pub async fn get(node: &RedisNode, key: &str) -> Option<String> {
+    let mut conn = node.conn().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
