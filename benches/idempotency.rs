@@ -1,7 +1,9 @@
 //! IdempotencyLayer against LockLayer::by_header: the latency each adds to a request, on
 //! 1 and 3 Redis nodes, serially on one keep-alive connection.
 //!
-//! Cases, interleaved round by round so that drift hits them alike:
+//! Cases, interleaved round by round so that drift hits them alike; each round gives every
+//! case's p50 and the ratios of what the layers add, and the figures are medians over the
+//! rounds (with the ratios' range):
 //! - no layer (the baseline every "added" figure is measured from);
 //! - `LockLayer::by_header("Idempotency-Key")`, a new key per request (a lock cycle);
 //! - `IdempotencyLayer`, a new key per request (a first run: look up and lock, then store
@@ -46,9 +48,22 @@ fn p50(samples: &mut [Duration]) -> Duration {
     samples[samples.len() / 2]
 }
 
+/// The median of `ratios` with their range; zeros when there are none.
+fn median_range(ratios: &mut [f64]) -> (f64, f64, f64) {
+    if ratios.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    ratios.sort_unstable_by(f64::total_cmp);
+    (
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+    )
+}
+
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let (rounds, per_round) = if quick { (3, 200) } else { (10, 1_000) };
+    let (rounds, per_round) = if quick { (3, 200) } else { (20, 500) };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -57,7 +72,9 @@ fn main() {
         println!(
             "idempotency: added p50 per request, serial, {rounds} rounds x {per_round} requests"
         );
-        println!("| nodes | case | p50 | added | vs LockLayer's added | target |");
+        println!(
+            "| nodes | case | p50 (median of rounds) | added | vs LockLayer's added (median of rounds, range) | target |"
+        );
         println!("| --- | --- | --- | --- | --- | --- |");
         for n in [1usize, 3] {
             let nodes = support::nodes(n);
@@ -74,9 +91,14 @@ fn main() {
                     .await
                     .is_success()
             );
-            let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); CASES.len()];
+            // Per round: each case's p50, and the ratios of what the layers add. The
+            // figures printed are medians over the rounds, so that a round slowed by other
+            // processes moves one sample, not the result.
+            let mut p50s: Vec<Vec<Duration>> = vec![Vec::new(); CASES.len()];
+            let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
             let mut next_key = 0u64;
             for _ in 0..rounds {
+                let mut round: Vec<Vec<Duration>> = vec![Vec::with_capacity(per_round); CASES.len()];
                 for (case, sender) in senders.iter_mut().enumerate() {
                     for _ in 0..per_round {
                         let key = if case == 3 {
@@ -87,23 +109,26 @@ fn main() {
                         };
                         let start = Instant::now();
                         let status = common::post_key(sender, key).await;
-                        samples[case].push(start.elapsed());
+                        round[case].push(start.elapsed());
                         assert!(status.is_success(), "{} answered {status}", CASES[case]);
                     }
                 }
+                let p: Vec<Duration> = round.iter_mut().map(|s| p50(s)).collect();
+                let added = |case: usize| p[case].saturating_sub(p[0]).as_secs_f64();
+                if added(1) > 0.0 {
+                    ratios[0].push(added(2) / added(1));
+                    ratios[1].push(added(3) / added(1));
+                }
+                for (case, d) in p.into_iter().enumerate() {
+                    p50s[case].push(d);
+                }
             }
-            let p: Vec<Duration> = samples.iter_mut().map(|s| p50(s)).collect();
+            let p: Vec<Duration> = p50s.iter_mut().map(|s| p50(s)).collect();
             let added: Vec<Duration> = p.iter().map(|d| d.saturating_sub(p[0])).collect();
             for case in 0..CASES.len() {
                 let (ratio, target) = match case {
-                    2 => (
-                        Some(added[2].as_secs_f64() / added[1].as_secs_f64()),
-                        "<= 1.10x",
-                    ),
-                    3 => (
-                        Some(added[3].as_secs_f64() / added[1].as_secs_f64()),
-                        "<= 0.60x",
-                    ),
+                    2 => (Some(median_range(&mut ratios[0])), "<= 1.10x"),
+                    3 => (Some(median_range(&mut ratios[1])), "<= 0.60x"),
                     _ => (None, ""),
                 };
                 println!(
@@ -111,7 +136,9 @@ fn main() {
                     CASES[case],
                     p[case].as_secs_f64() * 1e6,
                     added[case].as_secs_f64() * 1e6,
-                    ratio.map_or(String::new(), |r| format!("{r:.2}x")),
+                    ratio.map_or(String::new(), |(m, lo, hi)| format!(
+                        "{m:.2}x ({lo:.2}x to {hi:.2}x)"
+                    )),
                 );
             }
         }

@@ -15,7 +15,8 @@
 //!   task), as in the overhead bench's throughput section;
 //! - `http-none`, `http-memory`, `http-floor`, `http-layer`: requests on one keep-alive
 //!   connection to the app without a layer, with `LockLayer` on the in-process backend,
-//!   with the floor's lock cycle in the handler, and with `LockLayer` on 1 node.
+//!   with the floor's lock cycle in the handler, and with `LockLayer` on 1 node;
+//! - `http-idem`: `IdempotencyLayer` on 1 node, a new key per request (a first run).
 //!
 //! Everything runs on a Tokio runtime of one worker. It starts its own `redis-server`.
 
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::routing::post;
-use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
+use tower_redlock::{IdempotencyLayer, LockLayer, Locks, MemoryLocks, Redlock};
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -45,7 +46,7 @@ fn main() {
         // `cargo bench` runs every bench without arguments: nothing to profile then.
         println!(
             "profile: give a case and a count (cycle-floor, cycle-crate, http-none, \
-             http-memory, http-floor, http-layer); see the doc comment of benches/profile.rs"
+             http-memory, http-floor, http-layer, http-idem); see the doc comment of benches/profile.rs"
         );
         return;
     };
@@ -60,7 +61,7 @@ fn main() {
     runtime.block_on(async move {
         match case.as_str() {
             "cycle-floor" | "cycle-crate" => cycles(case, &urls, count).await,
-            "http-none" | "http-memory" | "http-floor" | "http-layer" => {
+            "http-none" | "http-memory" | "http-floor" | "http-layer" | "http-idem" => {
                 requests(case, &urls, count).await;
             }
             other => panic!("unknown case {other}"),
@@ -108,6 +109,7 @@ async fn requests(case: &str, urls: &[String], count: u64) {
             LockLayer::by_header("Idempotency-Key").backend(Locks::from(MemoryLocks::new())),
         ),
         "http-floor" => floor_app(floor),
+        "http-idem" => base().layer(IdempotencyLayer::new().backend(Locks::from(redlock))),
         _ => base().layer(LockLayer::by_header("Idempotency-Key").backend(Locks::from(redlock))),
     };
     let mut sender = connect(serve(app).await).await;

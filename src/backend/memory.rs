@@ -2,6 +2,7 @@
 //! process, without Redis.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 #[cfg(feature = "idempotency")]
@@ -208,19 +209,25 @@ impl MemoryLocks {
         let now = Instant::now();
         let expires_at = now + ttl;
         let mut state = self.state();
-        if let Some(held) = state.held.get_mut(&key) {
-            if held.expires_at > now {
-                return Err(LockError::Taken {
-                    retry_after: held.expires_at - now,
-                });
+        let state = &mut *state;
+        if state.held.len() >= state.sweep_at {
+            state.held.retain(|_, held| held.expires_at > now);
+            state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
+        }
+        // One hash of the key, whether it is held or not.
+        match state.held.entry(key.clone()) {
+            Entry::Occupied(mut entry) => {
+                let held = entry.get_mut();
+                if held.expires_at > now {
+                    return Err(LockError::Taken {
+                        retry_after: held.expires_at - now,
+                    });
+                }
+                *held = Held { token, expires_at };
             }
-            *held = Held { token, expires_at };
-        } else {
-            if state.held.len() >= state.sweep_at {
-                state.held.retain(|_, held| held.expires_at > now);
-                state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
+            Entry::Vacant(entry) => {
+                entry.insert(Held { token, expires_at });
             }
-            state.held.insert(key.clone(), Held { token, expires_at });
         }
         state.fence = state.fence.saturating_add(1);
         Ok(Lease {
@@ -309,16 +316,18 @@ impl MemoryLocks {
     pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let Some(held) = state.held.get(&lease.key) else {
+        // One hash of the key: look and remove through the same entry.
+        let Entry::Occupied(entry) = state.held.entry(lease.key.clone()) else {
             return Err(LockError::Expired { taken_over: false });
         };
+        let held = entry.get();
         if held.token != lease.token {
             return Err(LockError::Expired {
                 taken_over: held.expires_at > now,
             });
         }
         let expired = held.expires_at <= now;
-        state.held.remove(&lease.key);
+        entry.remove();
         drop(state);
         self.inner.waiters.wake(&lease.key);
         if expired {

@@ -88,6 +88,7 @@ where
     S: Service<Request<ReqB>>,
     P: Policy,
 {
+    #[inline]
     pub(crate) fn answered(response: Response<Bytes>) -> Self {
         Self {
             state: State::Answered {
@@ -96,12 +97,14 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn unguarded(service: S, request: Request<ReqB>) -> Self {
         Self {
             state: run(service, request, None),
         }
     }
 
+    #[inline]
     pub(crate) fn decided(
         verdict: Verdict<P::Permit>,
         fail_open: bool,
@@ -113,6 +116,7 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn deciding(
         decision: BoxFuture<Verdict<P::Permit>>,
         fail_open: bool,
@@ -129,6 +133,7 @@ where
     }
 }
 
+#[inline]
 fn run<S, ReqB, H>(mut service: S, request: Request<ReqB>, permit: Option<H>) -> State<S, ReqB, H>
 where
     S: Service<Request<ReqB>>,
@@ -145,6 +150,7 @@ where
     S: Service<Request<ReqB>>,
     H: Permit,
 {
+    #[inline]
     fn from_verdict<P: Policy>(
         verdict: Verdict<H>,
         fail_open: bool,

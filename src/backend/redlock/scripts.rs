@@ -14,10 +14,19 @@ use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
+/// A command named `name`, with room for the arguments of this crate's commands (up to
+/// ten, and 256 bytes of keys, token and numbers) so that adding them does not grow its
+/// buffers step by step: each growth is a reallocation and a copy, on every command.
+pub(super) fn command(name: &str) -> Cmd {
+    let mut cmd = Cmd::with_capacity(10, 256);
+    cmd.arg(name);
+    cmd
+}
+
 /// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
 /// computed once, when the script is first used.
 pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
+    let mut cmd = command("EVALSHA");
     cmd.arg(script.get_hash()).arg(numkeys);
     cmd
 }
@@ -310,7 +319,7 @@ pub(super) async fn acquire(
         let set: i64 = run(&mut conn, &ACQUIRE_WAITING, &cmd).await?;
         u64::try_from(set).ok()
     } else {
-        let mut cmd = redis::cmd("SET");
+        let mut cmd = command("SET");
         cmd.arg(&*key)
             .arg(token.as_bytes())
             .arg("NX")
