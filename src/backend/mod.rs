@@ -23,6 +23,8 @@ pub(crate) mod rate_limit;
 pub(crate) mod records;
 #[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+pub(crate) mod renewal;
 pub(crate) mod settings;
 #[cfg(feature = "lock")]
 pub(crate) mod status;
