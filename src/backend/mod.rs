@@ -7,10 +7,14 @@
 //!   that `protect` polls work under), and [`status`], the live view of it that handlers
 //!   read;
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
-//!   rate-limit backends in [`rate_limit`];
+//!   rate-limit and concurrency-limit backends in [`rate_limit`] and [`concurrency`];
+//! - [`renewal`]: the renewal schedule of whatever expires unless renewed (a lease, a
+//!   concurrency permit);
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
 //!   waiters).
 
+#[cfg(feature = "concurrency-limit")]
+pub(crate) mod concurrency;
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
 #[cfg(feature = "lock")]

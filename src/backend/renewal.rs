@@ -127,11 +127,6 @@ impl<E: RenewError> Schedule<E> {
         }
     }
 
-    /// The validity as the last renewal left it.
-    pub(crate) fn valid_until(&self) -> Instant {
-        self.valid_until
-    }
-
     /// Whether a renewal is in flight.
     pub(crate) fn is_renewing(&self) -> bool {
         self.extending.is_some()

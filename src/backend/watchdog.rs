@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-pub use crate::backend::renewal::Renewal;
 use crate::backend::handle::{LeaseGuard, Locks};
+pub use crate::backend::renewal::Renewal;
 use crate::backend::renewal::{RenewError, Schedule};
 use crate::backend::status::{LeaseStatus, Shared};
 use crate::error::LockError;

@@ -25,12 +25,20 @@
 //! # }
 //! ```
 
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 mod held;
 #[cfg(feature = "lock")]
 mod locked;
 
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub use held::NotGuarded;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
