@@ -38,9 +38,9 @@
 //! Requests in flight are the server's load, shared by every client on the key: a client
 //! over the limit may have sent a single request. 503 Service Unavailable (RFC 9110,
 //! section 15.6.4) is the status for a server "currently unable to handle the request due
-//! to a temporary overload", with `Retry-After` for when to come back, and it is what
-//! tower's own load shedding answers through axum. Proxies and clients retry a 503
-//! elsewhere or later, which is what an overloaded key wants.
+//! to a temporary overload", with `Retry-After` (section 10.2.3) for when to come back.
+//! Proxies and clients retry a 503 elsewhere or later, which is what an overloaded key
+//! wants.
 //!
 //! # When to use it, and when [`RateLimitLayer`]
 //!
