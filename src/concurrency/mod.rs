@@ -86,7 +86,7 @@
 
 mod layer;
 mod policy;
-#[cfg(all(test, feature = "axum"))]
+#[cfg(test)]
 mod tests;
 
 pub use crate::backend::concurrency::{
