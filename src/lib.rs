@@ -64,14 +64,7 @@ pub use concurrency::{
 )]
 pub use concurrency::{RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder};
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
-#[cfg(all(
-    feature = "axum",
-    any(
-        feature = "lock",
-        feature = "rate-limit",
-        feature = "concurrency-limit"
-    )
-))]
+#[cfg(all(feature = "axum", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extract::NotGuarded;
 #[cfg(all(feature = "axum", feature = "lock"))]

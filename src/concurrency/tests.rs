@@ -35,7 +35,7 @@ fn gated(
     service_fn(move |_req: http::Request<()>| {
         let gate = gate.clone();
         async move {
-            let _ = gate.acquire().await.expect("open").forget();
+            gate.acquire().await.expect("open").forget();
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"done"))))
         }
     })

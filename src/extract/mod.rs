@@ -25,20 +25,12 @@
 //! # }
 //! ```
 
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod held;
 #[cfg(feature = "lock")]
 mod locked;
 
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub use held::NotGuarded;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
