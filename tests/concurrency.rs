@@ -446,3 +446,29 @@ async fn a_killed_replica_frees_its_permits_within_their_ttl() {
         assert_eq!(task.await.unwrap(), 200);
     }
 }
+
+#[tokio::test]
+async fn a_client_that_goes_away_frees_its_permit() {
+    let node = RedisNode::start();
+    let layer = ConcurrencyLimitLayer::global(1)
+        .scope("work")
+        .backend(redis_limiter(&node, Duration::from_secs(30)).await);
+    // The handler never answers: only the client's leaving ends the request.
+    let base = serve(gated_app(layer, Arc::new(Semaphore::new(0)))).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let gone = tokio::spawn(async move { impatient.post(format!("{base}/work")).send().await });
+    assert!(
+        eventually(Duration::from_secs(5), || async { zcard(&node).await == 1 }).await,
+        "the request took its permit"
+    );
+    assert!(gone.await.unwrap().unwrap_err().is_timeout());
+    // Released in the background when the server drops the request, long before the
+    // permit's 30 s TTL.
+    assert!(
+        eventually(Duration::from_secs(5), || async { zcard(&node).await == 0 }).await,
+        "the permit of a request whose client went away was not released"
+    );
+}
