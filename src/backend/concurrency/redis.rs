@@ -248,9 +248,24 @@ impl RedisConcurrencyLimiter {
             .arg(inner.ttl.as_millis() as u64)
             .arg(&*token);
         let start = Instant::now();
-        let (taken, _held) = self
+        let reply = self
             .bounded(invocation.invoke_async::<(i64, i64)>(&mut conn))
-            .await?;
+            .await;
+        let (taken, _held) = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                if matches!(&e, ConcurrencyError::Unavailable(f) if matches!(f.reason, NodeFailureReason::Timeout(_)))
+                {
+                    // The script may have run without its answer arriving in time: take
+                    // the permit back rather than leave it to its TTL.
+                    let limiter = self.clone();
+                    tokio::spawn(async move {
+                        let _ = limiter.release(&key, &token).await;
+                    });
+                }
+                return Err(e);
+            }
+        };
         if taken != 1 {
             return Err(ConcurrencyError::LimitReached { limit });
         }
