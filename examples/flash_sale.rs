@@ -16,7 +16,10 @@
 //!   per client (the `X-Client-Id` header if present, else the peer IP), counted in the
 //!   first Redis node (or in process). Unset: no limit;
 //! - `IDEMPOTENCY_TTL`: how long `POST /orders` results are kept for replay, in seconds
-//!   (default 86400).
+//!   (default 86400);
+//! - `MAX_CONCURRENT_BUYS`: at most this many `POST /items/{item_id}/buy` in flight at
+//!   once, across all items and every example process sharing the first Redis node (or in
+//!   process); over it, 503 with `Retry-After`. Unset: no limit.
 //!
 //! Routes:
 //! - `GET /healthz`
@@ -24,7 +27,7 @@
 //! - `GET /items/{item_id}`: `{"item_id", "stock", "sold"}`;
 //! - `POST /items/{item_id}/buy`: locked on the item (423 while another buy runs); reads
 //!   the stock, works, writes stock - 1 (not atomically, on purpose); 410 when sold out;
-//!   429 over `RATE_LIMIT`;
+//!   429 over `RATE_LIMIT`; 503 over `MAX_CONCURRENT_BUYS`;
 //! - `POST /orders` with any JSON body: behind `IdempotencyLayer` on the `Idempotency-Key`
 //!   header (400 without, 409 while the same key is in flight, 422 for the same key with
 //!   another body); answers 201 with `{"order_id", "idempotency_key", "lock_key"}` (the
@@ -54,8 +57,9 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
 use tower_redlock::{
-    IdempotencyLayer, Lease, LockKey, LockLayer, Locked, Locks, Problem, Quota, RateLimitLayer,
-    RateLimiter, RedisRateLimiter, Redlock,
+    ConcurrencyLimitLayer, ConcurrencyLimiter, IdempotencyLayer, Lease, LockKey, LockLayer, Locked,
+    Locks, Problem, Quota, RateLimitLayer, RateLimiter, RedisConcurrencyLimiter, RedisRateLimiter,
+    Redlock,
 };
 
 /// How long one Redis node may take to answer a command: the lock's node timeout (the
@@ -283,6 +287,7 @@ fn app(
     state: AppState,
     locking: bool,
     rate_limit: Option<RateLimitLayer<tower_redlock::rate_limit::HeaderOrPeerIp>>,
+    buys_in_flight: Option<ConcurrencyLimitLayer<tower_redlock::key::GlobalKey>>,
 ) -> Router {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -292,6 +297,10 @@ fn app(
     if locking {
         buy_route =
             buy_route.layer(LockLayer::by_path_param("item_id").backend(state.locks.clone()));
+    }
+    // Between the two: a buy counts as in flight while it waits for its item's lock.
+    if let Some(buys_in_flight) = buys_in_flight {
+        buy_route = buy_route.layer(buys_in_flight);
     }
     if let Some(rate_limit) = rate_limit {
         buy_route = buy_route.layer(rate_limit);
@@ -358,6 +367,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => None,
     };
 
+    let max_buys: Option<u32> = match std::env::var("MAX_CONCURRENT_BUYS") {
+        Ok(text) => Some(
+            text.parse()
+                .map_err(|e| format!("MAX_CONCURRENT_BUYS must be a whole number: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+
     let (locks, store, limiter) = if urls.is_empty() {
         let limiter = RateLimiter::default();
         (Locks::default(), Store::Memory(Arc::default()), limiter)
@@ -381,13 +398,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .scope("buy")
             .backend(limiter)
     });
+    let buys_in_flight = match max_buys {
+        None => None,
+        Some(max) => {
+            let layer = ConcurrencyLimitLayer::global(max).scope("buy");
+            Some(match urls.first() {
+                None => layer,
+                Some(url) => layer.backend(ConcurrencyLimiter::from(
+                    RedisConcurrencyLimiter::builder(url).build().await?,
+                )),
+            })
+        }
+    };
     let backend = if urls.is_empty() {
         "in-process locks and data".to_owned()
     } else {
         format!("Redlock over {} node(s), stock in {}", urls.len(), urls[0])
     };
     let rate_limit_text = quota.map_or_else(|| "none".to_owned(), |q| q.to_string());
-    tracing::info!(%addr, backend, locking, work_ms = work.as_millis() as u64, rate_limit = rate_limit_text, "flash sale listening");
+    tracing::info!(%addr, backend, locking, work_ms = work.as_millis() as u64, rate_limit = rate_limit_text, max_concurrent_buys = ?max_buys, "flash sale listening");
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(
@@ -401,6 +430,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
             locking,
             rate_limit,
+            buys_in_flight,
         )
         .into_make_service_with_connect_info::<SocketAddr>(),
     )

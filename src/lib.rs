@@ -2,8 +2,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layout, from the top down (no module imports from one above it):
-// - the middlewares: `lock` (LockLayer), `rate_limit` (RateLimitLayer), `extract` (axum
-//   extractors);
+// - the middlewares: `lock` (LockLayer), `rate_limit` (RateLimitLayer), `concurrency`
+//   (ConcurrencyLimitLayer), `extract` (axum extractors);
 // - `keyed`: the core every keyed middleware is a policy of;
 // - `backend`: the handles (`Locks`, `RateLimiter`), the lease watchdog, and the backends
 //   (in-process; Redlock; the rate-limit stores);
@@ -13,14 +13,25 @@
 // the backends with their builders, the extractors and their rejections, the errors and
 // `Problem`. Services, futures, bodies, policies and key extractors stay in their modules.
 
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 mod backend;
+#[cfg(feature = "concurrency-limit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "concurrency-limit")))]
+pub mod concurrency;
 pub mod error;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 pub mod key;
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub mod keyed;
 #[cfg(feature = "lock")]
 mod lease;
@@ -28,12 +39,30 @@ mod lease;
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub mod lock;
 pub mod problem;
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 mod protect;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
 
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "lock", feature = "concurrency-limit"))))]
+pub use backend::renewal::Renewal;
+#[cfg(feature = "concurrency-limit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "concurrency-limit")))]
+pub use concurrency::{
+    ConcurrencyError, ConcurrencyLimitLayer, ConcurrencyLimiter, MemoryConcurrencyLimiter,
+};
+#[cfg(all(feature = "concurrency-limit", feature = "redis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "concurrency-limit", feature = "redis")))
+)]
+pub use concurrency::{RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder};
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 #[cfg(all(feature = "axum", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -44,8 +73,7 @@ pub use extract::{LockKey, Locked, LockedRejection};
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use lock::{
-    Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Renewal,
-    Token,
+    Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Token,
 };
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]

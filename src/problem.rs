@@ -97,7 +97,11 @@ impl Problem {
 
     /// The answer to a server mistake: 500 with nothing internal in it (the details go
     /// to the log).
-    #[cfg(any(feature = "lock", feature = "rate-limit"))]
+    #[cfg(any(
+        feature = "lock",
+        feature = "rate-limit",
+        feature = "concurrency-limit"
+    ))]
     pub(crate) fn misconfigured() -> Self {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -371,3 +371,56 @@ async fn example_orders_are_replayed_across_processes_and_with_a_node_down() {
     let replayed: serde_json::Value = again.json().await.unwrap();
     assert_eq!(replayed, created);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_max_concurrent_buys_limits_buys_in_flight_across_processes() {
+    let nodes = nodes(1);
+    let env = [("MAX_CONCURRENT_BUYS", "2")];
+    // Each buy works 1.5 s, so that six sent at once overlap.
+    let examples = [
+        start_example_with(&nodes, 1500, true, &env).await,
+        start_example_with(&nodes, 1500, true, &env).await,
+    ];
+    let items = ["a", "b", "c", "d", "e", "f"];
+    for item in items {
+        put_stock(&examples[0], item, 1).await;
+    }
+    let client = reqwest::Client::new();
+    let buys: Vec<_> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let url = format!("{}/items/{item}/buy", examples[i % 2].base);
+            let client = client.clone();
+            tokio::spawn(async move { client.post(url).send().await.unwrap() })
+        })
+        .collect();
+    // Other routes answer as before while buys are in flight.
+    assert_eq!(item(&examples[1], "a").await["stock"], 1);
+    let mut bought = 0;
+    let mut busy = 0;
+    for buy in buys {
+        let resp = buy.await.unwrap();
+        match resp.status().as_u16() {
+            200 => bought += 1,
+            503 => {
+                assert_eq!(resp.headers()["retry-after"], "1");
+                assert_eq!(resp.headers()["content-type"], "application/problem+json");
+                busy += 1;
+            }
+            other => panic!("unexpected {other}: {}", resp.text().await.unwrap()),
+        }
+    }
+    assert!(
+        (1..=2).contains(&bought),
+        "{bought} buys ran at once, over MAX_CONCURRENT_BUYS=2"
+    );
+    assert_eq!(bought + busy, items.len());
+    // Once they are done, the next buy gets in.
+    let resp = client
+        .post(format!("{}/items/f/buy", examples[0].base))
+        .send()
+        .await
+        .unwrap();
+    assert!(matches!(resp.status().as_u16(), 200 | 410));
+}

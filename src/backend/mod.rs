@@ -7,10 +7,14 @@
 //!   that `protect` polls work under), and [`status`], the live view of it that handlers
 //!   read;
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
-//!   rate-limit backends in [`rate_limit`];
+//!   rate-limit and concurrency-limit backends in [`rate_limit`] and [`concurrency`];
+//! - [`renewal`]: the renewal schedule of whatever expires unless renewed (a lease, a
+//!   concurrency permit);
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
 //!   waiters).
 
+#[cfg(feature = "concurrency-limit")]
+pub(crate) mod concurrency;
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
 #[cfg(feature = "lock")]
@@ -23,6 +27,8 @@ pub(crate) mod rate_limit;
 pub(crate) mod records;
 #[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+pub(crate) mod renewal;
 pub(crate) mod settings;
 #[cfg(feature = "lock")]
 pub(crate) mod status;

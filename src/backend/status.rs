@@ -20,9 +20,6 @@ pub(crate) struct Shared {
     pub(crate) lease: Lease,
     /// Its backend.
     pub(crate) locks: Locks,
-    /// How often it is renewed (`None`: never), and until when.
-    pub(crate) every: Option<Duration>,
-    pub(crate) stop_renewing_at: Option<Instant>,
     /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
     /// nanoseconds (an `Instant` is not atomic).
     base: Instant,
@@ -34,18 +31,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(
-        locks: Locks,
-        lease: Lease,
-        every: Option<Duration>,
-        stop_renewing_at: Option<Instant>,
-    ) -> Self {
+    pub(crate) fn new(locks: Locks, lease: Lease) -> Self {
         Self {
             base: lease.valid_until(),
             lease,
             locks,
-            every,
-            stop_renewing_at,
             offset_nanos: AtomicI64::new(0),
             lost: AtomicBool::new(false),
             closed: AtomicBool::new(false),

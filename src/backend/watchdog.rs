@@ -1,29 +1,25 @@
 //! The lease lifecycle: renewal while work runs, and loss detection.
 //!
-//! A [`Watchdog`] extends a lease every `renew_every` (default TTL/3) while the protected
-//! work runs, up to `max_hold` in all (default 10 × TTL), and reports the lease lost the
-//! moment a renewal finds the token gone, or when the validity runs out without a
-//! successful renewal. Renewal uses the token-checked extend script, which can move the
+//! A [`Watchdog`] extends a lease on its [`Schedule`] (every TTL/3 by default, up to
+//! 10 × TTL in all) while the protected work runs, and reports the lease lost the moment
+//! a renewal finds the token gone, or when the validity runs out without a successful
+//! renewal. Renewal uses the token-checked extend script, which can move the
 //! expiry of a key that still holds our token but never create one, so a renewal racing
 //! a release can never resurrect the lock.
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-
-use tokio::time::Sleep;
 
 use crate::backend::handle::{LeaseGuard, Locks};
+pub use crate::backend::renewal::Renewal;
+use crate::backend::renewal::{RenewError, Schedule};
 use crate::backend::status::{LeaseStatus, Shared};
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::protect::{Lost, Protected, Watch};
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// What the [`LockLayer`](crate::LockLayer) does when the lease is lost while the inner
 /// service runs (a renewal found the token gone, or the validity ran out).
@@ -43,118 +39,38 @@ pub enum OnLockLoss {
     Continue,
 }
 
-/// How a held lease is renewed while the protected work runs (the "watchdog").
-///
-/// The default renews every TTL/3 and stops renewing after 10 × TTL in all, so that a
-/// stuck handler cannot hold a key forever: the lease then runs out and is treated as
-/// lost.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_redlock::Renewal;
-///
-/// let renewal = Renewal::default()
-///     .every(Duration::from_secs(2))
-///     .max_hold(Duration::from_secs(120));
-/// let none = Renewal::disabled();
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct Renewal {
-    enabled: bool,
-    every: Option<Duration>,
-    max_hold: Option<Duration>,
-}
-
-impl Default for Renewal {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            every: None,
-            max_hold: None,
-        }
-    }
-}
-
-impl Renewal {
-    /// No renewal: the lease lives one TTL from acquisition (it is still reported lost
-    /// when its validity ends).
-    pub fn disabled() -> Self {
-        Self {
-            enabled: false,
-            every: None,
-            max_hold: None,
-        }
-    }
-
-    /// Renew this often. Default: a third of the TTL; at most half the TTL (a longer
-    /// period is shortened to that, so that a renewal lands within the validity); zero
-    /// disables renewal.
-    #[must_use]
-    pub fn every(mut self, every: Duration) -> Self {
-        self.every = Some(every);
-        self
-    }
-
-    /// Stop renewing this long after acquisition. Default: 10 × TTL.
-    #[must_use]
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// `(every, max_hold)` for a lease of `ttl`; `every` is `None` when renewal is off.
-    /// `every` is at most half the TTL, so that a renewal can land within the validity.
-    pub(crate) fn resolve(&self, ttl: Duration) -> (Option<Duration>, Duration) {
-        let every = self.every.unwrap_or(ttl / 3).min(ttl / 2);
-        let every = (self.enabled && !every.is_zero()).then_some(every);
-        let max_hold = self.max_hold.unwrap_or(ttl.saturating_mul(10));
-        (every, max_hold)
-    }
-}
-
 /// Renews a lease while it is polled, and says when it is lost.
 ///
 /// The lease and its backend live in the state it shares with its [`LeaseStatus`]
-/// handles (one allocation); what moves with the watchdog is its schedule.
+/// handles (one allocation); what moves with the watchdog is its [`Schedule`].
 pub(crate) struct Watchdog {
     status: Arc<Shared>,
-    /// The validity as the last renewal left it.
-    valid_until: Instant,
-    next_renewal: Instant,
-    /// An extension in flight: the new end of the validity.
-    extending: Option<BoxFuture<Result<Instant, LockError>>>,
-    timer: Option<Pin<Box<Sleep>>>,
-    lost: bool,
+    schedule: Schedule<LockError>,
 }
 
 impl fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Watchdog")
             .field("key", &self.lease().key())
-            .field("every", &self.status.every)
-            .field("lost", &self.lost)
+            .field("every", &self.schedule.every)
+            .field("lost", &self.schedule.is_lost())
             .finish()
+    }
+}
+
+/// A renewal that found the token gone loses the lease; others are retried.
+impl RenewError for LockError {
+    fn is_gone(&self) -> bool {
+        matches!(self, LockError::Expired { .. })
     }
 }
 
 impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
-        let (every, max_hold) = renewal.resolve(lease.ttl());
-        // The acquisition started a little before `valid_until - ttl` (by the time it took
-        // and the drift allowance): counting from there renews and stops renewing a little
-        // early, never late, and reads no clock.
-        let valid_until = lease.valid_until();
-        let acquired = valid_until.checked_sub(lease.ttl()).unwrap_or(valid_until);
-        let stop_renewing_at = acquired.checked_add(max_hold);
+        let schedule = Schedule::new(lease.valid_until(), lease.ttl(), renewal);
         Self {
-            status: Arc::new(Shared::new(locks, lease, every, stop_renewing_at)),
-            valid_until,
-            next_renewal: every
-                .and_then(|every| acquired.checked_add(every))
-                .unwrap_or(acquired),
-            extending: None,
-            timer: None,
-            lost: false,
+            status: Arc::new(Shared::new(locks, lease)),
+            schedule,
         }
     }
 
@@ -182,91 +98,41 @@ impl Watchdog {
 
     /// Whether an extension is in flight.
     pub(crate) fn is_renewing(&self) -> bool {
-        self.extending.is_some()
+        self.schedule.is_renewing()
     }
 
     /// Whether the validity is still running, checked on the clock now.
     pub(crate) fn is_valid(&self) -> bool {
-        !self.lost && Instant::now() < self.valid_until
-    }
-
-    fn mark_lost(&mut self) -> Poll<()> {
-        self.lost = true;
-        self.extending = None;
-        self.timer = None;
-        self.status.lost.store(true, Ordering::Release);
-        self.notify_status();
-        Poll::Ready(())
+        self.schedule.is_valid()
     }
 
     /// Drives renewals; `Ready` once the lease is lost (and on every poll after that).
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.lost {
+        if self.schedule.is_lost() {
             return Poll::Ready(());
         }
-        loop {
-            if let Some(extending) = self.extending.as_mut() {
-                if let Poll::Ready(result) = extending.as_mut().poll(cx) {
-                    self.extending = None;
-                    let now = Instant::now();
-                    match result {
-                        Ok(renewed) => {
-                            self.valid_until = renewed;
-                            self.status.set_valid_until(renewed);
-                            self.notify_status();
-                            self.next_renewal = now
-                                .checked_add(self.status.every.unwrap_or_default())
-                                .unwrap_or(now);
-                        }
-                        Err(e @ LockError::Expired { .. }) => {
-                            tracing::warn!(key = self.status.lease.key(), error = %e, "lease lost: renewal found the token gone");
-                            return self.mark_lost();
-                        }
-                        Err(e) => {
-                            // Still valid until valid_until: try again soon.
-                            tracing::warn!(key = self.status.lease.key(), error = %e, "lease renewal failed; retrying");
-                            let retry = self.status.every.unwrap_or_default() / 4;
-                            self.next_renewal = now
-                                .checked_add(retry.max(Duration::from_millis(10)))
-                                .unwrap_or(now);
-                        }
-                    }
+        let status = &self.status;
+        let polled = self.schedule.poll_lost(
+            cx,
+            status.lease.key(),
+            |valid_until| {
+                let locks = status.locks.clone();
+                let mut lease = status.lease.clone();
+                lease.valid_until = valid_until;
+                Box::pin(async move { locks.extend(&mut lease).await.map(|()| lease.valid_until) })
+            },
+            |renewed| {
+                status.set_valid_until(renewed);
+                if Arc::strong_count(status) > 1 {
+                    status.changed.notify_waiters();
                 }
-            }
-            let now = Instant::now();
-            if now >= self.valid_until {
-                tracing::warn!(
-                    key = self.status.lease.key(),
-                    "lease lost: its validity ended"
-                );
-                return self.mark_lost();
-            }
-            let renewing = self.status.every.is_some()
-                && self.status.stop_renewing_at.is_none_or(|stop| now < stop);
-            if renewing && self.extending.is_none() && now >= self.next_renewal {
-                let locks = self.status.locks.clone();
-                let mut lease = self.status.lease.clone();
-                lease.valid_until = self.valid_until;
-                self.extending = Some(Box::pin(async move {
-                    locks.extend(&mut lease).await.map(|()| lease.valid_until)
-                }));
-                continue;
-            }
-            let wake_at = if renewing && self.extending.is_none() {
-                self.next_renewal.min(self.valid_until)
-            } else {
-                self.valid_until
-            };
-            let timer = self
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake_at.into())));
-            if timer.deadline() != wake_at.into() {
-                timer.as_mut().reset(wake_at.into());
-            }
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
+            },
+        );
+        if polled.is_ready() {
+            self.status.lost.store(true, Ordering::Release);
+            self.notify_status();
         }
+        polled
     }
 }
 

@@ -331,3 +331,18 @@ mod tests {
         assert_eq!(scope_of("MINT-1", "/"), "idempotency-key other");
     }
 }
+
+/// One key for every request: a limit on the whole route (or service), across all
+/// clients. The key is `global:all`; give each layer that uses it its own scope.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl KeyExtractor for GlobalKey {
+    fn extract<'a>(&self, _parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        Ok(Some(Cow::Borrowed("all")))
+    }
+
+    fn write_scope(&self, _parts: &Parts, out: &mut String) {
+        out.push_str("global");
+    }
+}

@@ -150,7 +150,11 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
 /// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the
 /// extractor's, percent-encoded (see [`push_escaped`]). The value follows, with
 /// [`push_escaped`].
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
     key: &mut String,
     prefix: &str,
@@ -174,7 +178,11 @@ pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
 /// Hash tags are chosen on purpose: every auxiliary key of a lock is named
 /// `{<lock key>}<suffix>`, which lands in the lock key's slot only because the lock key has
 /// no braces of its own.
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub(crate) fn push_escaped(out: &mut String, part: &str) {
     if !part.bytes().any(needs_escape) {
         out.push_str(part);
@@ -191,7 +199,11 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
 }
 
 /// [`push_escaped`] in place on what `out` holds from byte `from` on.
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
     if !out.as_bytes()[from..].iter().copied().any(needs_escape) {
         return;
@@ -200,7 +212,11 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     push_escaped(out, &tail);
 }
 
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b'{' | b'}')
 }
@@ -208,7 +224,11 @@ fn needs_escape(b: u8) -> bool {
 /// Runs `f` on this thread's scratch buffer, cleared: a key written there and only read (a
 /// count in memory) costs no allocation, and one that is kept is copied once, into what
 /// keeps it.
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut String) -> T) -> T {
     /// Scratch buffers above this capacity are not kept.
     const KEEP: usize = 4096;
@@ -281,7 +301,7 @@ pub(crate) mod extractors;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extractors::PathParamKey;
-pub use extractors::{FnKey, HeaderKey};
+pub use extractors::{FnKey, GlobalKey, HeaderKey};
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@ use http::request::Parts;
 
 use std::borrow::Cow;
 
+pub use crate::key::GlobalKey;
 use crate::key::{
     HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, Misconfiguration, NoKey, validate_value,
 };
@@ -55,21 +56,6 @@ impl KeyExtractor for PeerIpKey {
 
     fn write_scope(&self, _parts: &Parts, out: &mut String) {
         out.push_str("ip");
-    }
-}
-
-/// One key for every request: a limit on the whole route (or service), across all
-/// clients. The key is `global:all`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GlobalKey;
-
-impl KeyExtractor for GlobalKey {
-    fn extract<'a>(&self, _parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
-        Ok(Some(Cow::Borrowed("all")))
-    }
-
-    fn write_scope(&self, _parts: &Parts, out: &mut String) {
-        out.push_str("global");
     }
 }
 

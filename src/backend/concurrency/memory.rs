@@ -1,0 +1,193 @@
+//! [`MemoryConcurrencyLimiter`]: in-flight counts in this process's memory.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::{ConcurrencyError, Slot};
+use crate::backend::settings::check_resource;
+
+/// In-flight counts in this process's memory, with the contract of
+/// [`RedisConcurrencyLimiter`](super::RedisConcurrencyLimiter): at most `limit` permits
+/// per key at once, each released when its request is done.
+///
+/// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)):
+/// for examples, single-replica services and tests. It does not share permits across
+/// processes (with several replicas, each allows the full limit), and its permits never
+/// expire: a holder that dies takes the store with it. Taking and releasing a permit is a
+/// short mutex, no `.await`. Cloning is cheap and shares the counts.
+///
+/// # Bounded memory
+///
+/// A key costs memory only while it has permits, and at most
+/// [`max_keys`](Self::with_max_keys) keys (default
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000) have permits at once, so that a
+/// client rotating its key cannot make the store grow without end. When `max_keys` keys
+/// have permits, a request on another key gets [`ConcurrencyError::StoreFull`], which the
+/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) treats as an unavailable store
+/// (503 by default; run unguarded when it fails open). Keys with permits go on being
+/// limited.
+///
+/// ```
+/// use tower_redlock::MemoryConcurrencyLimiter;
+///
+/// let limiter = MemoryConcurrencyLimiter::with_max_keys(1000);
+/// assert_eq!(limiter.in_flight("tenant:acme"), 0);
+/// assert!(limiter.is_empty());
+/// ```
+#[derive(Clone)]
+pub struct MemoryConcurrencyLimiter {
+    inner: Arc<Mutex<Counts>>,
+}
+
+struct Counts {
+    in_flight: HashMap<Arc<str>, u32>,
+    max_keys: usize,
+}
+
+impl fmt::Debug for MemoryConcurrencyLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counts = self.counts();
+        f.debug_struct("MemoryConcurrencyLimiter")
+            .field("keys", &counts.in_flight.len())
+            .field("max_keys", &counts.max_keys)
+            .finish()
+    }
+}
+
+impl Default for MemoryConcurrencyLimiter {
+    /// New, empty counts, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys with
+    /// permits.
+    fn default() -> Self {
+        Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
+    }
+}
+
+impl MemoryConcurrencyLimiter {
+    /// The default bound on keys with permits: 100,000.
+    pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+    /// New, empty counts, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys with
+    /// permits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// New, empty counts, at most `max_keys` keys with permits at once (at least 1; 0 is
+    /// raised to 1). See [Bounded memory](Self#bounded-memory).
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Counts {
+                in_flight: HashMap::new(),
+                max_keys: max_keys.max(1),
+            })),
+        }
+    }
+
+    /// The bound on keys with permits.
+    pub fn max_keys(&self) -> usize {
+        self.counts().max_keys
+    }
+
+    /// The permits held on `key` now: the whole key the layer builds, `{scope}:{value}`.
+    pub fn in_flight(&self, key: &str) -> u32 {
+        self.counts().in_flight.get(key).copied().unwrap_or(0)
+    }
+
+    /// The number of keys with permits.
+    pub fn len(&self) -> usize {
+        self.counts().in_flight.len()
+    }
+
+    /// Whether no permit is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn counts(&self) -> MutexGuard<'_, Counts> {
+        // No code panics while holding the lock; recover the map if a panic ever did.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a permit on `key` if fewer than `limit` are held.
+    pub(crate) fn acquire_slot(&self, key: &str, limit: u32) -> Result<Slot, ConcurrencyError> {
+        check_resource(key)?;
+        let mut counts = self.counts();
+        let max_keys = counts.max_keys;
+        let key = match counts.in_flight.get_key_value(key) {
+            Some((_, &held)) if held >= limit => {
+                return Err(ConcurrencyError::LimitReached { limit });
+            }
+            Some((key, _)) => key.clone(),
+            None if limit == 0 => return Err(ConcurrencyError::LimitReached { limit }),
+            None if counts.in_flight.len() >= max_keys => {
+                return Err(ConcurrencyError::StoreFull { max_keys });
+            }
+            None => Arc::from(key),
+        };
+        *counts.in_flight.entry(key.clone()).or_insert(0) += 1;
+        drop(counts);
+        Ok(Slot::memory(self.clone(), key))
+    }
+
+    /// Gives back a permit on `key`; the key is forgotten with its last permit.
+    pub(crate) fn release(&self, key: &str) {
+        let mut counts = self.counts();
+        if let Some(held) = counts.in_flight.get_mut(key) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                counts.in_flight.remove(key);
+                if counts.in_flight.is_empty() && counts.in_flight.capacity() > 1024 {
+                    counts.in_flight.shrink_to(1024);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_limit_permits_and_release_frees_one() {
+        let store = MemoryConcurrencyLimiter::new();
+        let a = store.acquire_slot("k", 2).unwrap();
+        let _b = store.acquire_slot("k", 2).unwrap();
+        assert!(matches!(
+            store.acquire_slot("k", 2),
+            Err(ConcurrencyError::LimitReached { limit: 2 })
+        ));
+        assert_eq!(store.in_flight("k"), 2);
+        drop(a);
+        assert_eq!(store.in_flight("k"), 1);
+        assert!(store.acquire_slot("k", 2).is_ok());
+    }
+
+    #[test]
+    fn keys_are_forgotten_with_their_last_permit_and_bounded() {
+        let store = MemoryConcurrencyLimiter::with_max_keys(1);
+        let a = store.acquire_slot("a", 5).unwrap();
+        assert!(matches!(
+            store.acquire_slot("b", 5),
+            Err(ConcurrencyError::StoreFull { max_keys: 1 })
+        ));
+        assert!(a.release().is_none());
+        assert!(store.is_empty());
+        assert!(store.acquire_slot("b", 5).is_ok());
+    }
+
+    #[test]
+    fn a_limit_of_zero_admits_nothing_and_bad_keys_are_refused() {
+        let store = MemoryConcurrencyLimiter::new();
+        assert!(matches!(
+            store.acquire_slot("k", 0),
+            Err(ConcurrencyError::LimitReached { limit: 0 })
+        ));
+        assert!(matches!(
+            store.acquire_slot("", 1),
+            Err(ConcurrencyError::InvalidKey(_))
+        ));
+        assert!(store.is_empty());
+    }
+}

@@ -1,0 +1,270 @@
+//! Where the permits of a concurrency limit live: one Redis node
+//! ([`RedisConcurrencyLimiter`]) or this process's memory ([`MemoryConcurrencyLimiter`]),
+//! behind one cheap handle ([`ConcurrencyLimiter`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+use crate::error::NodeFailure;
+use crate::key::KeyError;
+pub use memory::MemoryConcurrencyLimiter;
+#[cfg(feature = "redis")]
+pub use redis::{
+    DEFAULT_CONCURRENCY_PREFIX, DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_PERMIT_TTL,
+    RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
+};
+
+/// A boxed future, for a release that waits on Redis.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Why a request got no permit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConcurrencyError {
+    /// `limit` permits of the key are held: the request is over the limit. The
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) answers 503 with
+    /// `Retry-After`.
+    #[error("{limit} requests are in flight on this key, the limit")]
+    LimitReached {
+        /// The limit that was reached.
+        limit: u32,
+    },
+    /// The store did not answer in time, or failed (connection refused, Redis error, a key
+    /// that holds a value this crate did not write). The layer answers 503, or lets the
+    /// request through when it fails open.
+    #[error("the concurrency limit store is unavailable: {0}")]
+    Unavailable(NodeFailure),
+    /// The key cannot be used: empty, longer than
+    /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or with control
+    /// characters. The layer answers 400.
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+    /// The in-process store ([`MemoryConcurrencyLimiter`]) holds permits on its maximum
+    /// of keys, and this key has none. The layer treats it as an unavailable store.
+    #[error(
+        "the in-process concurrency limit store holds permits on its maximum of {max_keys} keys; a new key gets none until one is released"
+    )]
+    StoreFull {
+        /// The store's bound on keys with permits.
+        max_keys: usize,
+    },
+    /// A renewal found the permit gone: it expired (its holder was paused longer than the
+    /// TTL, or Redis lost it), and another request may hold its place.
+    #[error("the permit on {key} expired before it was renewed")]
+    Expired {
+        /// The permit's key, as stored.
+        key: String,
+    },
+}
+
+/// A renewal that found the permit gone loses it; others are retried.
+impl crate::backend::renewal::RenewError for ConcurrencyError {
+    fn is_gone(&self) -> bool {
+        matches!(self, ConcurrencyError::Expired { .. })
+    }
+}
+
+/// A handle to a store of concurrency permits, [`RedisConcurrencyLimiter`] or
+/// [`MemoryConcurrencyLimiter`], with one contract: at most `limit` permits per key at
+/// once; a permit is released when its request is done, and (on Redis) expires when its
+/// holder dies.
+///
+/// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
+/// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
+/// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
+/// process-wide in-process store.
+#[derive(Clone, Debug)]
+pub struct ConcurrencyLimiter {
+    backend: Backend,
+}
+
+#[derive(Clone, Debug)]
+enum Backend {
+    #[cfg(feature = "redis")]
+    Redis(RedisConcurrencyLimiter),
+    Memory(MemoryConcurrencyLimiter),
+}
+
+impl Default for ConcurrencyLimiter {
+    /// The process-wide [`MemoryConcurrencyLimiter`], shared by every layer that was given
+    /// no backend. It limits per process: with several replicas, each allows the full
+    /// limit; use [`RedisConcurrencyLimiter`] to share one limit.
+    fn default() -> Self {
+        static SHARED: OnceLock<MemoryConcurrencyLimiter> = OnceLock::new();
+        ConcurrencyLimiter::from(SHARED.get_or_init(MemoryConcurrencyLimiter::new).clone())
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
+    fn from(redis: RedisConcurrencyLimiter) -> Self {
+        Self {
+            backend: Backend::Redis(redis),
+        }
+    }
+}
+
+impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
+    fn from(memory: MemoryConcurrencyLimiter) -> Self {
+        Self {
+            backend: Backend::Memory(memory),
+        }
+    }
+}
+
+/// A permit held on one key; released in the background if dropped unreleased.
+pub(crate) struct Slot(Option<Held>);
+
+enum Held {
+    /// In process: a count, which never expires (a dead holder takes the store with it).
+    Memory {
+        store: MemoryConcurrencyLimiter,
+        key: Arc<str>,
+    },
+    /// On Redis: a token in the key's sorted set, expiring unless renewed.
+    #[cfg(feature = "redis")]
+    Redis(redis::RedisSlot),
+}
+
+impl Slot {
+    pub(crate) fn memory(store: MemoryConcurrencyLimiter, key: Arc<str>) -> Self {
+        Self(Some(Held::Memory { store, key }))
+    }
+
+    /// The key, as the store keeps it.
+    pub(crate) fn key(&self) -> &str {
+        match &self.0 {
+            Some(Held::Memory { key, .. }) => key,
+            #[cfg(feature = "redis")]
+            Some(Held::Redis(slot)) => &slot.key,
+            None => "",
+        }
+    }
+
+    /// The Redis permit, which expires unless renewed.
+    #[cfg(feature = "redis")]
+    pub(crate) fn as_redis(&self) -> Option<&redis::RedisSlot> {
+        match &self.0 {
+            Some(Held::Redis(slot)) => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Releases the permit: in process at once (`None`), on Redis with one `ZREM`, the
+    /// future of which is returned. Should that future be dropped before it is done, the
+    /// permit is released in the background.
+    pub(crate) fn release(mut self) -> Option<BoxFuture<()>> {
+        match self.0.take()? {
+            Held::Memory { store, key } => {
+                store.release(&key);
+                None
+            }
+            #[cfg(feature = "redis")]
+            Held::Redis(slot) => {
+                let (limiter, key, token) =
+                    (slot.limiter.clone(), slot.key.clone(), slot.token.clone());
+                // Armed again until the release is done: dropped midway, it goes on in the
+                // background.
+                self.0 = Some(Held::Redis(slot));
+                Some(Box::pin(async move {
+                    if let Err(e) = limiter.release(&key, &token).await {
+                        tracing::debug!(error = %e, "concurrency permit release");
+                    }
+                    // Done: nothing left for the drop to release.
+                    drop(self.0.take());
+                }))
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        match self.0.take() {
+            None => {}
+            Some(Held::Memory { store, key }) => store.release(&key),
+            #[cfg(feature = "redis")]
+            Some(Held::Redis(slot)) => {
+                // No runtime (it is shutting down): the permit's TTL frees it.
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        if let Err(e) = slot.limiter.release(&slot.key, &slot.token).await {
+                            tracing::debug!(error = %e, "concurrency permit release");
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The shortest and longest pause between two tries of a waiting request.
+const WAIT_STEP: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
+
+impl ConcurrencyLimiter {
+    /// Whether this is the in-process store.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+
+    /// The in-process store, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
+        match &self.backend {
+            Backend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => None,
+        }
+    }
+
+    /// One try at a permit on `resource`.
+    pub(crate) async fn try_acquire(
+        &self,
+        resource: &str,
+        limit: u32,
+    ) -> Result<Slot, ConcurrencyError> {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r
+                .acquire(resource, limit)
+                .await
+                .map(|slot| Slot(Some(Held::Redis(slot)))),
+            Backend::Memory(m) => m.acquire_slot(resource, limit),
+        }
+    }
+
+    /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
+    /// has passed: the pause between tries starts at 5 ms and doubles up to 100 ms, with
+    /// jitter, and never runs past the deadline. Waiters poll rather than being woken:
+    /// permits of other replicas are released without a message.
+    pub(crate) async fn acquire_within(
+        &self,
+        resource: &str,
+        limit: u32,
+        max_wait: Duration,
+    ) -> Result<Slot, ConcurrencyError> {
+        let deadline = Instant::now().checked_add(max_wait);
+        let mut step = WAIT_STEP.0;
+        loop {
+            match self.try_acquire(resource, limit).await {
+                Err(ConcurrencyError::LimitReached { limit }) => {
+                    let now = Instant::now();
+                    let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(now));
+                    if left.is_zero() {
+                        return Err(ConcurrencyError::LimitReached { limit });
+                    }
+                    // Jitter: between half and all of the step, so waiters spread out.
+                    let jittered = step.mul_f64(rand::random_range(0.5..=1.0));
+                    tokio::time::sleep(jittered.min(left)).await;
+                    step = (step * 2).min(WAIT_STEP.1);
+                }
+                other => return other,
+            }
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::{Client, Script};
+
+use super::ConcurrencyError;
+use crate::backend::connection::Connection;
+use crate::backend::settings::check_resource;
+use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+
+/// Default key prefix of [`RedisConcurrencyLimiter`]: `"tower-redlock-concurrency:"`.
+///
+/// It is not inside the lock backends' default prefix (`"tower-redlock:"`) nor the rate
+/// limiter's (`"tower-redlock-rate:"`), so no lock key or counter can be a permit set.
+pub const DEFAULT_CONCURRENCY_PREFIX: &str = "tower-redlock-concurrency:";
+/// Default bound on one Redis call of [`RedisConcurrencyLimiter`]: 100 ms.
+pub const DEFAULT_CONCURRENCY_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default time a permit lives without renewal: 10 s. The layer renews it while the
+/// request runs (every TTL/3); a replica that dies frees its permits within this long.
+pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(10);
+
+/// The longest permit TTL: `u32::MAX` ms (about 49.7 days), so that expiries stay exact in
+/// a Lua number.
+const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// Takes a permit, atomically: drops the expired permits (`ZREMRANGEBYSCORE` up to the
+/// server's clock), counts the live ones (`ZCARD`), and under the limit adds ours
+/// (`ZADD`, scored by its expiry in ms on the server's clock) and keeps the set alive at
+/// least as long as its newest permit (`PEXPIRE`). Answers `{1, held}` with the permit,
+/// `{0, held}` without. A key of another type is not touched: the script answers an
+/// error.
+///
+/// The permit scheme is Redisson's `RPermitExpirableSemaphore`; the script reads the
+/// server's clock (`TIME`), so the replicas' clocks do not matter, and Redis replicates
+/// its effects, not the script (the default since Redis 5).
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the permit key holds a value tower-redlock did not write')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held >= tonumber(ARGV[1]) then
+  return {0, held}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {1, held + 1}
+",
+    )
+});
+
+/// Renews a permit, atomically: if our token is still in the set and not expired, moves
+/// its expiry to now + TTL (`ZADD XX`) and keeps the set alive that long; answers 1, or 0
+/// when the permit is gone (never re-adds it: a renewal racing a release cannot revive a
+/// permit).
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if not score or tonumber(score) <= now then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1
+",
+    )
+});
+
+/// Expiring permits on one Redis node, shared by every replica that uses that node: the
+/// distributed form of tower's `ConcurrencyLimit`.
+///
+/// Each key's permits are one sorted set, `{prefix}{<key>}` (the key in a Redis Cluster
+/// hash tag), of random 128-bit tokens scored by their expiry on the server's clock.
+/// Taking a permit is one round trip (one script: drop the expired permits, count, add
+/// ours under the limit), releasing one is one round trip (`ZREM` of our token), and a
+/// permit lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s)
+/// unless renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it
+/// while the request runs (every TTL/3, [`Renewal`](crate::Renewal)), so a replica that
+/// crashes or loses its network frees its permits within one TTL, and a live one keeps
+/// them as long as its requests run. This is Redisson's `RPermitExpirableSemaphore`.
+///
+/// # Why one node and no quorum
+///
+/// Counters need no quorum: a limit of in-flight requests protects capacity, it does not
+/// make a request correct as a lock does. If Redis loses the set in a failover, replicas
+/// admit up to `limit` more requests until the old ones end: a brief overshoot, never a
+/// wrong answer. One node (or a replicated primary) is enough, as for the
+/// [`RedisRateLimiter`](crate::RedisRateLimiter).
+///
+/// The connection is multiplexed and replaced after any kind of failure, as the rate
+/// limiter's; every call is bounded by the
+/// [timeout](RedisConcurrencyLimiterBuilder::timeout), so a dead Redis costs at most that
+/// long per request. Cloning is cheap and shares the connection.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::{ConcurrencyLimiter, RedisConcurrencyLimiter};
+///
+/// let redis = RedisConcurrencyLimiter::builder("redis://127.0.0.1:6379")
+///     .permit_ttl(Duration::from_secs(5))
+///     .build()
+///     .await?;
+/// let limiter = ConcurrencyLimiter::from(redis); // for ConcurrencyLimitLayer::backend
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisConcurrencyLimiter {
+    inner: Arc<RedisInner>,
+}
+
+struct RedisInner {
+    label: String,
+    conn: Connection,
+    timeout: Duration,
+    ttl: Duration,
+    prefix: Arc<str>,
+}
+
+impl fmt::Debug for RedisConcurrencyLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConcurrencyLimiter")
+            .field("node", &self.inner.label)
+            .field("timeout", &self.inner.timeout)
+            .field("permit_ttl", &self.inner.ttl)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+/// Builds a [`RedisConcurrencyLimiter`]; see [`RedisConcurrencyLimiter::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisConcurrencyLimiterBuilder {
+    client: Result<Client, ConfigError>,
+    timeout: Duration,
+    ttl: Duration,
+    prefix: String,
+}
+
+/// A permit held on Redis: our token in the key's set.
+pub(crate) struct RedisSlot {
+    pub(crate) limiter: RedisConcurrencyLimiter,
+    /// The set's key, as stored.
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    /// The validity at acquisition, on this process's clock: a little short of the
+    /// server's expiry.
+    pub(crate) valid_until: Instant,
+}
+
+/// A 128-bit random token, in hex.
+fn token() -> Arc<str> {
+    Arc::from(format!("{:032x}", rand::random::<u128>()))
+}
+
+/// What a permit's validity is short of its TTL, as a lock lease's: 1 % of the TTL plus
+/// 2 ms, for clock drift and the time the answer took to come back.
+fn validity(start: Instant, ttl: Duration) -> Instant {
+    let drift = ttl / 100 + Duration::from_millis(2);
+    start
+        .checked_add(ttl.saturating_sub(drift))
+        .unwrap_or(start)
+}
+
+impl RedisConcurrencyLimiter {
+    /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
+    pub fn builder(url: impl AsRef<str>) -> RedisConcurrencyLimiterBuilder {
+        let client = Client::open(url.as_ref())
+            .map_err(|source| ConfigError::InvalidUrl { index: 0, source });
+        RedisConcurrencyLimiterBuilder::new(client)
+    }
+
+    /// Starts a builder from a ready redis-rs client.
+    pub fn from_client(client: Client) -> RedisConcurrencyLimiterBuilder {
+        RedisConcurrencyLimiterBuilder::new(Ok(client))
+    }
+
+    /// The prefix put before every key.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The bound on one call.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// How long a permit lives without renewal.
+    pub fn permit_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    fn failure(&self, reason: NodeFailureReason) -> ConcurrencyError {
+        ConcurrencyError::Unavailable(NodeFailure {
+            node: self.inner.label.clone(),
+            reason,
+        })
+    }
+
+    /// Runs `call` bounded by the timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, ConcurrencyError> {
+        match tokio::time::timeout(self.inner.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(self.failure(NodeFailureReason::Redis(e))),
+            Err(_) => Err(self.failure(NodeFailureReason::Timeout(self.inner.timeout))),
+        }
+    }
+
+    /// Takes a permit on `resource` if fewer than `limit` are live: one round trip.
+    pub(crate) async fn acquire(
+        &self,
+        resource: &str,
+        limit: u32,
+    ) -> Result<RedisSlot, ConcurrencyError> {
+        check_resource(resource)?;
+        let inner = &*self.inner;
+        let mut key = String::with_capacity(inner.prefix.len() + resource.len() + 2);
+        key.push_str(&inner.prefix);
+        key.push('{');
+        key.push_str(resource);
+        key.push('}');
+        let token = token();
+        let mut conn = inner.conn.clone();
+        let mut invocation = ACQUIRE.key(&key);
+        invocation
+            .arg(limit)
+            .arg(inner.ttl.as_millis() as u64)
+            .arg(&*token);
+        let start = Instant::now();
+        let reply = self
+            .bounded(invocation.invoke_async::<(i64, i64)>(&mut conn))
+            .await;
+        let (taken, _held) = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                if matches!(&e, ConcurrencyError::Unavailable(f) if matches!(f.reason, NodeFailureReason::Timeout(_)))
+                {
+                    // The script may have run without its answer arriving in time: take
+                    // the permit back rather than leave it to its TTL.
+                    let limiter = self.clone();
+                    tokio::spawn(async move {
+                        let _ = limiter.release(&key, &token).await;
+                    });
+                }
+                return Err(e);
+            }
+        };
+        if taken != 1 {
+            return Err(ConcurrencyError::LimitReached { limit });
+        }
+        Ok(RedisSlot {
+            limiter: self.clone(),
+            key: Arc::from(key),
+            token,
+            valid_until: validity(start, inner.ttl),
+        })
+    }
+
+    /// Moves the expiry of the permit `token` on `key` one TTL on, if it is still held:
+    /// the new end of its validity.
+    pub(crate) async fn renew(&self, key: &str, token: &str) -> Result<Instant, ConcurrencyError> {
+        let mut conn = self.inner.conn.clone();
+        let mut invocation = RENEW.key(key);
+        invocation.arg(token).arg(self.inner.ttl.as_millis() as u64);
+        let start = Instant::now();
+        let renewed = self
+            .bounded(invocation.invoke_async::<i64>(&mut conn))
+            .await?;
+        if renewed != 1 {
+            return Err(ConcurrencyError::Expired {
+                key: key.to_owned(),
+            });
+        }
+        Ok(validity(start, self.inner.ttl))
+    }
+
+    /// Gives back the permit `token` on `key`: one `ZREM`.
+    pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
+        let mut conn = self.inner.conn.clone();
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(key).arg(token);
+        self.bounded(cmd.query_async::<i64>(&mut conn)).await?;
+        Ok(())
+    }
+}
+
+impl RedisConcurrencyLimiterBuilder {
+    fn new(client: Result<Client, ConfigError>) -> Self {
+        Self {
+            client,
+            timeout: DEFAULT_CONCURRENCY_TIMEOUT,
+            ttl: DEFAULT_PERMIT_TTL,
+            prefix: DEFAULT_CONCURRENCY_PREFIX.to_owned(),
+        }
+    }
+
+    /// The prefix put before every key, so that several applications can share Redis.
+    /// Default `"tower-redlock-concurrency:"` ([`DEFAULT_CONCURRENCY_PREFIX`]); at most
+    /// 128 bytes, no control characters, no `{` or `}` (the key itself is the hash tag).
+    /// Keep it apart from the lock backends' and the rate limiter's prefixes.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
+    /// 1 ms are raised to 1 ms. When it passes, the request is answered 503, or let
+    /// through when the layer fails open.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a permit lives without renewal: the longest a dead replica's permits stay
+    /// taken. Default 10 s ([`DEFAULT_PERMIT_TTL`]); at least 10 ms and at most
+    /// `u32::MAX` ms (values outside are moved to the nearest bound). The layer renews
+    /// permits every TTL/3 while their requests run.
+    pub fn permit_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl.clamp(Duration::from_millis(10), MAX_PERMIT_TTL);
+        self
+    }
+
+    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
+    /// be reached now is not an error: it is retried on every later call.
+    ///
+    /// Needs a Tokio runtime with the time driver.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
+    /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
+    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
+    pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
+        crate::backend::settings::check_prefix(&self.prefix)?;
+        let client = self.client?;
+        let label = client.get_connection_info().addr().to_string();
+        let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
+        let limiter = RedisConcurrencyLimiter {
+            inner: Arc::new(RedisInner {
+                label,
+                conn,
+                timeout: self.timeout,
+                ttl: self.ttl,
+                prefix: Arc::from(self.prefix),
+            }),
+        };
+        let mut conn = limiter.inner.conn.clone();
+        let ping_cmd = redis::cmd("PING");
+        if let Err(e) = limiter.bounded(ping_cmd.query_async::<()>(&mut conn)).await {
+            tracing::warn!(node = %limiter.inner.label, error = %e, "Redis not reachable yet; it will be retried");
+        }
+        Ok(limiter)
+    }
+}

@@ -1,0 +1,164 @@
+use std::borrow::Cow;
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::policy::ConcurrencyPolicy;
+use crate::backend::concurrency::ConcurrencyLimiter;
+use crate::backend::renewal::Renewal;
+use crate::key::{FnKey, GlobalKey, HeaderKey, KeyExtractor};
+use crate::keyed::layer::header_name;
+use crate::keyed::{Keyed, KeyedLayer};
+
+/// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
+/// across every replica that shares its store, and answers **503 Service Unavailable**
+/// with `Retry-After` over it; see the [module docs](crate::concurrency).
+///
+/// Cloning the layer shares its store, key extractor and settings.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_redlock::ConcurrencyLimitLayer;
+///
+/// // At most 8 exports in flight per tenant.
+/// let app: Router = Router::new()
+///     .route("/export", post(|| async { "exported" }))
+///     .layer(ConcurrencyLimitLayer::by_header("X-Tenant", 8));
+/// ```
+pub type ConcurrencyLimitLayer<K> = KeyedLayer<K, ConcurrencyPolicy>;
+
+/// The service of [`ConcurrencyLimitLayer`]: takes a permit before calling the inner
+/// service `S`.
+pub type ConcurrencyLimit<S, K> = Keyed<S, K, ConcurrencyPolicy>;
+
+impl<S, K: KeyExtractor> ConcurrencyLimit<S, K> {
+    /// A [`ConcurrencyLimitLayer`] over `extractor`; the same as
+    /// [`ConcurrencyLimitLayer::new`].
+    pub fn layer(extractor: K, limit: u32) -> ConcurrencyLimitLayer<K> {
+        ConcurrencyLimitLayer::new(extractor, limit)
+    }
+}
+
+impl ConcurrencyLimitLayer<GlobalKey> {
+    /// One limit for all requests through the layer ([`GlobalKey`]): at most `limit` in
+    /// flight on the route (or the service, or a downstream it calls), whoever sends them.
+    /// Give each such layer its own [`scope`](Self::scope), or they share one limit.
+    pub fn global(limit: u32) -> Self {
+        Self::new(GlobalKey, limit)
+    }
+}
+
+impl ConcurrencyLimitLayer<HeaderKey> {
+    /// Limits each value of a header, such as a tenant id. The scope is the header name,
+    /// the method and the route (as [`HeaderKey`]), unless you set a
+    /// [`scope`](Self::scope). A request without the header gets 400 (see
+    /// [`optional`](Self::optional)).
+    ///
+    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
+    /// that answers every request **500** and logs why once.
+    pub fn by_header<N>(name: N, limit: u32) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: std::fmt::Display,
+    {
+        let (name, mistake) = header_name(name, "ConcurrencyLimitLayer::by_header");
+        let detail = format!("This endpoint requires a non-empty {name} header.");
+        KeyedLayer::from_parts(
+            HeaderKey::new(name),
+            ConcurrencyPolicy::new(limit),
+            Cow::Owned(detail),
+        )
+        .misconfigured_by(mistake)
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl ConcurrencyLimitLayer<crate::key::PathParamKey> {
+    /// Limits each value of an axum path parameter, such as `item_id` in
+    /// `/items/{item_id}/buy`. The scope is the route up to the parameter. Add it with
+    /// `Router::route_layer` or `MethodRouter::layer` so that the router has found the
+    /// parameter; misplaced, it answers 500 and logs the fix once.
+    pub fn by_path_param(name: impl Into<Cow<'static, str>>, limit: u32) -> Self {
+        let key = crate::key::PathParamKey::new(name);
+        let mistake = key.name().is_empty().then(|| {
+            "ConcurrencyLimitLayer::by_path_param: the parameter name is empty".to_owned()
+        });
+        KeyedLayer::from_parts(
+            key,
+            ConcurrencyPolicy::new(limit),
+            Cow::Borrowed("The request has no path parameter to limit on."),
+        )
+        .misconfigured_by(mistake)
+    }
+}
+
+impl<F> ConcurrencyLimitLayer<FnKey<F>>
+where
+    F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+{
+    /// Limits each value that `f` returns for the request head; `None` means the request
+    /// has no key (400 unless [`optional`](Self::optional)). The scope is empty unless
+    /// you set one, so set one.
+    pub fn by_fn(f: F, limit: u32) -> Self {
+        Self::new(FnKey::new(f), limit)
+    }
+}
+
+impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
+    /// At most `limit` requests in flight per key that `extractor` finds (a limit of 0
+    /// answers every keyed request 503). Defaults: the process-wide in-process store
+    /// ([`ConcurrencyLimiter::default`]), the extractor's scope, key required, fail
+    /// closed, no wait ([`max_wait`](Self::max_wait) zero), renewal every TTL/3 for at
+    /// most 10 × TTL ([`Renewal::default`]), `Retry-After: 1` over the limit.
+    pub fn new(extractor: K, limit: u32) -> Self {
+        KeyedLayer::from_parts(
+            extractor,
+            ConcurrencyPolicy::new(limit),
+            Cow::Borrowed("The request carries no concurrency limit key."),
+        )
+    }
+}
+
+impl<K> ConcurrencyLimitLayer<K> {
+    /// The store of the permits: a
+    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) to share one limit
+    /// across replicas, a [`MemoryConcurrencyLimiter`](crate::MemoryConcurrencyLimiter),
+    /// or a [`ConcurrencyLimiter`]. Default: the process-wide in-process store
+    /// ([`ConcurrencyLimiter::default`]), which limits per process.
+    pub fn backend(mut self, limiter: impl Into<ConcurrencyLimiter>) -> Self {
+        self.policy_mut().limiter = limiter.into();
+        self
+    }
+
+    /// How long a request over the limit waits for a permit before it is answered 503.
+    /// Default zero: answered at once. While it waits it tries again after 5 ms, then
+    /// after twice as long each time up to 100 ms, with jitter; it never waits past
+    /// `max_wait`. The inner service is not called while it waits.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.policy_mut().max_wait = max_wait;
+        self
+    }
+
+    /// How a Redis permit is renewed while its request runs. Default: every TTL/3, for at
+    /// most 10 × TTL in all ([`Renewal::default`]); a request that runs longer keeps
+    /// running, but its permit then expires and stops counting. In-process permits never
+    /// expire and need no renewal.
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.policy_mut().renewal = renewal;
+        self
+    }
+
+    /// The `Retry-After` of the 503 over the limit, in whole seconds rounded up (at least
+    /// 1). Default 1 s: a permit frees when any request in flight ends, which the layer
+    /// cannot foresee.
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.policy_mut().retry_after = after;
+        self
+    }
+
+    /// The limit: at most this many requests in flight per key.
+    pub fn limit(&self) -> u32 {
+        self.core.policy.limit
+    }
+}

@@ -1,0 +1,111 @@
+//! [`ConcurrencyLimitLayer`]: at most N requests in flight per key (a tenant, a route, a
+//! downstream), across every replica that shares one Redis: the distributed form of
+//! tower's `ConcurrencyLimitLayer`.
+//!
+//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! [`ConcurrencyPolicy`])
+//! 1. takes the key value from the request with its
+//!    [`KeyExtractor`](crate::key::KeyExtractor) (a header, a path parameter, your
+//!    function, or one global key) and checks it;
+//! 2. takes a permit on `{scope}:{value}` from its store ([`ConcurrencyLimiter`]): on
+//!    Redis one round trip, one Lua script over a sorted set of permit tokens scored by
+//!    their expiry (drop the expired ones, count, add ours under the limit), as Redisson's
+//!    `RPermitExpirableSemaphore`; in process, a count under a short mutex;
+//! 3. runs the inner service holding the permit, renewing a Redis permit while it runs
+//!    (every TTL/3 by default, see [`Renewal`]);
+//! 4. releases the permit when the response body has ended (one `ZREM` on Redis), or when
+//!    the inner service failed; and, when the response future or body is dropped (the
+//!    client went away, the handler panicked), in the background. A replica that dies
+//!    holding permits frees them when they expire: within one permit TTL
+//!    ([`RedisConcurrencyLimiterBuilder::permit_ttl`], default 10 s).
+//!
+//! | situation | status | headers |
+//! | --- | --- | --- |
+//! | under the limit | the inner service's | |
+//! | over the limit (after [`max_wait`](ConcurrencyLimitLayer::max_wait), if set) | 503 Service Unavailable | `Retry-After` (default 1 s) |
+//! | key missing (when required) or invalid | 400 | |
+//! | the server is misconfigured (a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
+//! | store unavailable, fail closed (default) | 503 | `Retry-After: 1` |
+//! | store unavailable, fail open | the inner service's, unguarded | |
+//!
+//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
+//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//!
+//! # Why 503 and not 429
+//!
+//! 429 Too Many Requests (RFC 6585, section 4) says that *this client* sent too many
+//! requests in a given amount of time: a rate limit, which [`RateLimitLayer`] answers.
+//! Requests in flight are the server's load, shared by every client on the key: a client
+//! over the limit may have sent a single request. 503 Service Unavailable (RFC 9110,
+//! section 15.6.4) is the status for a server "currently unable to handle the request due
+//! to a temporary overload", with `Retry-After` (section 10.2.3) for when to come back.
+//! Proxies and clients retry a 503 elsewhere or later, which is what an overloaded key
+//! wants.
+//!
+//! # When to use it, and when [`RateLimitLayer`]
+//!
+//! A rate limit bounds requests per time window: fair use per client, quotas. A
+//! concurrency limit bounds work at once: a slow downstream (a payment provider, a report
+//! generator) that can take N calls in parallel whatever their duration, a tenant that
+//! must not hold every worker. The two compose: rate limit the client outside, limit the
+//! concurrency of the costly route inside.
+//!
+//! # One node, no quorum
+//!
+//! Permits need no quorum, as rate-limit counts do not: a concurrency limit protects
+//! capacity, it does not make a request correct as a lock does. One Redis node (or a
+//! replicated primary) holds them; a failover that loses the set lets up to `limit` more
+//! requests in until the old ones end, a brief overshoot. Each key's set is one key
+//! inside a Redis Cluster hash tag (`{prefix}{<key>}`), so the scripts touch one slot.
+//!
+//! # Failing open
+//!
+//! When the store cannot answer (Redis down, or slower than its timeout), the layer
+//! answers **503** with `Retry-After: 1` by default, as for the over-limit case: a
+//! limit that protects a downstream should not vanish with its Redis.
+//! [`fail_open(true)`](ConcurrencyLimitLayer::fail_open) runs the request unguarded
+//! instead. Either way a warning is logged.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use tower_redlock::{ConcurrencyLimitLayer, RedisConcurrencyLimiter};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let redis = RedisConcurrencyLimiter::builder("redis://127.0.0.1:6379").build().await?;
+//!
+//! // At most 5 payments in flight across every replica.
+//! let app: Router = Router::new()
+//!     .route("/pay", post(|| async { "paid" }))
+//!     .route_layer(ConcurrencyLimitLayer::global(5).scope("pay").backend(redis));
+//! # Ok(()) }
+//! ```
+//!
+//! [`RateLimitLayer`]: crate::RateLimitLayer
+
+mod layer;
+mod policy;
+#[cfg(test)]
+mod tests;
+
+pub use crate::backend::concurrency::{
+    ConcurrencyError, ConcurrencyLimiter, MemoryConcurrencyLimiter,
+};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::backend::concurrency::{
+    DEFAULT_CONCURRENCY_PREFIX, DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_PERMIT_TTL,
+    RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
+};
+pub use crate::backend::renewal::Renewal;
+pub use crate::key::GlobalKey;
+use crate::keyed;
+pub use layer::{ConcurrencyLimit, ConcurrencyLimitLayer};
+pub use policy::ConcurrencyPolicy;
+
+/// The response future of [`ConcurrencyLimit`].
+pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, ConcurrencyPolicy>;
+
+/// The response body of [`ConcurrencyLimit`].
+pub type ResponseBody<B> = keyed::ResponseBody<B, ConcurrencyPolicy>;

@@ -1,0 +1,224 @@
+//! What [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) does with a key: take a
+//! permit (503 when `limit` are held), renew it while the request runs, release it when
+//! the response is done.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode, response};
+
+use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, Slot};
+use crate::backend::renewal::{Renewal, Schedule};
+use crate::keyed::policy::{
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+};
+use crate::problem::Problem;
+use crate::protect::Watch;
+
+/// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, its
+/// limit, how long a request waits for a permit, and how permits are renewed. Set through
+/// the layer's builder methods.
+#[derive(Clone)]
+pub struct ConcurrencyPolicy {
+    pub(crate) limiter: ConcurrencyLimiter,
+    pub(crate) limit: u32,
+    pub(crate) max_wait: Duration,
+    pub(crate) renewal: Renewal,
+    pub(crate) retry_after: Duration,
+    /// The 503 detail over the limit, built once.
+    detail: Arc<str>,
+}
+
+impl fmt::Debug for ConcurrencyPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyPolicy")
+            .field("limiter", &self.limiter)
+            .field("limit", &self.limit)
+            .field("max_wait", &self.max_wait)
+            .field("renewal", &self.renewal)
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}
+
+impl ConcurrencyPolicy {
+    /// The defaults: the process-wide in-process store, no wait, renewal every TTL/3 for
+    /// at most 10 × TTL, `Retry-After: 1`.
+    pub(crate) fn new(limit: u32) -> Self {
+        Self {
+            limiter: ConcurrencyLimiter::default(),
+            limit,
+            max_wait: Duration::ZERO,
+            renewal: Renewal::default(),
+            retry_after: Duration::from_secs(1),
+            detail: Arc::from(format!(
+                "At most {limit} such requests run at once, and that many are in flight; retry after the Retry-After delay."
+            )),
+        }
+    }
+
+    fn verdict(&self, acquired: Result<Slot, ConcurrencyError>) -> Verdict<ConcurrencyPermit> {
+        match acquired {
+            Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
+            Err(ConcurrencyError::LimitReached { .. }) => Verdict::Answer(self.over_limit()),
+            Err(ConcurrencyError::InvalidKey(e)) => Verdict::Answer(
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("Invalid concurrency limit key: {e}."),
+                )
+                .into(),
+            ),
+            Err(e) => Verdict::Unavailable {
+                error: Box::new(e),
+                answer: Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "The concurrency limit service is unavailable; retry later.",
+                )
+                .retry_after(Duration::from_secs(1))
+                .into(),
+                open: None,
+            },
+        }
+    }
+
+    /// 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
+    fn over_limit(&self) -> Response<Bytes> {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, self.detail.to_string())
+            .retry_after(self.retry_after)
+            .into()
+    }
+}
+
+impl Sealed for ConcurrencyPolicy {}
+
+impl Policy for ConcurrencyPolicy {
+    type Permit = ConcurrencyPermit;
+    const LAYER: &'static str = "ConcurrencyLimitLayer";
+    const KEY_NOUN: &'static str = "concurrency limit key";
+    const FAIL_OPEN: bool = false;
+
+    fn prefix(&self) -> &str {
+        // The store puts its own prefix before the key.
+        ""
+    }
+
+    fn decide(&self, key: &str, _parts: &Parts) -> Decision<ConcurrencyPermit> {
+        if let Some(memory) = self.limiter.as_memory().filter(|_| self.max_wait.is_zero()) {
+            return Decision::Ready(self.verdict(memory.acquire_slot(key, self.limit)));
+        }
+        let key = key.to_owned();
+        let policy = self.clone();
+        Decision::Pending(Box::pin(async move {
+            let acquired = policy
+                .limiter
+                .acquire_within(&key, policy.limit, policy.max_wait)
+                .await;
+            policy.verdict(acquired)
+        }))
+    }
+}
+
+/// A permit: released when the response is done (its body ended, the inner service
+/// failed) and in the background when dropped unreleased (the client went away, the
+/// handler panicked); a Redis permit is renewed until then.
+#[doc(hidden)]
+pub struct ConcurrencyPermit {
+    slot: Slot,
+    /// The renewals of a permit that expires (on Redis).
+    schedule: Option<Schedule<ConcurrencyError>>,
+}
+
+impl fmt::Debug for ConcurrencyPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyPermit")
+            .field("key", &self.slot.key())
+            .field("schedule", &self.schedule)
+            .finish()
+    }
+}
+
+impl ConcurrencyPermit {
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    fn new(slot: Slot, renewal: Renewal) -> Self {
+        #[cfg(feature = "redis")]
+        let schedule = slot
+            .as_redis()
+            .map(|r| Schedule::new(r.valid_until, r.limiter.permit_ttl(), renewal));
+        #[cfg(not(feature = "redis"))]
+        let schedule = None;
+        Self { slot, schedule }
+    }
+}
+
+/// An in-process permit cannot be lost; a Redis one is lost when a renewal finds it gone
+/// or its validity ends unrenewed.
+impl Watch for ConcurrencyPermit {
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(schedule) = &self.schedule else {
+            return false;
+        };
+        (schedule.is_renewing() || !schedule.is_valid())
+            && (Watch::poll_lost(self, cx).is_ready()
+                || self.schedule.as_ref().is_some_and(|s| !s.is_valid()))
+    }
+
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        #[cfg(feature = "redis")]
+        if let (Some(schedule), Some(slot)) = (self.schedule.as_mut(), self.slot.as_redis()) {
+            return schedule.poll_lost(
+                cx,
+                &slot.key,
+                |_| {
+                    let (limiter, key, token) =
+                        (slot.limiter.clone(), slot.key.clone(), slot.token.clone());
+                    Box::pin(async move { limiter.renew(&key, &token).await })
+                },
+                |_| {},
+            );
+        }
+        let _ = cx;
+        Poll::Pending
+    }
+}
+
+impl Permit for ConcurrencyPermit {
+    fn admit<B>(&mut self, _request: &mut Request<B>) {}
+
+    /// A lost permit lets the request run on: the limit is a bound on load, not a
+    /// guarantee the work needs, and stopping a request half-way is worse than one more
+    /// in flight for a while.
+    fn abort_on_loss(&self) -> bool {
+        false
+    }
+
+    fn lost_response(self) -> Response<Bytes> {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The concurrency permit expired while the request ran; retry the request.",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into()
+    }
+
+    fn lost_error(self) -> BoxError {
+        Box::new(ConcurrencyError::Expired {
+            key: self.slot.key().to_owned(),
+        })
+    }
+
+    fn on_response(&mut self, _head: &mut response::Parts) -> Hold {
+        // In flight until the body has ended.
+        Hold::BodyEnd
+    }
+
+    fn release(self, _end: End) -> Release {
+        match self.slot.release() {
+            None => Release::Done,
+            Some(release) => Release::Pending(release),
+        }
+    }
+}
