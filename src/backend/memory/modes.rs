@@ -99,7 +99,8 @@ impl MemoryLocks {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Exclusive, max_wait).await
+        self.lock_access_within(key, Access::Exclusive, max_wait)
+            .await
     }
 
     /// Waits in arrival order; see [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
@@ -214,10 +215,12 @@ impl MemoryLocks {
     fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let turn = state.modes.with(&key, now, |entry| match entry.queue.front() {
-            None => true,
-            Some((head, _)) => Some(*head) == id,
-        });
+        let turn = state
+            .modes
+            .with(&key, now, |entry| match entry.queue.front() {
+                None => true,
+                Some((head, _)) => Some(*head) == id,
+            });
         if !turn {
             let retry_after = state.held_for(&key, now).unwrap_or(TURN);
             return Err(LockError::Taken { retry_after });
@@ -310,7 +313,10 @@ impl Drop for LeaveQueue<'_> {
             .state()
             .modes
             .with(self.key, Instant::now(), |entry| {
-                let was_head = entry.queue.front().is_some_and(|(head, _)| *head == self.id);
+                let was_head = entry
+                    .queue
+                    .front()
+                    .is_some_and(|(head, _)| *head == self.id);
                 entry.queue.retain(|(id, _)| *id != self.id);
                 was_head && !entry.queue.is_empty()
             });
@@ -365,13 +371,25 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_writer_keeps_new_readers_out() {
         let locks = locks(Duration::from_secs(10));
-        let reader = locks.lock_shared_within("doc", Duration::ZERO).await.unwrap();
+        let reader = locks
+            .lock_shared_within("doc", Duration::ZERO)
+            .await
+            .unwrap();
         let writer = tokio::spawn({
             let locks = locks.clone();
-            async move { locks.lock_exclusive_within("doc", Duration::from_secs(10)).await }
+            async move {
+                locks
+                    .lock_exclusive_within("doc", Duration::from_secs(10))
+                    .await
+            }
         });
         let waiting = until(|| {
-            locks.state().modes.keys.values().any(|e| e.writers_waiting > 0)
+            locks
+                .state()
+                .modes
+                .keys
+                .values()
+                .any(|e| e.writers_waiting > 0)
         })
         .await;
         assert!(waiting);
@@ -382,13 +400,21 @@ mod tests {
         locks.unlock(reader).unwrap();
         let lease = writer.await.unwrap().unwrap();
         locks.unlock(lease).unwrap();
-        assert!(locks.lock_shared_within("doc", Duration::ZERO).await.is_ok());
+        assert!(
+            locks
+                .lock_shared_within("doc", Duration::ZERO)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
     async fn shared_leases_extend_and_expire() {
         let locks = locks(Duration::from_millis(50));
-        let mut lease = locks.lock_shared_within("doc", Duration::ZERO).await.unwrap();
+        let mut lease = locks
+            .lock_shared_within("doc", Duration::ZERO)
+            .await
+            .unwrap();
         locks.extend(&mut lease).unwrap();
         // The writer waits out the reader's TTL.
         let w = locks

@@ -30,10 +30,10 @@
 
 mod acquire;
 mod builder;
+mod fair;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod notify;
-mod fair;
 mod round;
 mod scripts;
 mod shared;

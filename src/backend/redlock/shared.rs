@@ -271,7 +271,8 @@ impl Redlock {
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
         let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Exclusive, max_wait).await
+        self.lock_access_within(key, Access::Exclusive, max_wait)
+            .await
     }
 
     /// [`lock_shared_within`](Self::lock_shared_within) or
