@@ -292,8 +292,7 @@ async fn fair_order(
     for waiter in waiters {
         waiter.await.unwrap();
     }
-    let order = order.lock().unwrap().clone();
-    order
+    order.lock().unwrap().clone()
 }
 
 async fn zcard(node: &RedisNode, key: &str) -> usize {
@@ -469,7 +468,7 @@ async fn minority_killed_every_mode_is_still_exclusive() {
     ));
     let order = {
         r.unlock(holder).await.unwrap();
-        fair_order(&nodes[..2], &[r.clone()], "minority-order", 3).await
+        fair_order(&nodes[..2], std::slice::from_ref(&r), "minority-order", 3).await
     };
     assert_eq!(order, vec![0, 1, 2]);
 }
