@@ -399,9 +399,17 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_bound() {
     let took = released.elapsed();
     assert!(took < Duration::from_millis(3500), "{took:?}");
     r.unlock(lease).await.unwrap();
-    for node in &nodes {
-        assert_eq!(zcard(node, queue).await, 0, "nothing left in the queue");
-    }
+    // A node that the next waiter's quorum did not need may keep the crashed entry until
+    // its deadline, and the next waiter's own until its leave lands.
+    let empty = eventually(Duration::from_secs(3), || async {
+        let mut none = true;
+        for node in &nodes {
+            none &= zcard(node, queue).await == 0;
+        }
+        none
+    })
+    .await;
+    assert!(empty, "entries left in the queue past their lifetime");
 }
 
 #[tokio::test]
@@ -411,7 +419,7 @@ async fn a_queue_entry_never_outlives_its_waiters_deadline() {
     let _holder = r.try_lock("short").await.unwrap();
     let max_wait = Duration::from_millis(400);
     crash_a_waiter(&nodes, "short", max_wait);
-    let gone = eventually(max_wait + Duration::from_millis(300), || async {
+    let gone = eventually(max_wait + Duration::from_millis(600), || async {
         let mut none = true;
         for node in &nodes {
             none &= zcard(node, "{tower-redlock:short}:queue").await == 0;
@@ -489,4 +497,16 @@ async fn majority_gone_every_mode_answers_503() {
         Err(LockError::NoQuorum { .. })
     ));
     assert_eq!(app.entered.load(Ordering::SeqCst), 0, "no handler ran");
+}
+
+#[tokio::test]
+async fn fair_with_shared_is_a_misconfiguration_answered_500() {
+    let layer = LockLayer::by_path_param("doc")
+        .backend(tower_redlock::MemoryLocks::new())
+        .shared()
+        .fair(true);
+    let app = Router::new().route("/read/{doc}", get(|| async { "ran" }).layer(layer));
+    let base = serve(app).await;
+    let response = reqwest::get(format!("{base}/read/x")).await.unwrap();
+    assert_eq!(response.status(), 500);
 }
