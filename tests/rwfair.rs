@@ -205,8 +205,22 @@ async fn shared_leases_are_renewed_and_released_like_any_lease() {
 
 #[tokio::test]
 async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers() {
+    not_starved(true).await;
+}
+
+#[tokio::test]
+async fn a_waiting_writer_is_not_starved_without_release_notifications() {
+    not_starved(false).await;
+}
+
+async fn not_starved(notify: bool) {
     let nodes = nodes(3);
-    let r = redlock(&nodes, Duration::from_secs(10)).await;
+    let r = Redlock::builder(urls(&nodes))
+        .node_timeout(Duration::from_millis(200))
+        .notify_waiters(notify)
+        .build()
+        .await
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let refused = Arc::new(AtomicUsize::new(0));
     let admitted = Arc::new(AtomicUsize::new(0));

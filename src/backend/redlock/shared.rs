@@ -289,9 +289,10 @@ impl Redlock {
         .await
     }
 
-    /// One attempt, then (when it finds the key taken and `max_wait` is not zero) a
-    /// bounded wait: subscribed to the key's release channel, `attempt(true)` marks the
-    /// key as waited for.
+    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
+    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
+    /// channel when notifications are on: a waiting attempt marks the key as waited for
+    /// (and keeps a writer's intent up).
     pub(super) async fn wait_with<F, Fut>(
         &self,
         key: Arc<str>,
@@ -318,8 +319,9 @@ impl Redlock {
                 notifier.subscribe(&key).await;
             }
         };
-        let marks = notifier.is_some();
-        bounded_wait(waiters, &key, max_wait, || attempt(marks), subscribe).await
+        // A waiting attempt marks the key even without notifications: a waiting writer's
+        // intent, and a fair waiter's place, must be kept up either way.
+        bounded_wait(waiters, &key, max_wait, || attempt(true), subscribe).await
     }
 
     async fn acquire_access(
