@@ -124,11 +124,49 @@ impl Lease {
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until
     }
+
+    /// Whether this is a shared lease (one of the readers of a key, taken with
+    /// [`Locks::lock_shared_within`](crate::Locks::lock_shared_within) or
+    /// [`LockLayer::shared`](crate::LockLayer::shared)) rather than an exclusive one. Its
+    /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`, where its token
+    /// is a member.
+    pub fn is_shared(&self) -> bool {
+        readers_of(&self.key).is_some()
+    }
+}
+
+/// Whether a lock is taken by one holder or shared by several (readers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Many holders together, none while an exclusive one holds or waits.
+    Shared,
+    /// One holder, none while readers hold.
+    Exclusive,
+}
+
+/// The key of a shared lease on `lock_key`: its readers' set, `{<lock key>}:readers`.
+pub(crate) fn readers_key(lock_key: &str) -> Arc<str> {
+    Arc::from(format!("{{{lock_key}}}:readers"))
+}
+
+/// The lock key of a shared lease's key, `None` for any other key. Lock keys never hold
+/// `{` or `}`, so no lock key has this shape.
+pub(crate) fn readers_of(key: &str) -> Option<&str> {
+    key.strip_prefix('{')?.strip_suffix("}:readers")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readers_keys_name_their_lock_key() {
+        let key = readers_key("tower-redlock:/items:7");
+        assert_eq!(&*key, "{tower-redlock:/items:7}:readers");
+        assert_eq!(readers_of(&key), Some("tower-redlock:/items:7"));
+        assert_eq!(readers_of("tower-redlock:/items:7"), None);
+        assert_eq!(readers_of("{k}:waiters"), None);
+    }
 
     #[test]
     fn tokens_are_hex_and_distinct() {

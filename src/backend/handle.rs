@@ -9,6 +9,8 @@ use crate::backend::redlock::Redlock;
 use crate::error::LockError;
 use crate::lease::Lease;
 
+mod modes;
+
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
 /// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and

@@ -18,6 +18,8 @@ use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
 
+mod modes;
+
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
 /// lease runs out, and "expired" answers on release and extension.
@@ -58,6 +60,8 @@ struct State {
     sweep_at: usize,
     /// The last fencing token issued, for any key.
     fence: u64,
+    /// Readers, waiting writers and fair queues, per key.
+    modes: modes::Modes,
 }
 
 struct Held {
@@ -155,6 +159,7 @@ impl MemoryLocks {
                     held: HashMap::new(),
                     sweep_at: MIN_SWEEP,
                     fence: 0,
+                    modes: modes::Modes::default(),
                 }),
                 waiters: Waiters::default(),
                 #[cfg(feature = "idempotency")]
@@ -204,12 +209,15 @@ impl MemoryLocks {
     }
 
     pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        self.acquire_in(&mut self.state(), key)
+    }
+
+    /// [`acquire`](Self::acquire) under the state's lock.
+    fn acquire_in(&self, state: &mut State, key: Arc<str>) -> Result<Lease, LockError> {
         let token = Token::random();
         let ttl = self.inner.policy.ttl;
         let now = Instant::now();
         let expires_at = now + ttl;
-        let mut state = self.state();
-        let state = &mut *state;
         if state.held.len() >= state.sweep_at {
             state.held.retain(|_, held| held.expires_at > now);
             state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
@@ -292,6 +300,9 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
     /// the key now); the lease is then left as it was.
     pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        if lease.is_shared() {
+            return self.extend_shared(lease);
+        }
         let now = Instant::now();
         let mut state = self.state();
         match state.held.get_mut(&lease.key) {
@@ -314,6 +325,9 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
     pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        if lease.is_shared() {
+            return self.unlock_shared(&lease);
+        }
         let now = Instant::now();
         let mut state = self.state();
         // One hash of the key: look and remove through the same entry.

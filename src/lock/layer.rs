@@ -9,6 +9,7 @@ use crate::backend::watchdog::{OnLockLoss, Renewal};
 use crate::key::{FnKey, HeaderKey, KeyExtractor};
 use crate::keyed::layer::header_name;
 use crate::keyed::{Keyed, KeyedLayer};
+use crate::lease::Access;
 
 /// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
 /// the [module docs](crate::lock).
@@ -205,6 +206,58 @@ impl<K> LockLayer<K> {
         if mistake.is_none() {
             self.policy_mut().fencing_header = Some(name);
         }
+        self.misconfigured_by(mistake)
+    }
+
+    /// Takes the key **shared**: requests through this layer hold it together (readers,
+    /// such as a report that must not see a half-applied change), while a request through
+    /// an [`exclusive`](Self::exclusive) layer on the same key (scope and value) waits
+    /// for them all and excludes them. Contention is answered as usual (423/409 with
+    /// `Retry-After`, or waited for up to [`max_wait`](Self::max_wait)).
+    ///
+    /// Guarantees: each reader's lease expires on its own (renewed while its request
+    /// runs), so a crashed reader frees the key at its TTL; while an exclusive request
+    /// waits, no new reader is admitted, so readers cannot starve it. On Redlock, the
+    /// quorum and validity rules of the plain lock. Costs: see the README, "Shared and
+    /// exclusive". Shared leases carry no fencing token.
+    ///
+    /// Not with [`fair`](Self::fair): that is a misconfiguration (500, logged once).
+    pub fn shared(self) -> Self {
+        self.access(Access::Shared)
+    }
+
+    /// Takes the key **exclusively**, excluding the readers of [`shared`](Self::shared)
+    /// layers on the same key: the request waits (up to [`max_wait`](Self::max_wait)) for
+    /// them to leave, and keeps new ones out meanwhile. Every writer of a key that has
+    /// readers must use this; a plain layer on that key does not see the readers.
+    pub fn exclusive(self) -> Self {
+        self.access(Access::Exclusive)
+    }
+
+    fn access(mut self, access: Access) -> Self {
+        self.policy_mut().access = Some(access);
+        self.check_modes()
+    }
+
+    /// Whether waiters ([`max_wait`](Self::max_wait)) acquire in arrival order, across
+    /// every replica, instead of whoever retries first after a release. Default `false`.
+    /// A waiter that gives up leaves the queue at once; one that crashes within 2 s plus
+    /// the node timeout; no queue entry outlives its waiter's `max_wait`. With a zero
+    /// `max_wait`, a request is admitted only when nobody waits. Plain layers on the same
+    /// key do not queue. See [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
+    ///
+    /// Not with [`shared`](Self::shared) or [`exclusive`](Self::exclusive): that is a
+    /// misconfiguration (500, logged once).
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.policy_mut().fair = fair;
+        self.check_modes()
+    }
+
+    fn check_modes(self) -> Self {
+        let policy = &self.core.policy;
+        let mistake = (policy.fair && policy.access.is_some()).then(|| {
+            "LockLayer: fair(true) does not combine with shared() or exclusive()".to_owned()
+        });
         self.misconfigured_by(mistake)
     }
 }

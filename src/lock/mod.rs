@@ -31,6 +31,15 @@
 //!
 //! The service's error type stays the inner service's: no `HandleErrorLayer` is needed.
 //!
+//! # Modes
+//!
+//! A layer takes a plain lock by default. [`LockLayer::shared`] lets requests hold a key
+//! together (readers), and [`LockLayer::exclusive`] makes a request wait for the readers
+//! and exclude them (a writer that keeps new readers out while it waits).
+//! [`LockLayer::fair`] makes waiters ([`LockLayer::max_wait`]) acquire in arrival order
+//! across replicas. The README's sections "Shared and exclusive" and "Fair waiting" give
+//! their guarantees and their costs in round trips.
+//!
 //! # Failing open
 //!
 //! [`LockLayer::fail_open`]`(true)` runs the inner service without a lock when the

@@ -16,7 +16,7 @@ use crate::error::LockError;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
-use crate::lease::Lease;
+use crate::lease::{Access, Lease};
 use crate::problem::Problem;
 use crate::protect::Watch;
 
@@ -31,6 +31,10 @@ pub struct LockPolicy {
     pub(crate) fencing_header: Option<HeaderName>,
     pub(crate) max_wait: Duration,
     pub(crate) release_at_head: bool,
+    /// Plain, shared or exclusive (excluding readers).
+    pub(crate) access: Option<Access>,
+    /// Waiters acquire in arrival order.
+    pub(crate) fair: bool,
 }
 
 impl fmt::Debug for LockPolicy {
@@ -43,6 +47,8 @@ impl fmt::Debug for LockPolicy {
             .field("fencing_header", &self.fencing_header)
             .field("max_wait", &self.max_wait)
             .field("release_at_head", &self.release_at_head)
+            .field("access", &self.access)
+            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -58,6 +64,8 @@ impl LockPolicy {
             fencing_header: None,
             max_wait: Duration::ZERO,
             release_at_head: false,
+            access: None,
+            fair: false,
         }
     }
 
@@ -104,11 +112,27 @@ impl Policy for LockPolicy {
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            return Decision::Ready(self.verdict(memory.acquire(key)));
+            let acquired = match (self.access, self.fair) {
+                (Some(access), _) => memory.acquire_access(key, access),
+                (None, false) => memory.acquire(key),
+                (None, true) => return self.pending(key),
+            };
+            return Decision::Ready(self.verdict(acquired));
         }
+        self.pending(key)
+    }
+}
+
+impl LockPolicy {
+    fn pending(&self, key: Arc<str>) -> Decision<LockPermit> {
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
-            let acquired = policy.locks.lock_key_within(key, policy.max_wait).await;
+            let (locks, max_wait) = (&policy.locks, policy.max_wait);
+            let acquired = match (policy.access, policy.fair) {
+                (Some(access), _) => locks.lock_access_key_within(key, access, max_wait).await,
+                (None, true) => locks.lock_fair_key_within(key, max_wait).await,
+                (None, false) => locks.lock_key_within(key, max_wait).await,
+            };
             policy.verdict(acquired)
         }))
     }

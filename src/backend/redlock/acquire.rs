@@ -86,7 +86,7 @@ impl Redlock {
     /// The second round of a fenced acquisition: the token is one above the highest
     /// counter the acquiring nodes returned, written back to every node where we hold the
     /// key, with the counter's expiry set to `fence_ms`. Succeeds with a quorum of writes.
-    async fn raise_fence(
+    pub(super) async fn raise_fence(
         &self,
         key: &Arc<str>,
         token: Token,

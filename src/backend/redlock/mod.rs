@@ -30,11 +30,13 @@
 
 mod acquire;
 mod builder;
+mod fair;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod notify;
 mod round;
 mod scripts;
+mod shared;
 mod tally;
 
 use std::fmt;
@@ -282,7 +284,7 @@ impl Redlock {
             .on_nodes(
                 |conn| {
                     let fence_ms = self.inner.fence_ms;
-                    scripts::extend(conn, lease.key.clone(), lease.token, ttl_ms, fence_ms)
+                    shared::extend(conn, lease.key.clone(), lease.token, ttl_ms, fence_ms)
                 },
                 |reply| Vote::of(*reply == 1),
                 Rule::Proof,
@@ -369,7 +371,7 @@ impl Redlock {
         stragglers: Stragglers,
     ) -> Answers<Release> {
         self.on_nodes(
-            |conn| scripts::release(conn, key.clone(), token, publish),
+            |conn| shared::release(conn, key.clone(), token, publish),
             vote,
             Rule::Proof,
             stragglers,

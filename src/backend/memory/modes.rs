@@ -1,0 +1,469 @@
+//! Shared and exclusive access, and fair waiting, in process: the models of the Redis
+//! scripts (`redlock/shared.rs`, `redlock/fair.rs`), with the semantics of tokio's
+//! `RwLock` (writer-preferring: no new reader while a writer waits) and a FIFO queue of
+//! waiters per key.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{MemoryLocks, State};
+use crate::backend::wait::bounded_wait;
+use crate::error::LockError;
+use crate::lease::{Access, Lease, Token, readers_key, readers_of};
+
+/// How long a waiter that is not the head sleeps, at most, when the lock is free.
+const TURN: Duration = Duration::from_millis(100);
+
+/// Readers, waiting writers and fair queues, per lock key.
+#[derive(Default)]
+pub(super) struct Modes {
+    keys: HashMap<Arc<str>, KeyModes>,
+}
+
+#[derive(Default)]
+struct KeyModes {
+    /// The readers' tokens and their expiry.
+    readers: HashMap<Token, Instant>,
+    /// Exclusive requests waiting: no new reader meanwhile.
+    writers_waiting: usize,
+    /// Fair waiters in arrival order, with their deadlines.
+    queue: VecDeque<(Token, Option<Instant>)>,
+}
+
+impl KeyModes {
+    fn prune(&mut self, now: Instant) {
+        self.readers.retain(|_, expires_at| *expires_at > now);
+        self.queue
+            .retain(|(_, deadline)| deadline.is_none_or(|d| d > now));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.readers.is_empty() && self.writers_waiting == 0 && self.queue.is_empty()
+    }
+
+    /// When the last reader expires.
+    fn last_reader(&self) -> Option<Instant> {
+        self.readers.values().max().copied()
+    }
+}
+
+impl Modes {
+    /// The key's entry, pruned at `now`; dropped when there is nothing left in it.
+    fn with<R>(&mut self, key: &Arc<str>, now: Instant, f: impl FnOnce(&mut KeyModes) -> R) -> R {
+        let entry = self.keys.entry(key.clone()).or_default();
+        entry.prune(now);
+        let result = f(entry);
+        if entry.is_empty() {
+            self.keys.remove(key);
+        }
+        result
+    }
+}
+
+impl State {
+    /// How long the plain lock on `key` is still held, if it is.
+    fn held_for(&self, key: &str, now: Instant) -> Option<Duration> {
+        self.held
+            .get(key)
+            .filter(|held| held.expires_at > now)
+            .map(|held| held.expires_at - now)
+    }
+}
+
+impl MemoryLocks {
+    /// Takes `resource` shared; see [`Redlock::lock_shared_within`](crate::Redlock::lock_shared_within).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when a writer holds or waits for it at the deadline, or
+    /// [`LockError::InvalidKey`].
+    pub async fn lock_shared_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_access_within(key, Access::Shared, max_wait).await
+    }
+
+    /// Takes `resource` exclusively, excluding its readers; see
+    /// [`Redlock::lock_exclusive_within`](crate::Redlock::lock_exclusive_within).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when still held at the deadline, or [`LockError::InvalidKey`].
+    pub async fn lock_exclusive_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_access_within(key, Access::Exclusive, max_wait)
+            .await
+    }
+
+    /// Waits in arrival order; see [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when still held at the deadline, or [`LockError::InvalidKey`].
+    pub async fn lock_fair_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_fair_key_within(key, max_wait).await
+    }
+
+    /// One attempt at shared or exclusive access, at once.
+    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> Result<Lease, LockError> {
+        let now = Instant::now();
+        let ttl = self.inner.policy.ttl;
+        let mut state = self.state();
+        match access {
+            Access::Shared => {
+                if let Some(retry_after) = state.held_for(&key, now) {
+                    return Err(LockError::Taken { retry_after });
+                }
+                let token = Token::random();
+                state.modes.with(&key, now, |entry| {
+                    if entry.writers_waiting > 0 {
+                        let last = entry.last_reader().map_or(ttl, |at| at - now);
+                        return Err(LockError::Taken { retry_after: last });
+                    }
+                    entry.readers.insert(token, now + ttl);
+                    Ok(())
+                })?;
+                Ok(Lease {
+                    key: readers_key(&key),
+                    token,
+                    ttl,
+                    valid_until: now + ttl,
+                    fencing_token: None,
+                    backend: self.inner.id,
+                })
+            }
+            Access::Exclusive => {
+                let last = state.modes.with(&key, now, |entry| entry.last_reader());
+                if let Some(last) = last {
+                    return Err(LockError::Taken {
+                        retry_after: last - now,
+                    });
+                }
+                self.acquire_in(&mut state, key)
+            }
+        }
+    }
+
+    /// [`lock_shared_within`](Self::lock_shared_within) or
+    /// [`lock_exclusive_within`](Self::lock_exclusive_within) for a prefixed key.
+    pub(crate) async fn lock_access_within(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        match self.acquire_access(key.clone(), access) {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        let _intent = (access == Access::Exclusive).then(|| WriterIntent::new(self, &key));
+        let attempt = || std::future::ready(self.acquire_access(key.clone(), access));
+        bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
+    }
+
+    pub(super) fn extend_shared(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let Some(lock_key) = readers_of(&lease.key) else {
+            return Err(LockError::Expired { taken_over: false });
+        };
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.modes.keys.get_mut(lock_key);
+        match entry.and_then(|e| e.readers.get_mut(&lease.token)) {
+            Some(expires_at) if *expires_at > now => {
+                *expires_at = now + self.inner.policy.ttl;
+                lease.valid_until = *expires_at;
+                Ok(())
+            }
+            _ => Err(LockError::Expired { taken_over: false }),
+        }
+    }
+
+    pub(super) fn unlock_shared(&self, lease: &Lease) -> Result<(), LockError> {
+        let Some(lock_key) = readers_of(&lease.key) else {
+            return Err(LockError::Expired { taken_over: false });
+        };
+        let lock_key = Arc::<str>::from(lock_key);
+        let now = Instant::now();
+        let mut state = self.state();
+        let (expires_at, last) = state.modes.with(&lock_key, now, |entry| {
+            (entry.readers.remove(&lease.token), entry.readers.is_empty())
+        });
+        drop(state);
+        if last {
+            self.inner.waiters.wake(&lock_key);
+        }
+        match expires_at {
+            Some(at) if at > now => Ok(()),
+            _ => Err(LockError::Expired { taken_over: false }),
+        }
+    }
+
+    /// One fair attempt: only the head of the queue, or anyone when it is empty.
+    fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> Result<Lease, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let turn = state
+            .modes
+            .with(&key, now, |entry| match entry.queue.front() {
+                None => true,
+                Some((head, _)) => Some(*head) == id,
+            });
+        if !turn {
+            let retry_after = state.held_for(&key, now).unwrap_or(TURN);
+            return Err(LockError::Taken { retry_after });
+        }
+        let lease = self.acquire_in(&mut state, key.clone())?;
+        if id.is_some() {
+            state.modes.with(&key, now, |entry| {
+                entry.queue.pop_front();
+            });
+        }
+        Ok(lease)
+    }
+
+    /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.
+    pub(crate) async fn lock_fair_key_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        if max_wait.is_zero() {
+            return self.acquire_fair(key, None);
+        }
+        let id = Token::random();
+        let now = Instant::now();
+        let deadline = now.checked_add(max_wait);
+        self.state()
+            .modes
+            .with(&key, now, |entry| entry.queue.push_back((id, deadline)));
+        let _leave = LeaveQueue {
+            locks: self,
+            key: &key,
+            id,
+        };
+        let attempt = || std::future::ready(self.acquire_fair(key.clone(), Some(id)));
+        bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
+    }
+
+    /// Whether `resource` has readers, writers waiting or queued waiters (for tests).
+    #[cfg(test)]
+    fn has_modes(&self, resource: &str) -> bool {
+        let key = self.inner.policy.full_key(resource).unwrap();
+        self.state().modes.keys.contains_key(&key)
+    }
+}
+
+/// A waiting writer: keeps new readers out until dropped.
+struct WriterIntent<'a> {
+    locks: &'a MemoryLocks,
+    key: &'a Arc<str>,
+}
+
+impl<'a> WriterIntent<'a> {
+    fn new(locks: &'a MemoryLocks, key: &'a Arc<str>) -> Self {
+        locks
+            .state()
+            .modes
+            .with(key, Instant::now(), |entry| entry.writers_waiting += 1);
+        Self { locks, key }
+    }
+}
+
+impl Drop for WriterIntent<'_> {
+    fn drop(&mut self) {
+        let none_left = self
+            .locks
+            .state()
+            .modes
+            .with(self.key, Instant::now(), |entry| {
+                entry.writers_waiting = entry.writers_waiting.saturating_sub(1);
+                entry.writers_waiting == 0
+            });
+        if none_left {
+            // Readers held back by the intent may go now.
+            self.locks.inner.waiters.wake(self.key);
+        }
+    }
+}
+
+/// A fair waiter's place; given up when dropped (acquired, timed out, or cancelled).
+struct LeaveQueue<'a> {
+    locks: &'a MemoryLocks,
+    key: &'a Arc<str>,
+    id: Token,
+}
+
+impl Drop for LeaveQueue<'_> {
+    fn drop(&mut self) {
+        let next = self
+            .locks
+            .state()
+            .modes
+            .with(self.key, Instant::now(), |entry| {
+                let was_head = entry
+                    .queue
+                    .front()
+                    .is_some_and(|(head, _)| *head == self.id);
+                entry.queue.retain(|(id, _)| *id != self.id);
+                was_head && !entry.queue.is_empty()
+            });
+        if next {
+            self.locks.inner.waiters.wake(self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `check` every 10 ms for up to 5 s.
+    async fn until(mut check: impl FnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if check() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    fn locks(ttl: Duration) -> MemoryLocks {
+        MemoryLocks::builder().ttl(ttl).build().unwrap()
+    }
+
+    #[tokio::test]
+    async fn readers_share_and_a_writer_waits_for_them() {
+        let locks = locks(Duration::from_secs(10));
+        let zero = Duration::ZERO;
+        let a = locks.lock_shared_within("doc", zero).await.unwrap();
+        let b = locks.lock_shared_within("doc", zero).await.unwrap();
+        assert!(a.is_shared() && b.is_shared());
+        assert!(matches!(
+            locks.lock_exclusive_within("doc", zero).await,
+            Err(LockError::Taken { .. })
+        ));
+        locks.unlock(a).unwrap();
+        locks.unlock(b).unwrap();
+        let w = locks.lock_exclusive_within("doc", zero).await.unwrap();
+        assert!(!w.is_shared());
+        assert!(matches!(
+            locks.lock_shared_within("doc", zero).await,
+            Err(LockError::Taken { .. })
+        ));
+        locks.unlock(w).unwrap();
+        assert!(!locks.has_modes("doc"), "nothing left behind");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_keeps_new_readers_out() {
+        let locks = locks(Duration::from_secs(10));
+        let reader = locks
+            .lock_shared_within("doc", Duration::ZERO)
+            .await
+            .unwrap();
+        let writer = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                locks
+                    .lock_exclusive_within("doc", Duration::from_secs(10))
+                    .await
+            }
+        });
+        let waiting = until(|| {
+            locks
+                .state()
+                .modes
+                .keys
+                .values()
+                .any(|e| e.writers_waiting > 0)
+        })
+        .await;
+        assert!(waiting);
+        assert!(matches!(
+            locks.lock_shared_within("doc", Duration::ZERO).await,
+            Err(LockError::Taken { .. })
+        ));
+        locks.unlock(reader).unwrap();
+        let lease = writer.await.unwrap().unwrap();
+        locks.unlock(lease).unwrap();
+        assert!(
+            locks
+                .lock_shared_within("doc", Duration::ZERO)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn shared_leases_extend_and_expire() {
+        let locks = locks(Duration::from_millis(50));
+        let mut lease = locks
+            .lock_shared_within("doc", Duration::ZERO)
+            .await
+            .unwrap();
+        locks.extend(&mut lease).unwrap();
+        // The writer waits out the reader's TTL.
+        let w = locks
+            .lock_exclusive_within("doc", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(matches!(
+            locks.extend(&mut lease),
+            Err(LockError::Expired { taken_over: false })
+        ));
+        assert!(locks.unlock(lease).is_err());
+        locks.unlock(w).unwrap();
+    }
+
+    #[tokio::test]
+    async fn fair_waiters_acquire_in_arrival_order_and_leave_when_dropped() {
+        let locks = locks(Duration::from_secs(10));
+        let holder = locks.try_lock("q").unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let (waiter, order) = (locks.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let lease = waiter
+                    .lock_fair_within("q", Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(i);
+                waiter.unlock(lease).unwrap();
+            }));
+            // Each joins the queue before the next starts.
+            let joined = until(|| {
+                locks
+                    .state()
+                    .modes
+                    .keys
+                    .values()
+                    .any(|e| e.queue.len() == i + 1)
+            })
+            .await;
+            assert!(joined);
+        }
+        // A newcomer does not jump the queue, and leaves it when it gives up.
+        assert!(locks.lock_fair_within("q", Duration::ZERO).await.is_err());
+        locks.unlock(holder).unwrap();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert!(!locks.has_modes("q"));
+    }
+}

@@ -1,0 +1,350 @@
+//! Fair waiting over the Redlock nodes: the waiters of one key, across all clients,
+//! acquire in arrival order.
+//!
+//! Each node keeps, in the lock key `K`'s Redis Cluster slot:
+//! - `{K}:queue`, a sorted set of waiter ids scored by arrival (µs since the Unix epoch
+//!   on the waiter's clock, stamped once when it starts waiting: every node orders the
+//!   waiters alike; ties go by id);
+//! - `{K}:queue-deadlines`, the same ids scored by the entry's deadline (ms on the node's
+//!   clock): a waiter's entry lives the waiters' mark TTL (2 s plus the node timeout),
+//!   renewed by each of its attempts, and never past the waiter's own deadline
+//!   (`max_wait`). Every attempt prunes the entries past their deadline, so a waiter that
+//!   crashes leaves the queue within that bound; one that gives up (its deadline, or its
+//!   future dropped) removes its entry at once and wakes the next.
+//!
+//! Only the head of the queue (or anyone, when the queue is empty) may take the lock,
+//! with the plain lock's `SET NX` and the same quorum and validity rules. The head is
+//! woken by the release notifications of the plain lock (`{K}:released`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::Script;
+
+use super::Redlock;
+use super::round::Stragglers;
+use super::scripts::{COUNTER_VALID, evalsha, run};
+use super::shared::{Cleanup, NOW, aux, decode, may_have_set};
+use super::tally::{Rule, Verdict, Vote};
+use crate::backend::connection::Connection;
+use crate::error::{LockError, NodeFailureReason};
+use crate::lease::{Lease, Token};
+
+/// How long a waiter that is not the head sleeps, at most, when the lock is free: the
+/// head's turn (it is woken by the release and normally takes the lock at once).
+const TURN: Duration = Duration::from_millis(100);
+
+/// A fair attempt. KEYS: the lock key, the queue, the deadlines, the waiters' mark, the
+/// fencing counter. ARGV: waiter id, token, TTL (ms), the mark's TTL (ms; `0`: do not
+/// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
+/// fencing counter.
+///
+/// Returns the fencing counter (0 when unfenced) when set, `-10 - pttl` when it is not
+/// ours to take (`pttl` of the lock key: -2 when it is free but another waiter is first),
+/// -2 (before anything is set) when the counter holds anything but an integer below 2^53.
+static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+{NOW}
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+if #gone > 0 then
+  redis.call('ZREM', KEYS[2], unpack(gone))
+  redis.call('ZREM', KEYS[3], unpack(gone))
+end
+local entry = tonumber(ARGV[6])
+if entry > 0 then
+  redis.call('ZADD', KEYS[2], 'NX', ARGV[5], ARGV[1])
+  redis.call('ZADD', KEYS[3], now + entry, ARGV[1])
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local at = math.ceil(tonumber(last[2]))
+  redis.call('PEXPIREAT', KEYS[2], at)
+  redis.call('PEXPIREAT', KEYS[3], at)
+end
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if not head or head == ARGV[1] then
+  local c = false
+  if ARGV[7] == '1' then
+    c = redis.pcall('GET', KEYS[5])
+    if not {COUNTER_VALID} then return -2 end
+  end
+  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
+    if head then
+      redis.call('ZREM', KEYS[2], ARGV[1])
+      redis.call('ZREM', KEYS[3], ARGV[1])
+    end
+    return tonumber(c or '0')
+  end
+end
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[4]) end
+return -10 - redis.call('PTTL', KEYS[1])
+"
+    ))
+});
+
+/// Leaves the queue. KEYS: the queue, the deadlines. ARGV: waiter id, the lock key.
+/// Wakes the others (on `{<lock key>}:released`) when the leaver was the head.
+static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if head == ARGV[1] and redis.call('ZCARD', KEYS[1]) > 0 then
+  redis.call('PUBLISH', '{' .. ARGV[2] .. '}:released', '')
+end
+return 1
+",
+    )
+});
+
+/// One waiter of a fair wait.
+#[derive(Clone, Copy)]
+struct Waiter {
+    id: Token,
+    /// µs since the Unix epoch, stamped once.
+    arrival_us: u64,
+    /// When the wait ends.
+    deadline: Option<Instant>,
+}
+
+#[derive(Clone, Copy)]
+struct FairAttempt {
+    waiter: Waiter,
+    token: Token,
+    ttl_ms: u64,
+    mark_ms: u64,
+    entry_ms: u64,
+    fenced: bool,
+}
+
+async fn attempt(
+    mut conn: Connection,
+    key: Arc<str>,
+    a: FairAttempt,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
+    cmd.arg(&*key)
+        .arg(aux(&key, "queue"))
+        .arg(aux(&key, "queue-deadlines"))
+        .arg(aux(&key, "waiters"))
+        .arg(aux(&key, "fence"))
+        .arg(a.waiter.id.as_bytes())
+        .arg(a.token.as_bytes())
+        .arg(a.ttl_ms)
+        .arg(a.mark_ms)
+        .arg(a.waiter.arrival_us)
+        .arg(a.entry_ms)
+        .arg(if a.fenced { "1" } else { "0" });
+    let code: i64 = run(&mut conn, &FAIR_ACQUIRE, &cmd).await?;
+    if code == -2 {
+        return Err(NodeFailureReason::InvalidFencingCounter {
+            key: aux(&key, "fence"),
+        });
+    }
+    Ok(code)
+}
+
+async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {
+    let mut cmd = evalsha(&FAIR_LEAVE, 2);
+    cmd.arg(aux(&key, "queue"))
+        .arg(aux(&key, "queue-deadlines"))
+        .arg(id.as_bytes())
+        .arg(&*key);
+    let _: i64 = run(&mut conn, &FAIR_LEAVE, &cmd).await?;
+    Ok(())
+}
+
+/// Takes the waiter out of the queue on every node when dropped (it acquired, gave up,
+/// or its future was dropped), in the background.
+struct LeaveOnDrop {
+    redlock: Redlock,
+    key: Arc<str>,
+    id: Token,
+    /// Whether an entry may be left anywhere.
+    armed: bool,
+}
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (redlock, key, id) = (self.redlock.clone(), self.key.clone(), self.id);
+        handle.spawn(async move {
+            redlock
+                .on_nodes(
+                    |conn| leave(conn, key.clone(), id),
+                    |()| Vote::For,
+                    Rule::Proof,
+                    Stragglers::Await,
+                )
+                .await;
+        });
+    }
+}
+
+impl Redlock {
+    /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across all
+    /// clients, acquire in arrival order: each joins a queue on every node (see the
+    /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
+    /// that gives up leaves the queue at once; one that crashes drops out within 2 s plus
+    /// the node timeout, and no entry outlives its waiter's `max_wait`. With a zero
+    /// `max_wait`, one attempt that succeeds only when nobody waits.
+    ///
+    /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks differ
+    /// by `d` may be served out of order when they arrive less than `d` apart. Plain
+    /// acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
+    /// ignore the queue.
+    ///
+    /// Cost: one round trip (a script on every node) per attempt; a waiter that acquired
+    /// on fewer than all nodes, or gave up, removes its entries with one more, in the
+    /// background.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_within`](Self::lock_within).
+    pub async fn lock_fair_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_fair_key_within(key, max_wait).await
+    }
+
+    /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.
+    pub(crate) async fn lock_fair_key_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let arrival_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let waiter = Waiter {
+            id: Token::random(),
+            arrival_us,
+            deadline: Instant::now().checked_add(max_wait),
+        };
+        let queued = !max_wait.is_zero();
+        let mut left = LeaveOnDrop {
+            redlock: self.clone(),
+            key: key.clone(),
+            id: waiter.id,
+            armed: queued,
+        };
+        let everywhere = AtomicBool::new(false);
+        let result = self
+            .wait_with(key.clone(), max_wait, |waiting| {
+                let key = key.clone();
+                let everywhere = &everywhere;
+                async move {
+                    let (lease, all) = self.acquire_fair(key, waiter, queued, waiting).await?;
+                    everywhere.store(all, Ordering::Relaxed);
+                    Ok(lease)
+                }
+            })
+            .await;
+        // Acquired on every node: the entry is gone everywhere.
+        if result.is_ok() && everywhere.load(Ordering::Relaxed) {
+            left.armed = false;
+        }
+        result
+    }
+
+    /// One fair attempt: the lease, and whether every node granted it.
+    async fn acquire_fair(
+        &self,
+        key: Arc<str>,
+        waiter: Waiter,
+        queued: bool,
+        waiting: bool,
+    ) -> Result<(Lease, bool), LockError> {
+        let token = Token::random();
+        let start = Instant::now();
+        let mut guard = Cleanup {
+            redlock: self,
+            key: &key,
+            token,
+            armed: true,
+            quorum: false,
+        };
+        let entry_ms = if queued {
+            let left = waiter
+                .deadline
+                .map_or(Duration::MAX, |d| d.saturating_duration_since(start));
+            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            ms.clamp(1, self.inner.mark_ms)
+        } else {
+            0
+        };
+        let a = FairAttempt {
+            waiter,
+            token,
+            ttl_ms: self.inner.policy.ttl_ms(),
+            mark_ms: if waiting { self.inner.mark_ms } else { 0 },
+            entry_ms,
+            fenced: self.inner.fence_ms.is_some(),
+        };
+        let round = self
+            .on_nodes(
+                |conn| attempt(conn, key.clone(), a),
+                |code| Vote::of(*code >= 0),
+                Rule::Contest,
+                Stragglers::Drop,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => {}
+            Verdict::NoQuorum => return Err(self.no_quorum(round)),
+            Verdict::Lost => {
+                let retry_after = self.held_for(&round, Some(TURN));
+                if may_have_set(&round) {
+                    self.release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
+                        .await;
+                }
+                guard.armed = false;
+                return Err(LockError::Taken { retry_after });
+            }
+        }
+        guard.quorum = true;
+        let everywhere = round
+            .answers
+            .iter()
+            .all(|a| matches!(a, Some(Ok(code)) if *code >= 0));
+        let fencing_token = match self.inner.fence_ms {
+            Some(fence_ms) => {
+                let highest = round
+                    .values()
+                    .filter_map(|code| decode(*code).ok())
+                    .max()
+                    .unwrap_or(0);
+                Some(
+                    self.raise_fence(&key, token, highest, fence_ms, start)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        let elapsed = start.elapsed();
+        let validity = self
+            .validity(elapsed)
+            .ok_or(LockError::TooSlow { elapsed })?;
+        guard.armed = false;
+        Ok((
+            Lease {
+                key: key.clone(),
+                token,
+                ttl: self.inner.policy.ttl,
+                valid_until: start + validity,
+                fencing_token,
+                backend: self.inner.id,
+            },
+            everywhere,
+        ))
+    }
+}

@@ -1,0 +1,476 @@
+//! Shared and exclusive access to one key (a readers-writer lock) over the Redlock nodes.
+//!
+//! Beside the lock key `K` (the exclusive holder, the plain lock's value and TTL), each
+//! node keeps, in `K`'s Redis Cluster slot:
+//! - `{K}:readers`, a sorted set of the readers' tokens scored by their expiry (ms on
+//!   the node's clock, `TIME`): every script prunes the expired ones, so a crashed reader
+//!   drops out at its TTL, and the set itself expires with its last reader;
+//! - `{K}:writer-waiting`, the writer intent: set (for the waiters' mark TTL, 2 s plus
+//!   the node timeout) by a waiting exclusive request that found readers, renewed on
+//!   each of its attempts, and deleted when it acquires. While it is there no new reader
+//!   is admitted, so a stream of readers cannot starve a writer.
+//!
+//! A reader is admitted where `K` is free and no writer waits; a writer where `K` is free
+//! and no unexpired reader is left. Both take the quorum and validity rules of the plain
+//! lock: the same vote ([`Rule::Contest`]), the same `ttl - elapsed - drift`. Release and
+//! extension of a shared lease are token-checked scripts on the readers' set, counted
+//! under [`Rule::Proof`]; the last reader's release wakes the waiters that marked `K`.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::Redlock;
+use super::notify::UnsubscribeOnDrop;
+use super::round::{Answers, Stragglers};
+use super::scripts::{self, COUNTER_VALID, Release, evalsha, run};
+use super::tally::{Rule, Verdict, Vote};
+use crate::backend::connection::Connection;
+use crate::backend::wait::{Waiters, bounded_wait};
+use crate::error::{LockError, NodeFailureReason};
+use crate::lease::{Access, Lease, Token, readers_key, readers_of};
+
+/// The node's clock in ms, as `now`.
+pub(super) const NOW: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)";
+
+/// Makes the sorted set KEYS[1] expire with its latest score (ms on the node's clock).
+const KEEP_UNTIL_LAST: &str = "local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]))) end";
+
+/// A reader's attempt. KEYS: the readers' set, the lock key, the writer intent, the
+/// waiters' mark. ARGV: token, TTL (ms), the mark's TTL (ms; `0`: not a waiter).
+///
+/// Returns 0 when admitted, `-10 - pttl` when the lock key or a writer intent is there
+/// (`pttl` the time it has left in ms, -1 for no expiry).
+static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+{NOW}
+local held = redis.call('PTTL', KEYS[2])
+if held == -2 then held = redis.call('PTTL', KEYS[3]) end
+if held ~= -2 then
+  if ARGV[3] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
+  return -10 - held
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+{KEEP_UNTIL_LAST}
+return 0
+"
+    ))
+});
+
+/// A writer's attempt. KEYS: the readers' set, the lock key, the writer intent, the
+/// waiters' mark, the fencing counter. ARGV: token, TTL (ms), the mark's TTL (ms; `0`:
+/// not a waiter), `1` to read the fencing counter.
+///
+/// Returns the fencing counter (0 when unfenced or unset) when set, `-10 - pttl` when
+/// readers hold (`pttl` until the last of them expires) or the lock key is held, -2
+/// (before anything is set) when the counter holds anything but an integer below 2^53.
+static EXCLUSIVE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+{NOW}
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local waiting = ARGV[3] ~= '0'
+if last[2] then
+  if waiting then
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+    redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
+  end
+  return -10 - math.max(0, math.ceil(tonumber(last[2]) - now))
+end
+local c = false
+if ARGV[4] == '1' then
+  c = redis.pcall('GET', KEYS[5])
+  if not {COUNTER_VALID} then return -2 end
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local intent = redis.pcall('GET', KEYS[3])
+  if type(intent) == 'string' then redis.call('DEL', KEYS[3]) end
+  return tonumber(c or '0')
+end
+if waiting then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
+return -10 - redis.call('PTTL', KEYS[2])
+"
+    ))
+});
+
+/// Extends a reader. KEYS: the readers' set. ARGV: token, TTL (ms). Returns 1 when
+/// extended, 0 when the token is gone or expired.
+static SHARED_EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+{NOW}
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s then return 0 end
+if tonumber(s) <= now then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+{KEEP_UNTIL_LAST}
+return 1
+"
+    ))
+});
+
+/// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to
+/// wake the marked waiters when the last reader leaves, the lock key (for its release
+/// channel `{<lock key>}:released`). Returns 1 when removed, 0 when gone or expired.
+static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+{NOW}
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if ARGV[2] == '1' and redis.call('ZCARD', KEYS[1]) == 0 and redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('PUBLISH', '{{' .. ARGV[3] .. '}}:released', '')
+end
+if tonumber(s) <= now then return 0 end
+return 1
+"
+    ))
+});
+
+/// `{<lock key>}:<role>`, a lock's own key in its slot.
+pub(super) fn aux(lock_key: &str, role: &str) -> String {
+    format!("{{{lock_key}}}:{role}")
+}
+
+/// One node's answer to an attempt: `Ok(counter)` when set, else the holder's time left
+/// in ms (-1: no expiry, -2: nothing holds it).
+pub(super) fn decode(code: i64) -> Result<u64, i64> {
+    u64::try_from(code).map_err(|_| (-10i64).saturating_sub(code))
+}
+
+async fn attempt(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    access: Access,
+    ttl_ms: u64,
+    mark_ms: Option<u64>,
+    fenced: bool,
+) -> Result<i64, NodeFailureReason> {
+    let (script, numkeys) = match access {
+        Access::Shared => (&*SHARED_ACQUIRE, 4),
+        Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
+    };
+    let mut cmd = evalsha(script, numkeys);
+    cmd.arg(aux(&key, "readers"))
+        .arg(&*key)
+        .arg(aux(&key, "writer-waiting"))
+        .arg(aux(&key, "waiters"));
+    if access == Access::Exclusive {
+        cmd.arg(aux(&key, "fence"));
+    }
+    cmd.arg(token.as_bytes())
+        .arg(ttl_ms)
+        .arg(mark_ms.unwrap_or(0));
+    if access == Access::Exclusive {
+        cmd.arg(if fenced { "1" } else { "0" });
+    }
+    let code: i64 = run(&mut conn, script, &cmd).await?;
+    if code == -2 {
+        return Err(NodeFailureReason::InvalidFencingCounter {
+            key: aux(&key, "fence"),
+        });
+    }
+    Ok(code)
+}
+
+/// Extends a lease on one node: the readers' script for a shared lease, the plain one
+/// otherwise. 1 when extended, 0 when gone, -1 when another holds it.
+pub(super) async fn extend(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    if readers_of(&key).is_none() {
+        return scripts::extend(conn, key, token, ttl_ms, fence_ms).await;
+    }
+    let mut cmd = evalsha(&SHARED_EXTEND, 1);
+    cmd.arg(&*key).arg(token.as_bytes()).arg(ttl_ms);
+    Ok(run(&mut conn, &SHARED_EXTEND, &cmd).await?)
+}
+
+/// Releases a lease on one node: the readers' script for a shared lease, the plain one
+/// otherwise.
+pub(super) async fn release(
+    mut conn: Connection,
+    key: Arc<str>,
+    token: Token,
+    publish: bool,
+) -> Result<Release, NodeFailureReason> {
+    let Some(lock_key) = readers_of(&key) else {
+        return scripts::release(conn, key, token, publish).await;
+    };
+    let mut cmd = evalsha(&SHARED_RELEASE, 2);
+    cmd.arg(&*key)
+        .arg(aux(lock_key, "waiters"))
+        .arg(token.as_bytes())
+        .arg(if publish { "1" } else { "0" })
+        .arg(lock_key);
+    let code: i64 = run(&mut conn, &SHARED_RELEASE, &cmd).await?;
+    Ok(if code == 1 {
+        Release::Deleted
+    } else {
+        Release::Absent
+    })
+}
+
+impl Redlock {
+    /// Takes `resource` shared: many readers hold it together, none while an exclusive
+    /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or waits
+    /// for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does (woken
+    /// when the writer releases). The lease's key is the readers' set
+    /// `{<lock key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease.
+    /// A reader that crashes drops out at its TTL. Shared leases carry no fencing token.
+    ///
+    /// Cost: one round trip (a script on every node at once) when admitted; two when
+    /// refused (the attempt, and the cleanup of the nodes that admitted it).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds or
+    /// waits for the key at the deadline.
+    pub async fn lock_shared_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_access_within(key, Access::Shared, max_wait).await
+    }
+
+    /// Takes `resource` exclusively, excluding the readers of
+    /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`) for
+    /// the readers to leave or expire, and, while it waits, keeps new readers out (the
+    /// writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot starve
+    /// it. The lease is a plain lease on the lock key (fenced when the client is).
+    ///
+    /// Plain acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
+    /// do not look at readers: every writer of a key that has readers must use this.
+    ///
+    /// Cost: one round trip when granted (two with fencing tokens); two when refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_within`](Self::lock_within).
+    pub async fn lock_exclusive_within(
+        &self,
+        resource: &str,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.lock_access_within(key, Access::Exclusive, max_wait)
+            .await
+    }
+
+    /// [`lock_shared_within`](Self::lock_shared_within) or
+    /// [`lock_exclusive_within`](Self::lock_exclusive_within) for a prefixed key.
+    pub(crate) async fn lock_access_within(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        self.wait_with(key.clone(), max_wait, |waiting| {
+            self.acquire_access(key.clone(), access, waiting)
+        })
+        .await
+    }
+
+    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
+    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
+    /// channel when notifications are on: a waiting attempt marks the key as waited for
+    /// (and keeps a writer's intent up).
+    pub(super) async fn wait_with<F, Fut>(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+        mut attempt: F,
+    ) -> Result<Lease, LockError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<Lease, LockError>>,
+    {
+        match attempt(false).await {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        let notifier = self.inner.notifier.as_ref();
+        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
+            notifier: notifier.clone(),
+            key: key.clone(),
+        });
+        let no_waiters = Waiters::default();
+        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
+        let subscribe = async {
+            if let Some(notifier) = notifier {
+                notifier.subscribe(&key).await;
+            }
+        };
+        // A waiting attempt marks the key even without notifications: a waiting writer's
+        // intent, and a fair waiter's place, must be kept up either way.
+        bounded_wait(waiters, &key, max_wait, || attempt(true), subscribe).await
+    }
+
+    async fn acquire_access(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        waiting: bool,
+    ) -> Result<Lease, LockError> {
+        let token = Token::random();
+        let start = Instant::now();
+        let lease_key = match access {
+            Access::Shared => readers_key(&key),
+            Access::Exclusive => key.clone(),
+        };
+        let mut guard = Cleanup {
+            redlock: self,
+            key: &lease_key,
+            token,
+            armed: true,
+            quorum: false,
+        };
+        let ttl_ms = self.inner.policy.ttl_ms();
+        let mark_ms = waiting.then_some(self.inner.mark_ms);
+        let fenced = access == Access::Exclusive && self.inner.fence_ms.is_some();
+        let round = self
+            .on_nodes(
+                |conn| attempt(conn, key.clone(), token, access, ttl_ms, mark_ms, fenced),
+                |code| Vote::of(*code >= 0),
+                Rule::Contest,
+                Stragglers::Drop,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => {}
+            Verdict::NoQuorum => return Err(self.no_quorum(round)),
+            Verdict::Lost => {
+                let retry_after = self.held_for(&round, None);
+                if may_have_set(&round) {
+                    self.release_all(&lease_key, token, false, |_| Vote::For, Stragglers::Finish)
+                        .await;
+                }
+                guard.armed = false;
+                return Err(LockError::Taken { retry_after });
+            }
+        }
+        guard.quorum = true;
+        let fencing_token = match self.inner.fence_ms.filter(|_| fenced) {
+            Some(fence_ms) => {
+                let highest = round
+                    .values()
+                    .filter_map(|code| decode(*code).ok())
+                    .max()
+                    .unwrap_or(0);
+                Some(
+                    self.raise_fence(&key, token, highest, fence_ms, start)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        let elapsed = start.elapsed();
+        let validity = self
+            .validity(elapsed)
+            .ok_or(LockError::TooSlow { elapsed })?;
+        guard.armed = false;
+        Ok(Lease {
+            key: lease_key.clone(),
+            token,
+            ttl: self.inner.policy.ttl,
+            valid_until: start + validity,
+            fencing_token,
+            backend: self.inner.id,
+        })
+    }
+
+    /// How long until enough holders' keys expire for a quorum to be free, from the
+    /// attempts' answers; `turn` is how long a node that is free but not ours (a fair
+    /// queue's head goes first) counts as held.
+    pub(super) fn held_for(&self, round: &Answers<i64>, turn: Option<Duration>) -> Duration {
+        let ttl = self.inner.policy.ttl;
+        let mut held = Vec::with_capacity(round.answers.len());
+        let mut free = 0usize;
+        for code in round.values() {
+            match decode(*code) {
+                Ok(_) => free += 1,
+                Err(ms) => match u64::try_from(ms) {
+                    Ok(ms) => held.push(Duration::from_millis(ms)),
+                    Err(_) if ms == -2 => match turn {
+                        Some(turn) => held.push(turn),
+                        None => free += 1,
+                    },
+                    Err(_) => held.push(ttl),
+                },
+            }
+        }
+        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
+            return turn.unwrap_or(Duration::ZERO);
+        };
+        held.sort_unstable();
+        held.get(needed - 1).copied().unwrap_or(ttl)
+    }
+}
+
+/// Whether a refused attempt may have set something on a node: unless every node
+/// answered that it set nothing, the attempt is cleaned up on every node.
+pub(super) fn may_have_set(round: &Answers<i64>) -> bool {
+    !round
+        .answers
+        .iter()
+        .all(|answer| matches!(answer, Some(Ok(code)) if *code < 0))
+}
+
+/// Releases what an attempt set if it is dropped before its verdict, or fails after it.
+pub(super) struct Cleanup<'a> {
+    pub(super) redlock: &'a Redlock,
+    pub(super) key: &'a Arc<str>,
+    pub(super) token: Token,
+    pub(super) armed: bool,
+    /// Whether a quorum was acquired (the release then wakes marked waiters).
+    pub(super) quorum: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.redlock
+                .release_detached(self.key.clone(), self.token, self.quorum);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_decode_to_counters_or_time_left() {
+        assert_eq!(decode(0), Ok(0));
+        assert_eq!(decode(41), Ok(41));
+        assert_eq!(decode(-10), Err(0));
+        assert_eq!(decode(-1510), Err(1500));
+        assert_eq!(decode(-9), Err(-1));
+        assert_eq!(decode(-8), Err(-2));
+        assert_eq!(decode(i64::MIN), Err(i64::MAX - 9));
+    }
+
+    #[test]
+    fn aux_keys_share_the_lock_keys_slot() {
+        assert_eq!(aux("p:k", "writer-waiting"), "{p:k}:writer-waiting");
+        assert_eq!(&*readers_key("p:k"), aux("p:k", "readers"));
+    }
+}
