@@ -191,6 +191,7 @@ impl Watchdog {
     }
 
     fn mark_lost(&mut self) -> Poll<()> {
+        crate::observe::lock_request(crate::observe::LockResult::Lost);
         self.lost = true;
         self.extending = None;
         self.timer = None;
@@ -272,6 +273,12 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
+        // From about when the acquisition started (see `new`) to the release or loss.
+        let lease = self.lease();
+        let acquired = lease.valid_until().checked_sub(lease.ttl());
+        if let Some(acquired) = acquired {
+            crate::observe::lock_held_for(acquired.elapsed());
+        }
         self.status.closed.store(true, Ordering::Release);
         self.notify_status();
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -17,6 +17,7 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::lease::Lease;
+use crate::observe;
 use crate::problem::Problem;
 use crate::protect::Watch;
 
@@ -61,7 +62,8 @@ impl LockPolicy {
         }
     }
 
-    fn verdict(&self, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
+    fn verdict(&self, acquired: Result<Lease, LockError>, started: Instant) -> Verdict<LockPermit> {
+        observe::lock_outcome(&acquired, started);
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
@@ -101,15 +103,20 @@ impl Policy for LockPolicy {
         }
     }
 
+    fn bad_key(&self, _missing: bool) {
+        observe::lock_request(observe::LockResult::Invalid);
+    }
+
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
         let key = Arc::<str>::from(key);
+        let started = Instant::now();
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            return Decision::Ready(self.verdict(memory.acquire(key)));
+            return Decision::Ready(self.verdict(memory.acquire(key), started));
         }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
             let acquired = policy.locks.lock_key_within(key, policy.max_wait).await;
-            policy.verdict(acquired)
+            policy.verdict(acquired, started)
         }))
     }
 }

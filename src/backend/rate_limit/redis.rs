@@ -152,6 +152,7 @@ impl RedisRateLimiter {
         invocation.arg(quota.window_ms());
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
         let failure = |reason| {
+            crate::observe::node_error(&inner.label);
             RateLimitError::Unavailable(NodeFailure {
                 node: inner.label.clone(),
                 reason,

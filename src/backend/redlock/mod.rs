@@ -391,7 +391,7 @@ impl Redlock {
         T: Send + 'static,
     {
         let ops = self.inner.nodes.iter().map(|node| op(node.conn.clone()));
-        round::run(
+        let round = round::run(
             ops,
             self.inner.node_timeout,
             self.inner.quorum,
@@ -399,7 +399,17 @@ impl Redlock {
             rule,
             stragglers,
         )
-        .await
+        .await;
+        let mut answered = 0;
+        for (node, answer) in self.inner.nodes.iter().zip(&round.answers) {
+            match answer {
+                Some(Ok(_)) => answered += 1,
+                Some(Err(_)) => crate::observe::node_error(&node.label),
+                None => {}
+            }
+        }
+        crate::observe::nodes_answered(answered);
+        round
     }
 
     /// Releases in the background: for guards dropped outside an async context.
