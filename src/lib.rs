@@ -22,14 +22,14 @@ pub mod error;
 pub mod extract;
 pub mod key;
 #[cfg(any(feature = "lock", feature = "rate-limit"))]
-mod observe;
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub mod keyed;
 #[cfg(feature = "lock")]
 mod lease;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub mod lock;
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
+mod observe;
 pub mod problem;
 #[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod protect;

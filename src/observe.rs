@@ -220,7 +220,10 @@ macro_rules! op_span {
         )
     };
 }
-#[cfg_attr(not(any(feature = "lock", feature = "rate-limit")), allow(unused_imports))]
+#[cfg_attr(
+    not(any(feature = "lock", feature = "rate-limit")),
+    allow(unused_imports)
+)]
 pub(crate) use op_span;
 
 /// Runs `future` in `span` (a child of the span current where it was made, such as
@@ -294,7 +297,10 @@ mod tests {
 
     #[test]
     fn scope_never_holds_the_value() {
-        assert_eq!(scope("tower-redlock:POST /orders:abc", "tower-redlock:"), "POST /orders");
+        assert_eq!(
+            scope("tower-redlock:POST /orders:abc", "tower-redlock:"),
+            "POST /orders"
+        );
         assert_eq!(scope("tower-redlock:job:1:2", "tower-redlock:"), "job");
         assert_eq!(scope("tower-redlock:secret", "tower-redlock:"), "");
         assert_eq!(scope("other:secret", "tower-redlock:"), "");

@@ -16,6 +16,7 @@ use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
+use crate::observe::{self, op_span};
 
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
@@ -203,6 +204,11 @@ impl MemoryLocks {
     }
 
     pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
+        observe::traced_now(span, || self.acquire_untraced(key), observe::lock_verdict)
+    }
+
+    fn acquire_untraced(&self, key: Arc<str>) -> Result<Lease, LockError> {
         let token = Token::random();
         let ttl = self.inner.policy.ttl;
         let now = Instant::now();
@@ -285,6 +291,11 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
     /// the key now); the lease is then left as it was.
     pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let span = op_span!("tower_redlock.extend", lease.key(), self.prefix(), 1);
+        observe::traced_now(span, || self.extend_untraced(lease), observe::lock_verdict)
+    }
+
+    fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
         let now = Instant::now();
         let mut state = self.state();
         match state.held.get_mut(&lease.key) {
@@ -307,6 +318,11 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
     pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
+        observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)
+    }
+
+    fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         let now = Instant::now();
         let mut state = self.state();
         let Some(held) = state.held.get(&lease.key) else {

@@ -48,6 +48,7 @@ use crate::backend::settings::Policy;
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
+use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
 use notify::{Notifier, UnsubscribeOnDrop};
 use round::{Answers, Stragglers};
@@ -265,6 +266,17 @@ impl Redlock {
         .await
     }
 
+    /// One acquisition attempt, in a `tower_redlock.acquire` span.
+    async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+        let span = op_span!("tower_redlock.acquire", &key, self.prefix(), self.quorum());
+        observe::traced(
+            span,
+            self.acquire_untraced(key, waiting),
+            observe::lock_verdict,
+        )
+        .await
+    }
+
     /// Extends the lease to a full TTL from now on every node where it still holds the
     /// token; succeeds with a quorum and a positive recomputed validity, and then moves
     /// `lease.valid_until()`.
@@ -276,6 +288,16 @@ impl Redlock {
     /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
     /// answers came too late. On error the lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let span = op_span!(
+            "tower_redlock.extend",
+            lease.key(),
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(span, self.extend_untraced(lease), observe::lock_verdict).await
+    }
+
+    async fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
@@ -314,6 +336,16 @@ impl Redlock {
     /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
     /// left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let span = op_span!(
+            "tower_redlock.release",
+            lease.key(),
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(span, self.unlock_untraced(lease), observe::lock_verdict).await
+    }
+
+    async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;
@@ -417,10 +449,20 @@ impl Redlock {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
+                let span = op_span!("tower_redlock.release", &key, self.prefix(), self.quorum());
                 handle.spawn(async move {
-                    redlock
-                        .release_all(&key, token, publish, deleted, Stragglers::Await)
-                        .await;
+                    let release = async {
+                        let round = redlock
+                            .release_all(&key, token, publish, deleted, Stragglers::Await)
+                            .await;
+                        Ok::<_, ()>(round.verdict)
+                    };
+                    let _ = observe::traced(span, release, |round| match round {
+                        Ok(Verdict::Won) => "ok",
+                        Ok(Verdict::Lost) => "expired",
+                        Ok(Verdict::NoQuorum) | Err(()) => "no_quorum",
+                    })
+                    .await;
                 });
             }
             Err(_) => tracing::warn!(
