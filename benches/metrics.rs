@@ -34,7 +34,8 @@ fn app() -> Router {
     let lock = LockLayer::by_header("Idempotency-Key").backend(Locks::from(MemoryLocks::new()));
     let rate = RateLimitLayer::global("1000000000/60".parse().expect("a quota"))
         .backend(RateLimiter::from(MemoryRateLimiter::new()));
-    Router::new().route("/", post(common::ok_handler).layer(lock).layer(rate))
+    let route: axum::routing::MethodRouter = post(common::ok_handler).layer(lock);
+    Router::new().route("/", route.layer(rate))
 }
 
 /// Requests answered within `measure` after `warmup`, over [`CONNECTIONS`] connections.
