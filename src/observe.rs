@@ -7,6 +7,31 @@
 //! No label and no span field ever holds a key's value: a span carries the key's *scope*
 //! (what comes after the prefix and before the first `:`), and node errors are labelled
 //! with the node's `host:port`, which the clients never see.
+//!
+//! | metric | kind | label: values | counted where |
+//! | --- | --- | --- | --- |
+//! | `tower_redlock_lock_requests_total` | counter | `result`: `acquired`, `taken`, `unavailable`, `invalid`, `lost` | the lock policy and `Locked` (the first four), the keyed core (a bad key), the watchdog (`lost`) |
+//! | `tower_redlock_lock_acquire_duration_seconds` | histogram | | the lock policy and `Locked` |
+//! | `tower_redlock_lock_held_duration_seconds` | histogram | | the watchdog, as it is dropped |
+//! | `tower_redlock_rate_limit_requests_total` | counter | `result`: `allowed`, `limited`, `unavailable`, `invalid` | the rate-limit policy, the keyed core |
+//! | `tower_redlock_idempotency_requests_total` | counter | `result`: `new`, `replayed`, `in_flight`, `mismatch`, `missing`, `invalid`, `unavailable` | the idempotency policy, the keyed core |
+//! | `tower_redlock_node_errors_total` | counter | `node`: `host:port` | a Redlock round, the Redis rate limiter |
+//!
+//! Spans (`DEBUG`): `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`,
+//! `.idempotency.lookup`, `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`,
+//! `verdict` and `elapsed_ms` ([`op_span!`], [`traced`]).
+
+// Each layer and backend uses its part: with some of them left out, the rest goes unused.
+#![cfg_attr(
+    not(all(
+        feature = "metrics",
+        feature = "lock",
+        feature = "rate-limit",
+        feature = "idempotency",
+        feature = "redis"
+    )),
+    allow(dead_code, unused_imports, unused_macros)
+)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -32,7 +57,6 @@ pub(crate) const NODE_ERRORS: &str = "tower_redlock_node_errors_total";
 
 /// The `result` of a lock request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) enum LockResult {
     /// A lease was taken: the request ran.
     Acquired,
@@ -62,7 +86,6 @@ impl LockResult {
 
 /// The `result` of a rate-limited request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "rate-limit"), allow(dead_code))]
 pub(crate) enum RateLimitResult {
     /// Counted, within the quota.
     Allowed,
@@ -88,7 +111,6 @@ impl RateLimitResult {
 
 /// The `result` of a request through the idempotency layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "idempotency"), allow(dead_code))]
 pub(crate) enum IdempotencyResult {
     /// No record: the request runs, its response is stored.
     New,
@@ -122,7 +144,6 @@ impl IdempotencyResult {
 }
 
 /// Counts one lock request.
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) fn lock_request(result: LockResult) {
     #[cfg(feature = "metrics")]
     metrics::counter!(LOCK_REQUESTS, "result" => result.as_str()).increment(1);
@@ -132,7 +153,6 @@ pub(crate) fn lock_request(result: LockResult) {
 
 /// Counts one lock request by the outcome of its acquisition, begun at `started`, and
 /// records how long the acquisition took.
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
     #[cfg(feature = "metrics")]
@@ -153,7 +173,6 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
 }
 
 /// Records how long an acquisition took.
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) fn lock_acquired_in(elapsed: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!(LOCK_ACQUIRE_DURATION).record(elapsed.as_secs_f64());
@@ -162,7 +181,6 @@ pub(crate) fn lock_acquired_in(elapsed: Duration) {
 }
 
 /// Records how long a lease was held.
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) fn lock_held_for(held: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!(LOCK_HELD_DURATION).record(held.as_secs_f64());
@@ -171,7 +189,6 @@ pub(crate) fn lock_held_for(held: Duration) {
 }
 
 /// Counts one rate-limited request.
-#[cfg_attr(not(feature = "rate-limit"), allow(dead_code))]
 pub(crate) fn rate_limit_request(result: RateLimitResult) {
     #[cfg(feature = "metrics")]
     metrics::counter!(RATE_LIMIT_REQUESTS, "result" => result.as_str()).increment(1);
@@ -180,7 +197,6 @@ pub(crate) fn rate_limit_request(result: RateLimitResult) {
 }
 
 /// Counts one request through the idempotency layer.
-#[cfg_attr(not(feature = "idempotency"), allow(dead_code))]
 pub(crate) fn idempotency_request(result: IdempotencyResult) {
     #[cfg(feature = "metrics")]
     metrics::counter!(IDEMPOTENCY_REQUESTS, "result" => result.as_str()).increment(1);
@@ -189,7 +205,6 @@ pub(crate) fn idempotency_request(result: IdempotencyResult) {
 }
 
 /// Counts one failure (an error or a timeout) of the Redis node at `node` (`host:port`).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn node_error(node: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(NODE_ERRORS, "node" => node.to_owned()).increment(1);
@@ -220,16 +235,11 @@ macro_rules! op_span {
         )
     };
 }
-#[cfg_attr(
-    not(any(feature = "lock", feature = "rate-limit")),
-    allow(unused_imports)
-)]
 pub(crate) use op_span;
 
 /// Runs `future` in `span` (a child of the span current where it was made, such as
 /// tower-http's request span), and records its verdict and elapsed time there. A
 /// disabled span costs one check.
-#[cfg_attr(not(any(feature = "lock", feature = "rate-limit")), allow(dead_code))]
 pub(crate) async fn traced<T, E, F>(
     span: tracing::Span,
     future: F,
@@ -249,7 +259,6 @@ where
 }
 
 /// [`traced`] for an operation that does not wait (an in-process backend).
-#[cfg_attr(not(any(feature = "lock", feature = "rate-limit")), allow(dead_code))]
 pub(crate) fn traced_now<T, E>(
     span: tracing::Span,
     op: impl FnOnce() -> Result<T, E>,
@@ -267,7 +276,6 @@ pub(crate) fn traced_now<T, E>(
 }
 
 /// The verdict of a lock operation, for its span: `ok`, or the error's kind.
-#[cfg_attr(not(feature = "lock"), allow(dead_code))]
 pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'static str {
     use crate::error::LockError;
     match result {
@@ -283,7 +291,6 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
 
 /// Records in the current span (an operation's, from [`op_span!`]) how many nodes answered
 /// its last round.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn nodes_answered(answered: usize) {
     let span = tracing::Span::current();
     if !span.is_disabled() {
