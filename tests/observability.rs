@@ -458,3 +458,40 @@ async fn backend_spans_sit_under_the_request_span_with_scope_quorum_and_verdict(
         assert!(elapsed > 0.0, "{span:?}");
     }
 }
+
+#[tokio::test]
+async fn a_node_that_stops_answering_is_counted_once_its_deadline_passes() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let nodes = nodes(3);
+    let proxy = support::Proxy::start(nodes[2].addr()).await;
+    let redlock = Redlock::builder([nodes[0].url(), nodes[1].url(), proxy.url()])
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    // Connected through the proxy, then silent: no error, no answer.
+    redlock
+        .unlock(redlock.try_lock("warm").await.unwrap())
+        .await
+        .unwrap();
+    proxy.black_hole();
+    // The two other nodes decide both rounds; the silent one is given up at its deadline
+    // (the release's stragglers are finished in the background until then).
+    let lease = redlock.try_lock(SECRET).await.unwrap();
+    redlock.unlock(lease).await.unwrap();
+
+    let label = format!("127.0.0.1:{}", proxy.url().rsplit(':').next().unwrap());
+    let counted = eventually(Duration::from_secs(5), || async {
+        Metrics::of(&snapshotter).counter(NODE_ERRORS, "node", &label) >= 1
+    })
+    .await;
+    let m = Metrics::of(&snapshotter);
+    assert!(counted, "the silent node was never counted: {m:?}");
+    for node in &nodes[..2] {
+        let live = format!("127.0.0.1:{}", node.port());
+        assert_eq!(m.counter(NODE_ERRORS, "node", &live), 0, "{m:?}");
+    }
+}

@@ -101,7 +101,8 @@ struct Inner {
 }
 
 struct Node {
-    label: String,
+    /// `host:port`, for logs, errors and the node-error metric.
+    label: Arc<str>,
     conn: Connection,
 }
 
@@ -422,7 +423,23 @@ impl Redlock {
         Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
         T: Send + 'static,
     {
-        let ops = self.inner.nodes.iter().map(|node| op(node.conn.clone()));
+        let deadline = Instant::now() + self.inner.node_timeout;
+        let ops = self.inner.nodes.iter().map(|node| {
+            let op = op(node.conn.clone());
+            let mut watch = NodeWatch {
+                label: node.label.clone(),
+                deadline,
+                done: false,
+            };
+            async move {
+                let answer = op.await;
+                watch.done = true;
+                if answer.is_err() {
+                    observe::node_error(&watch.label);
+                }
+                answer
+            }
+        });
         let round = round::run(
             ops,
             self.inner.node_timeout,
@@ -432,15 +449,7 @@ impl Redlock {
             stragglers,
         )
         .await;
-        let mut answered = 0;
-        for (node, answer) in self.inner.nodes.iter().zip(&round.answers) {
-            match answer {
-                Some(Ok(_)) => answered += 1,
-                Some(Err(_)) => crate::observe::node_error(&node.label),
-                None => {}
-            }
-        }
-        crate::observe::nodes_answered(answered);
+        observe::nodes_answered(round.values().count());
         round
     }
 
@@ -473,6 +482,24 @@ impl Redlock {
     }
 }
 
+/// Counts a node's failure to answer by the deadline: its operation dropped unfinished
+/// after it (timed out by the round, or by the background task finishing a round's
+/// stragglers). An operation dropped earlier, once the other nodes had decided, is not
+/// counted: nothing says it failed. Error answers are counted where they come.
+struct NodeWatch {
+    label: Arc<str>,
+    deadline: Instant,
+    done: bool,
+}
+
+impl Drop for NodeWatch {
+    fn drop(&mut self) {
+        if !self.done && Instant::now() >= self.deadline {
+            observe::node_error(&self.label);
+        }
+    }
+}
+
 /// A release's vote: for where it deleted our token.
 fn deleted(release: &Release) -> Vote {
     Vote::of(matches!(release, Release::Deleted))
@@ -481,7 +508,7 @@ fn deleted(release: &Release) -> Vote {
 impl Node {
     fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
         NodeFailure {
-            node: self.label.clone(),
+            node: self.label.to_string(),
             reason,
         }
     }
