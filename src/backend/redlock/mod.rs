@@ -424,22 +424,11 @@ impl Redlock {
         T: Send + 'static,
     {
         let deadline = Instant::now() + self.inner.node_timeout;
-        let ops = self.inner.nodes.iter().map(|node| {
-            let op = op(node.conn.clone());
-            let mut watch = NodeWatch {
-                label: node.label.clone(),
-                deadline,
-                done: false,
-            };
-            async move {
-                let answer = op.await;
-                watch.done = true;
-                if answer.is_err() {
-                    observe::node_error(&watch.label);
-                }
-                answer
-            }
-        });
+        let ops = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
         let round = round::run(
             ops,
             self.inner.node_timeout,
@@ -478,24 +467,6 @@ impl Redlock {
                 key = &*key,
                 "no Tokio runtime to release the lock on; it expires by its TTL"
             ),
-        }
-    }
-}
-
-/// Counts a node's failure to answer by the deadline: its operation dropped unfinished
-/// after it (timed out by the round, or by the background task finishing a round's
-/// stragglers). An operation dropped earlier, once the other nodes had decided, is not
-/// counted: nothing says it failed. Error answers are counted where they come.
-struct NodeWatch {
-    label: Arc<str>,
-    deadline: Instant,
-    done: bool,
-}
-
-impl Drop for NodeWatch {
-    fn drop(&mut self) {
-        if !self.done && Instant::now() >= self.deadline {
-            observe::node_error(&self.label);
         }
     }
 }
