@@ -23,6 +23,10 @@
 //!
 //! Routes:
 //! - `GET /healthz`
+//! - `GET /metrics`: the Prometheus text exposition of this process's metrics: the crate's
+//!   own (`tower_redlock_*`, see the README's "Observability") and
+//!   `flash_sale_http_responses_total{route, status}`, one count per answer the example
+//!   gave (`route` is the matched route, such as `/items/{item_id}/buy`);
 //! - `PUT /items/{item_id}` with `{"stock": N}`: sets the stock, sold to 0;
 //! - `GET /items/{item_id}`: `{"item_id", "stock", "sold"}`;
 //! - `POST /items/{item_id}/buy`: locked on the item (423 while another buy runs); reads
@@ -47,11 +51,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{FromRef, Path, State};
+use axum::extract::{FromRef, MatchedPath, Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
@@ -283,14 +289,53 @@ async fn pay_unlocked(State(app): State<AppState>, Path(order): Path<OrderId>) -
     Json(json!({"order_id": order.0, "paid": true})).into_response()
 }
 
+/// Counts every answer: `flash_sale_http_responses_total{route, status}`.
+async fn count_responses(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    metrics::counter!(
+        "flash_sale_http_responses_total",
+        "route" => route,
+        "status" => response.status().as_u16().to_string()
+    )
+    .increment(1);
+    response
+}
+
+/// Installs the Prometheus recorder, with histogram buckets from 1 ms to 10 s for the
+/// `_seconds` metrics, and drains it every 5 s.
+fn prometheus() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&[
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ])?
+        .install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
 fn app(
     state: AppState,
     locking: bool,
     rate_limit: Option<RateLimitLayer<tower_redlock::rate_limit::HeaderOrPeerIp>>,
     buys_in_flight: Option<ConcurrencyLimitLayer<tower_redlock::key::GlobalKey>>,
+    metrics: PrometheusHandle,
 ) -> Router {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
         .route("/items/{item_id}", put(set_stock).get(get_item));
     // The rate limit is the outer layer (added last): it answers 429 before a lock is taken.
     let mut buy_route = post(buy);
@@ -323,7 +368,9 @@ fn app(
             .route("/orders", post(create_order))
             .route("/orders/{order_id}/pay", post(pay_unlocked))
     };
-    router.with_state(state)
+    router
+        .layer(middleware::from_fn(count_responses))
+        .with_state(state)
 }
 
 #[tokio::main]
@@ -333,6 +380,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    let metrics = prometheus()?;
 
     let addr: SocketAddr = std::env::var("LISTEN_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())
@@ -431,6 +479,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             locking,
             rate_limit,
             buys_in_flight,
+            metrics,
         )
         .into_make_service_with_connect_info::<SocketAddr>(),
     )

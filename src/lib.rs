@@ -7,7 +7,8 @@
 // - `keyed`: the core every keyed middleware is a policy of;
 // - `backend`: the handles (`Locks`, `RateLimiter`), the lease watchdog, and the backends
 //   (in-process; Redlock; the rate-limit stores);
-// - the primitives: `key`, `lease`, `protect`, `problem`, `error`.
+// - the primitives: `key`, `lease`, `protect`, `problem`, `error`, `observe` (metric names
+//   and spans).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
 // the backends with their builders, the extractors and their rejections, the errors and
@@ -38,6 +39,8 @@ mod lease;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub mod lock;
+#[cfg(any(feature = "lock", feature = "rate-limit"))]
+mod observe;
 pub mod problem;
 #[cfg(any(
     feature = "lock",

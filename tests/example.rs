@@ -424,3 +424,104 @@ async fn example_max_concurrent_buys_limits_buys_in_flight_across_processes() {
         .unwrap();
     assert!(matches!(resp.status().as_u16(), 200 | 410));
 }
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition (0 when absent).
+/// `labels` as the exporter writes them: `result="acquired"`.
+fn sample(text: &str, name: &str, labels: &str) -> u64 {
+    let series = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn example_metrics_count_the_answers_the_clients_saw() {
+    let nodes = nodes(3);
+    let example = start_example(&nodes, 50, true).await;
+    put_stock(&example, "m-1", 3).await;
+    let client = reqwest::Client::new();
+
+    // Buyers at once on one item: 200 (bought), 423 (another buy holds it), 410 (sold out).
+    let buy = format!("{}/items/m-1/buy", example.base);
+    let buys = futures_util::future::join_all(
+        (0..12).map(|_| async { client.post(&buy).send().await.unwrap().status().as_u16() }),
+    )
+    .await;
+    let mut buys_seen = std::collections::BTreeMap::<u16, u64>::new();
+    for status in buys {
+        *buys_seen.entry(status).or_default() += 1;
+    }
+    // Then, one at a time, until the stock is gone: every answer is 200 or 410.
+    for _ in 0..5 {
+        let status = client.post(&buy).send().await.unwrap().status().as_u16();
+        *buys_seen.entry(status).or_default() += 1;
+    }
+    assert!(buys_seen.contains_key(&410), "{buys_seen:?}");
+
+    // Orders: new, replayed, mismatched, missing key.
+    let orders = format!("{}/orders", example.base);
+    let order = |key: Option<&'static str>, body: &'static str| {
+        let mut request = client.post(&orders).body(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(order(Some("m-order"), "{\"n\":1}").await, 201);
+    assert_eq!(order(Some("m-order"), "{\"n\":1}").await, 201);
+    assert_eq!(order(Some("m-order"), "{\"n\":2}").await, 422);
+    assert_eq!(order(None, "{}").await, 400);
+
+    let text = reqwest::get(format!("{}/metrics", example.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let responses = |route: &str, status: u16| {
+        sample(
+            &text,
+            "flash_sale_http_responses_total",
+            &format!("route=\"{route}\",status=\"{status}\""),
+        )
+    };
+    for (status, seen) in &buys_seen {
+        assert_eq!(responses("/items/{item_id}/buy", *status), *seen, "{text}");
+    }
+    assert_eq!(responses("/items/{item_id}", 200), 1, "{text}");
+    assert_eq!(responses("/orders", 201), 2, "{text}");
+    assert_eq!(responses("/orders", 422), 1, "{text}");
+    assert_eq!(responses("/orders", 400), 1, "{text}");
+
+    // The lock layer's view of the same buys: each 200 and 410 ran holding the lock.
+    let locked = buys_seen.get(&200).copied().unwrap_or(0) + buys_seen[&410];
+    let lock = |result: &str| {
+        sample(
+            &text,
+            "tower_redlock_lock_requests_total",
+            &format!("result=\"{result}\""),
+        )
+    };
+    assert_eq!(lock("acquired"), locked, "{text}");
+    assert_eq!(
+        lock("taken"),
+        buys_seen.get(&423).copied().unwrap_or(0),
+        "{text}"
+    );
+    assert_eq!(lock("unavailable"), 0, "{text}");
+    let idempotency = |result: &str| {
+        sample(
+            &text,
+            "tower_redlock_idempotency_requests_total",
+            &format!("result=\"{result}\""),
+        )
+    };
+    assert_eq!(idempotency("new"), 1, "{text}");
+    assert_eq!(idempotency("replayed"), 1, "{text}");
+    assert_eq!(idempotency("mismatch"), 1, "{text}");
+    assert_eq!(idempotency("missing"), 1, "{text}");
+    assert!(
+        text.contains("tower_redlock_lock_acquire_duration_seconds_bucket"),
+        "{text}"
+    );
+}

@@ -17,6 +17,7 @@ use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
+use crate::observe::{self, op_span};
 
 mod modes;
 
@@ -209,7 +210,12 @@ impl MemoryLocks {
     }
 
     pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
-        self.acquire_in(&mut self.state(), key)
+        let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
+        observe::traced_now(
+            span,
+            || self.acquire_in(&mut self.state(), key),
+            observe::lock_verdict,
+        )
     }
 
     /// [`acquire`](Self::acquire) under the state's lock.
@@ -300,6 +306,11 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
     /// the key now); the lease is then left as it was.
     pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let span = op_span!("tower_redlock.extend", lease.key(), self.prefix(), 1);
+        observe::traced_now(span, || self.extend_untraced(lease), observe::lock_verdict)
+    }
+
+    fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
         if lease.is_shared() {
             return self.extend_shared(lease);
         }
@@ -325,6 +336,11 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
     pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
+        observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)
+    }
+
+    fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         if lease.is_shared() {
             return self.unlock_shared(&lease);
         }

@@ -129,6 +129,7 @@ impl Watchdog {
             },
         );
         if polled.is_ready() {
+            crate::observe::lock_request(crate::observe::LockResult::Lost);
             self.status.lost.store(true, Ordering::Release);
             self.notify_status();
         }
@@ -138,6 +139,12 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
+        // From about when the acquisition started (see `new`) to the release or loss.
+        let lease = self.lease();
+        let acquired = lease.valid_until().checked_sub(lease.ttl());
+        if let Some(acquired) = acquired {
+            crate::observe::lock_held_for(acquired.elapsed());
+        }
         self.status.closed.store(true, Ordering::Release);
         self.notify_status();
     }

@@ -271,7 +271,10 @@ where
         let key = value.lock_key();
         let reject =
             |e: LockError| LockedRejection::Lock(Problem::from_lock_error(&e, StatusCode::LOCKED));
-        validate_value(&key).map_err(|e| reject(e.into()))?;
+        validate_value(&key).map_err(|e| {
+            crate::observe::lock_request(crate::observe::LockResult::Invalid);
+            reject(e.into())
+        })?;
         let resource = format!("{}:{}", T::SCOPE, key);
         drop(key);
         let locks = Locks::from_ref(state);
@@ -284,7 +287,10 @@ where
                 });
             }
         }
-        match locks.try_lock(&resource).await {
+        let started = std::time::Instant::now();
+        let acquired = locks.try_lock(&resource).await;
+        crate::observe::lock_outcome(&acquired, started);
+        match acquired {
             Ok(lease) => {
                 let mut watchdog = Watchdog::new(locks.clone(), lease.clone(), Renewal::default());
                 let status = watchdog.status();

@@ -21,6 +21,7 @@ use crate::keyed::policy::{
 };
 use crate::lease::Lease;
 use crate::lock::policy::LockPermit;
+use crate::observe::{self, IdempotencyResult};
 use crate::problem::Problem;
 use crate::protect::Watch;
 
@@ -63,6 +64,18 @@ impl IdempotencyPolicy {
         begun: Result<Begin, LockError>,
         fingerprint: Fingerprint,
     ) -> Verdict<IdempotencyPermit> {
+        match &begun {
+            Ok(Begin::Acquired(_)) => observe::idempotency_request(IdempotencyResult::New),
+            // Counted by `replay`, which reads the record.
+            Ok(Begin::Found(_)) => {}
+            Err(LockError::Taken { .. }) => {
+                observe::idempotency_request(IdempotencyResult::InFlight);
+            }
+            Err(LockError::InvalidKey(_)) => {
+                observe::idempotency_request(IdempotencyResult::Invalid);
+            }
+            Err(_) => observe::idempotency_request(IdempotencyResult::Unavailable),
+        }
         match begun {
             Ok(Begin::Acquired(lease)) => {
                 Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
@@ -97,6 +110,14 @@ impl Policy for IdempotencyPolicy {
         self.locks.prefix()
     }
 
+    fn bad_key(&self, missing: bool) {
+        observe::idempotency_request(if missing {
+            IdempotencyResult::Missing
+        } else {
+            IdempotencyResult::Invalid
+        });
+    }
+
     fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
         let Some(RequestFingerprint(fingerprint)) = parts.extensions.get().copied() else {
             // The layer reads the body before the core asks: only a service built by
@@ -122,6 +143,7 @@ impl Policy for IdempotencyPolicy {
 /// The answer to a retry that found a record.
 fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
     let Some(record) = Record::decode(raw) else {
+        observe::idempotency_request(IdempotencyResult::Invalid);
         tracing::error!(
             "an idempotency record could not be read (another program's value, or another format version); answering 500"
         );
@@ -132,12 +154,17 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         .into();
     };
     if record.fingerprint() != fingerprint {
+        observe::idempotency_request(IdempotencyResult::Mismatch);
         return Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "This idempotency key was already used for another request.",
         )
         .into();
     }
+    observe::idempotency_request(match record {
+        Record::Unreplayable { .. } => IdempotencyResult::Invalid,
+        Record::Response { .. } => IdempotencyResult::Replayed,
+    });
     match record {
         Record::Unreplayable { .. } => Problem::new(
             StatusCode::CONFLICT,

@@ -223,13 +223,17 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             Err(None) => {
                 return match self.extractor.no_key(parts) {
                     NoKey::Misconfigured(mistake) => Step::Answer(self.misconfiguration(&mistake)),
-                    NoKey::Missing if self.required => Step::Answer(
-                        Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
-                    ),
+                    NoKey::Missing if self.required => {
+                        self.policy.bad_key(true);
+                        Step::Answer(
+                            Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
+                        )
+                    }
                     _ => Step::Unkeyed,
                 };
             }
         };
+        self.policy.bad_key(false);
         Step::Answer(invalid_key::<P>(&error))
     }
 

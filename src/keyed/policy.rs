@@ -53,6 +53,13 @@ pub trait Policy: Sealed + Send + Sync + 'static {
         let _ = parts;
     }
 
+    /// The core answered 400 before asking: the key was `missing` (required and absent),
+    /// or unusable. For the layer's metrics.
+    #[doc(hidden)]
+    fn bad_key(&self, missing: bool) {
+        let _ = missing;
+    }
+
     /// The decision for `key` (prefix, scope and value, escaped), at once when the backend
     /// can answer without waiting, else as a future.
     #[doc(hidden)]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -17,6 +17,7 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::lease::{Access, Lease};
+use crate::observe;
 use crate::problem::Problem;
 use crate::protect::Watch;
 
@@ -69,7 +70,8 @@ impl LockPolicy {
         }
     }
 
-    fn verdict(&self, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
+    fn verdict(&self, acquired: Result<Lease, LockError>, started: Instant) -> Verdict<LockPermit> {
+        observe::lock_outcome(&acquired, started);
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
@@ -109,22 +111,27 @@ impl Policy for LockPolicy {
         }
     }
 
+    fn bad_key(&self, _missing: bool) {
+        observe::lock_request(observe::LockResult::Invalid);
+    }
+
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
         let key = Arc::<str>::from(key);
+        let started = Instant::now();
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             let acquired = match (self.access, self.fair) {
                 (Some(access), _) => memory.acquire_access(key, access),
                 (None, false) => memory.acquire(key),
-                (None, true) => return self.pending(key),
+                (None, true) => return self.pending(key, started),
             };
-            return Decision::Ready(self.verdict(acquired));
+            return Decision::Ready(self.verdict(acquired, started));
         }
-        self.pending(key)
+        self.pending(key, started)
     }
 }
 
 impl LockPolicy {
-    fn pending(&self, key: Arc<str>) -> Decision<LockPermit> {
+    fn pending(&self, key: Arc<str>, started: Instant) -> Decision<LockPermit> {
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
             let (locks, max_wait) = (&policy.locks, policy.max_wait);
@@ -133,7 +140,7 @@ impl LockPolicy {
                 (None, true) => locks.lock_fair_key_within(key, max_wait).await,
                 (None, false) => locks.lock_key_within(key, max_wait).await,
             };
-            policy.verdict(acquired)
+            policy.verdict(acquired, started)
         }))
     }
 }

@@ -17,6 +17,7 @@ use crate::backend::rate_limit::{RateLimitError, RateLimiter};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
+use crate::observe::{self, RateLimitResult};
 use crate::problem::{Problem, retry_after_secs};
 use crate::protect::Watch;
 
@@ -62,6 +63,14 @@ impl RateLimitPolicy {
     }
 
     fn verdict(&self, counted: Result<Usage, RateLimitError>) -> Verdict<RatePermit> {
+        observe::rate_limit_request(match &counted {
+            Ok(usage) if usage.is_exceeded() => RateLimitResult::Limited,
+            Ok(_) => RateLimitResult::Allowed,
+            Err(RateLimitError::InvalidKey(_)) => RateLimitResult::Invalid,
+            Err(RateLimitError::Unavailable(_) | RateLimitError::StoreFull { .. }) => {
+                RateLimitResult::Unavailable
+            }
+        });
         let usage = match counted {
             Ok(usage) if usage.is_exceeded() => {
                 return Verdict::Answer(self.headers.too_many(&usage));
@@ -106,6 +115,10 @@ impl Policy for RateLimitPolicy {
     fn prefix(&self) -> &str {
         // The store puts its own prefix before the key.
         ""
+    }
+
+    fn bad_key(&self, _missing: bool) {
+        observe::rate_limit_request(RateLimitResult::Invalid);
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {

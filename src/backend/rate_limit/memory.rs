@@ -152,6 +152,15 @@ impl MemoryRateLimiter {
     /// [`max_keys`](Self::with_max_keys) windows are live. It never answers
     /// [`RateLimitError::Unavailable`].
     pub fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        let span = crate::observe::op_span!("tower_redlock.rate_limit", resource, "", 1);
+        crate::observe::traced_now(
+            span,
+            || self.hit_untraced(resource, quota),
+            super::rate_verdict,
+        )
+    }
+
+    fn hit_untraced(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         check_resource(resource)?;
         let now = Instant::now();
         let mut windows = self.windows();

@@ -44,6 +44,17 @@ pub enum RateLimitError {
     },
 }
 
+/// The verdict of a count, for its span.
+fn rate_verdict(counted: &Result<Usage, RateLimitError>) -> &'static str {
+    match counted {
+        Ok(usage) if usage.is_exceeded() => "limited",
+        Ok(_) => "allowed",
+        Err(RateLimitError::Unavailable(_)) => "unavailable",
+        Err(RateLimitError::InvalidKey(_)) => "invalid_key",
+        Err(RateLimitError::StoreFull { .. }) => "store_full",
+    }
+}
+
 /// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with one
 /// contract: a fixed window per key, counted atomically.
 ///

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use redis::{Client, Script};
 
-use super::RateLimitError;
 use super::quota::{Quota, Usage};
+use super::{RateLimitError, rate_verdict};
 use crate::backend::connection::Connection;
 use crate::backend::settings::check_resource;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
@@ -142,6 +142,11 @@ impl RedisRateLimiter {
     /// [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
     /// characters.
     pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        let span = crate::observe::op_span!("tower_redlock.rate_limit", resource, "", 1);
+        crate::observe::traced(span, self.hit_untraced(resource, quota), rate_verdict).await
+    }
+
+    async fn hit_untraced(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         check_resource(resource)?;
         let inner = &*self.inner;
         let mut key = String::with_capacity(inner.prefix.len() + resource.len());
@@ -152,6 +157,8 @@ impl RedisRateLimiter {
         invocation.arg(quota.window_ms());
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
         let failure = |reason| {
+            crate::observe::node_error(&inner.label);
+            crate::observe::nodes_answered(0);
             RateLimitError::Unavailable(NodeFailure {
                 node: inner.label.clone(),
                 reason,
@@ -162,6 +169,7 @@ impl RedisRateLimiter {
             Ok(Err(e)) => return Err(failure(NodeFailureReason::Redis(e))),
             Err(_) => return Err(failure(NodeFailureReason::Timeout(inner.timeout))),
         };
+        crate::observe::nodes_answered(1);
         Ok(Usage {
             count: u64::try_from(count).unwrap_or(0),
             limit: quota.limit(),

@@ -15,7 +15,11 @@ impl Redlock {
     /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the lock's
     /// release channel) sets the waiters' mark where the lock is held, so that its
     /// holder's release publishes.
-    pub(super) async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+    pub(super) async fn acquire_untraced(
+        &self,
+        key: Arc<str>,
+        waiting: bool,
+    ) -> Result<Lease, LockError> {
         let token = Token::random();
         let start = Instant::now();
         // Releases whatever was set if this future is dropped before the verdict.

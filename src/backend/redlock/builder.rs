@@ -189,7 +189,7 @@ impl RedlockBuilder {
         for client in self.nodes {
             let client = client?;
             clients.push(client.clone());
-            let label = client.get_connection_info().addr().to_string();
+            let label = client.get_connection_info().addr().to_string().into();
             let conn = Connection::new(client, connect_timeout);
             nodes.push(Node { label, conn });
         }

@@ -23,6 +23,7 @@ use crate::backend::connection::Connection;
 use crate::backend::records::Begin;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
+use crate::observe::{self, op_span};
 
 /// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
 /// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held.
@@ -129,6 +130,25 @@ impl Redlock {
         key: Arc<str>,
         max_wait: Duration,
     ) -> Result<Begin, LockError> {
+        let span = op_span!(
+            "tower_redlock.idempotency.lookup",
+            &key,
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(
+            span,
+            self.begin_untraced(key, max_wait),
+            |begun| match begun {
+                Ok(Begin::Found(_)) => "found",
+                Ok(Begin::Acquired(_)) => "acquired",
+                Err(_) => observe::lock_verdict(begun),
+            },
+        )
+        .await
+    }
+
+    async fn begin_untraced(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
         let started = Instant::now();
         match self.begin_once(key.clone()).await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
@@ -225,6 +245,26 @@ impl Redlock {
     /// Stores `record` for `ttl` on every node and releases the lease there, in one
     /// script per node; succeeds once a quorum stored it.
     pub(crate) async fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Bytes,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        let span = op_span!(
+            "tower_redlock.idempotency.store",
+            lease.key(),
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(
+            span,
+            self.finish_untraced(lease, record, ttl),
+            observe::lock_verdict,
+        )
+        .await
+    }
+
+    async fn finish_untraced(
         &self,
         lease: Lease,
         record: Bytes,

@@ -50,6 +50,7 @@ use crate::backend::settings::Policy;
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
+use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
 use notify::{Notifier, UnsubscribeOnDrop};
 use round::{Answers, Stragglers};
@@ -102,7 +103,8 @@ struct Inner {
 }
 
 struct Node {
-    label: String,
+    /// `host:port`, for logs, errors and the node-error metric.
+    label: Arc<str>,
     conn: Connection,
 }
 
@@ -267,6 +269,17 @@ impl Redlock {
         .await
     }
 
+    /// One acquisition attempt, in a `tower_redlock.acquire` span.
+    async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+        let span = op_span!("tower_redlock.acquire", &key, self.prefix(), self.quorum());
+        observe::traced(
+            span,
+            self.acquire_untraced(key, waiting),
+            observe::lock_verdict,
+        )
+        .await
+    }
+
     /// Extends the lease to a full TTL from now on every node where it still holds the
     /// token; succeeds with a quorum and a positive recomputed validity, and then moves
     /// `lease.valid_until()`.
@@ -278,6 +291,16 @@ impl Redlock {
     /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
     /// answers came too late. On error the lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let span = op_span!(
+            "tower_redlock.extend",
+            lease.key(),
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(span, self.extend_untraced(lease), observe::lock_verdict).await
+    }
+
+    async fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
@@ -316,6 +339,16 @@ impl Redlock {
     /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
     /// left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let span = op_span!(
+            "tower_redlock.release",
+            lease.key(),
+            self.prefix(),
+            self.quorum()
+        );
+        observe::traced(span, self.unlock_untraced(lease), observe::lock_verdict).await
+    }
+
+    async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;
@@ -392,8 +425,13 @@ impl Redlock {
         Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
         T: Send + 'static,
     {
-        let ops = self.inner.nodes.iter().map(|node| op(node.conn.clone()));
-        round::run(
+        let deadline = Instant::now() + self.inner.node_timeout;
+        let ops = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
+        let round = round::run(
             ops,
             self.inner.node_timeout,
             self.inner.quorum,
@@ -401,7 +439,9 @@ impl Redlock {
             rule,
             stragglers,
         )
-        .await
+        .await;
+        observe::nodes_answered(round.values().count());
+        round
     }
 
     /// Releases in the background: for guards dropped outside an async context.
@@ -409,10 +449,20 @@ impl Redlock {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
+                let span = op_span!("tower_redlock.release", &key, self.prefix(), self.quorum());
                 handle.spawn(async move {
-                    redlock
-                        .release_all(&key, token, publish, deleted, Stragglers::Await)
-                        .await;
+                    let release = async {
+                        let round = redlock
+                            .release_all(&key, token, publish, deleted, Stragglers::Await)
+                            .await;
+                        Ok::<_, ()>(round.verdict)
+                    };
+                    let _ = observe::traced(span, release, |round| match round {
+                        Ok(Verdict::Won) => "ok",
+                        Ok(Verdict::Lost) => "expired",
+                        Ok(Verdict::NoQuorum) | Err(()) => "no_quorum",
+                    })
+                    .await;
                 });
             }
             Err(_) => tracing::warn!(
@@ -431,7 +481,7 @@ fn deleted(release: &Release) -> Vote {
 impl Node {
     fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
         NodeFailure {
-            node: self.label.clone(),
+            node: self.label.to_string(),
             reason,
         }
     }

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -35,6 +36,47 @@ impl<T> Answers<T> {
         self.answers
             .iter()
             .filter_map(|a| a.as_ref()?.as_ref().ok())
+    }
+}
+
+/// `op` on the node `label`, counted in the node-error metric when it answers with an
+/// error, or is dropped unfinished at or after `deadline` (timed out by the round, or by
+/// the background task that finishes a round's stragglers). An operation dropped before,
+/// once the other nodes decided, is not counted: nothing says it failed.
+pub(super) fn counted<Fut, T>(
+    op: Fut,
+    label: Arc<str>,
+    deadline: std::time::Instant,
+) -> impl Future<Output = Result<T, NodeFailureReason>> + Send + 'static
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
+{
+    let mut watch = NodeWatch {
+        label,
+        deadline,
+        done: false,
+    };
+    async move {
+        let answer = op.await;
+        watch.done = true;
+        if answer.is_err() {
+            crate::observe::node_error(&watch.label);
+        }
+        answer
+    }
+}
+
+struct NodeWatch {
+    label: Arc<str>,
+    deadline: std::time::Instant,
+    done: bool,
+}
+
+impl Drop for NodeWatch {
+    fn drop(&mut self) {
+        if !self.done && std::time::Instant::now() >= self.deadline {
+            crate::observe::node_error(&self.label);
+        }
     }
 }
 
