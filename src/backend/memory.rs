@@ -17,6 +17,8 @@ use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
 
+mod multi;
+
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
 /// lease runs out, and "expired" answers on release and extension.
@@ -225,6 +227,7 @@ impl MemoryLocks {
         state.fence = state.fence.saturating_add(1);
         Ok(Lease {
             key,
+            set: None,
             token,
             ttl,
             valid_until: expires_at,
@@ -285,6 +288,9 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
     /// the key now); the lease is then left as it was.
     pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        if let Some(keys) = lease.set.clone() {
+            return self.extend_all(lease, &keys);
+        }
         let now = Instant::now();
         let mut state = self.state();
         match state.held.get_mut(&lease.key) {
@@ -307,6 +313,9 @@ impl MemoryLocks {
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
     pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        if let Some(keys) = &lease.set {
+            return self.unlock_all(&lease, keys);
+        }
         let now = Instant::now();
         let mut state = self.state();
         let Some(held) = state.held.get(&lease.key) else {

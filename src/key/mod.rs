@@ -42,6 +42,11 @@ pub const MAX_KEY_LEN: usize = 256;
 /// ([`Locks::lock`](crate::Locks::lock) and the others), in bytes: 1024.
 pub const MAX_RESOURCE_LEN: usize = 1024;
 
+/// The most keys one lease may name ([`Locks::lock_all`](crate::Locks::lock_all) and the
+/// others): 64. Each node checks and sets them in one script, so the bound keeps that
+/// script short.
+pub const MAX_KEYS_PER_LEASE: usize = 64;
+
 /// Why a key value (of a lock or of a rate limit) was refused. The HTTP layers answer
 /// `400 Bad Request` for each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +55,15 @@ pub enum KeyError {
     /// The value is empty.
     #[error("the key is empty")]
     Empty,
+    /// A lease on several keys was asked for more than [`MAX_KEYS_PER_LEASE`] distinct
+    /// keys, or for none.
+    #[error("{count} keys were given for one lease; from 1 to {max} are accepted")]
+    KeyCount {
+        /// How many distinct keys were given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The value is longer than [`MAX_KEY_LEN`] bytes.
     #[error("the key is {len} bytes long; at most {max} are accepted")]
     TooLong {

@@ -32,6 +32,7 @@ mod acquire;
 mod builder;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod multi;
 mod notify;
 mod round;
 mod scripts;
@@ -276,6 +277,9 @@ impl Redlock {
     /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
     /// answers came too late. On error the lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+        if let Some(keys) = lease.set.clone() {
+            return self.extend_all(lease, keys).await;
+        }
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
@@ -314,6 +318,9 @@ impl Redlock {
     /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
     /// left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        if let Some(keys) = lease.set {
+            return self.unlock_all(keys, lease.token).await;
+        }
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;

@@ -133,7 +133,7 @@ const MARK: &str = "redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])";
 /// Reads the fencing counter KEYS[2] into `c`: `false` when unset, and `COUNTER_VALID`
 /// holds when it is unset or a decimal integer below 2^53 (exact as a Lua number).
 const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
-const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
+pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
 /// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
 /// stands (0 when unset), read atomically with the SET. When the lock is held and ARGV[4]
