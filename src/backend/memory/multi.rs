@@ -183,8 +183,14 @@ mod tests {
             ["tower-redlock:alice", "tower-redlock:bob"]
         );
         assert_eq!(both.key(), "tower-redlock:alice");
-        assert!(matches!(locks.try_lock("alice"), Err(LockError::Taken { .. })));
-        assert!(matches!(locks.try_lock("bob"), Err(LockError::Taken { .. })));
+        assert!(matches!(
+            locks.try_lock("alice"),
+            Err(LockError::Taken { .. })
+        ));
+        assert!(matches!(
+            locks.try_lock("bob"),
+            Err(LockError::Taken { .. })
+        ));
         locks.unlock(both).unwrap();
         locks.try_lock_all(["alice", "bob"]).unwrap();
     }

@@ -1,0 +1,390 @@
+//! Leases on several keys at once (`lock_all`): all or none, no deadlock whatever the
+//! order, one quorum verdict for the set, node faults, and the HTTP answers of a handler
+//! that locks two accounts; on the in-process backend and on real `redis-server` nodes.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use support::{RedisNode, eventually, exists, get, nodes, serve, urls};
+use tower_redlock::{LockError, Locks, MemoryLocks, Problem, Redlock, Renewal};
+
+const PREFIX: &str = "tower-redlock:";
+
+fn redlock_builder(nodes: &[RedisNode], ttl: Duration) -> tower_redlock::RedlockBuilder {
+    Redlock::builder(urls(nodes))
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(2000)
+        .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
+}
+
+async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
+    Locks::from(redlock_builder(nodes, ttl).build().await.unwrap())
+}
+
+fn memory() -> Locks {
+    Locks::from(
+        MemoryLocks::builder()
+            .retry_count(2000)
+            .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// On how many of `nodes` the key exists.
+async fn count_on(nodes: &[RedisNode], key: &str) -> usize {
+    let mut n = 0;
+    for node in nodes {
+        n += usize::from(exists(node, key).await);
+    }
+    n
+}
+
+/// All or none: a set with one held key takes nothing, and then takes all once it frees.
+async fn all_or_none(locks: &Locks, nodes: &[RedisNode]) {
+    let bob = locks.try_lock("bob").await.unwrap();
+    let err = locks
+        .try_lock_all(["alice", "bob", "carol"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
+    // Nothing of the refused set is left behind: not in process, not on any node.
+    for key in ["alice", "carol"] {
+        assert_eq!(count_on(nodes, &format!("{PREFIX}{key}")).await, 0);
+        let lease = locks
+            .try_lock(key)
+            .await
+            .expect("left free by the refused set");
+        locks.unlock(lease).await.unwrap();
+    }
+    locks.unlock(bob).await.unwrap();
+    let set = locks.try_lock_all(["carol", "bob", "alice"]).await.unwrap();
+    assert_eq!(
+        set.keys().collect::<Vec<_>>(),
+        [
+            "tower-redlock:alice",
+            "tower-redlock:bob",
+            "tower-redlock:carol"
+        ]
+    );
+    for node in nodes {
+        for key in set.keys() {
+            assert_eq!(get(node, key).await.as_deref(), Some(set.token().as_str()));
+        }
+    }
+    for key in ["alice", "bob", "carol"] {
+        assert!(matches!(
+            locks.try_lock(key).await,
+            Err(LockError::Taken { .. })
+        ));
+    }
+    let keys: Vec<String> = set.keys().map(str::to_owned).collect();
+    locks.unlock(set).await.unwrap();
+    for key in &keys {
+        assert_eq!(count_on(nodes, key).await, 0, "{key} released everywhere");
+    }
+}
+
+#[tokio::test]
+async fn all_or_none_when_one_key_is_taken_in_process() {
+    all_or_none(&memory(), &[]).await;
+}
+
+#[tokio::test]
+async fn all_or_none_when_one_key_is_taken_on_redis() {
+    let nodes = nodes(3);
+    all_or_none(&redlock(&nodes, Duration::from_secs(10)).await, &nodes).await;
+}
+
+/// Transfers between accounts `a` and `b` in both orders at once, on shared counters
+/// read and written without atomicity: every transfer completes (no deadlock), nobody is
+/// ever inside with a contender, and the total is kept.
+async fn opposite_orders(locks: Locks) {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 10;
+    let balances = Arc::new(std::sync::Mutex::new([1000i64, 1000i64]));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let locks = locks.clone();
+        let balances = balances.clone();
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            // Half name the accounts one way round, half the other.
+            let (from, to, names) = if task % 2 == 0 {
+                (0, 1, ["account:a", "account:b"])
+            } else {
+                (1, 0, ["account:b", "account:a"])
+            };
+            for _ in 0..ROUNDS {
+                locks
+                    .with_lock_all(names, Renewal::default(), |_| async {
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                        let [a, b] = *balances.lock().unwrap();
+                        tokio::task::yield_now().await;
+                        let mut next = [a, b];
+                        next[from] -= 1;
+                        next[to] += 1;
+                        *balances.lock().unwrap() = next;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    })
+                    .await
+                    .expect("the set within the retries");
+            }
+        }));
+    }
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .expect("every transfer completes: no deadlock");
+    let [a, b] = *balances.lock().unwrap();
+    assert_eq!(a + b, 2000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_never_deadlock_in_process() {
+    opposite_orders(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_never_deadlock_on_redis() {
+    let nodes = nodes(3);
+    opposite_orders(redlock(&nodes, Duration::from_secs(10)).await).await;
+}
+
+#[tokio::test]
+async fn retry_after_is_the_longest_holder_of_the_set() {
+    let nodes = nodes(3);
+    let short = redlock(&nodes, Duration::from_secs(2)).await;
+    let long = redlock(&nodes, Duration::from_secs(60)).await;
+    let _a = short.try_lock("a").await.unwrap();
+    let _b = long.try_lock("b").await.unwrap();
+    let Err(LockError::Taken { retry_after }) = short.try_lock_all(["a", "b", "c"]).await else {
+        panic!("the set is taken")
+    };
+    assert!(
+        retry_after > Duration::from_secs(30) && retry_after <= Duration::from_secs(60),
+        "{retry_after:?}"
+    );
+    assert_eq!(count_on(&nodes, "tower-redlock:c").await, 0);
+}
+
+#[tokio::test]
+async fn a_minority_killed_is_still_exclusive() {
+    let mut nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    nodes[2].kill();
+    let set = locks.try_lock_all(["x", "y"]).await.unwrap();
+    assert!(matches!(
+        locks.try_lock_all(["y", "z"]).await,
+        Err(LockError::Taken { .. })
+    ));
+    assert!(matches!(
+        locks.try_lock("x").await,
+        Err(LockError::Taken { .. })
+    ));
+    // Another client on the same nodes sees the same.
+    let other = redlock(&nodes, Duration::from_secs(10)).await;
+    assert!(matches!(
+        other.try_lock_all(["z", "x"]).await,
+        Err(LockError::Taken { .. })
+    ));
+    assert_eq!(count_on(&nodes[..2], "tower-redlock:z").await, 0);
+    locks.unlock(set).await.unwrap();
+    other.try_lock_all(["z", "x"]).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_majority_gone_is_no_quorum() {
+    let mut nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    let mut set = locks.try_lock_all(["p", "q"]).await.unwrap();
+    nodes[1].kill();
+    nodes[2].kill();
+    assert!(matches!(
+        locks.try_lock_all(["r", "s"]).await,
+        Err(LockError::NoQuorum { .. })
+    ));
+    // A held set can neither be proven lost nor kept.
+    assert!(matches!(
+        locks.extend(&mut set).await,
+        Err(LockError::NoQuorum { .. })
+    ));
+    assert!(matches!(
+        locks.unlock(set).await,
+        Err(LockError::NoQuorum { .. })
+    ));
+    // Nothing of the refused set stays on the node left.
+    assert_eq!(count_on(&nodes[..1], "tower-redlock:r").await, 0);
+}
+
+#[tokio::test]
+async fn renewal_keeps_every_key_and_the_end_releases_them() {
+    let nodes = nodes(3);
+    let ttl = Duration::from_millis(600);
+    let locks = redlock(&nodes, ttl).await;
+    let keys = locks
+        .with_lock_all(["m", "n"], Renewal::default(), |status| async move {
+            // Held past several TTLs: renewed on every key.
+            let mut held = tokio::time::interval(ttl / 2);
+            for _ in 0..5 {
+                held.tick().await;
+            }
+            assert!(status.remaining() > Duration::ZERO);
+            status.lease().keys().map(str::to_owned).collect::<Vec<_>>()
+        })
+        .await
+        .expect("not lost");
+    assert_eq!(keys, ["tower-redlock:m", "tower-redlock:n"]);
+    for key in &keys {
+        assert_eq!(count_on(&nodes, key).await, 0, "{key} released");
+    }
+}
+
+#[tokio::test]
+async fn a_set_with_one_key_taken_over_is_expired() {
+    let nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    let set = locks.try_lock_all(["u", "v"]).await.unwrap();
+    // Another client's value on `v` on every node (as if the lease had run out there).
+    for node in &nodes {
+        let mut conn = node.conn().await;
+        let () = redis::cmd("SET")
+            .arg("tower-redlock:v")
+            .arg("someone-else")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        locks.extend(&mut set.clone()).await,
+        Err(LockError::Expired { taken_over: true })
+    ));
+    assert!(matches!(
+        locks.unlock(set.clone()).await,
+        Err(LockError::Expired { taken_over: true })
+    ));
+    // Our key was released; theirs is left as it was.
+    assert_eq!(count_on(&nodes, "tower-redlock:u").await, 0);
+    for node in &nodes {
+        assert_eq!(
+            get(node, "tower-redlock:v").await.as_deref(),
+            Some("someone-else")
+        );
+    }
+}
+
+#[tokio::test]
+async fn fencing_token_of_a_set_is_above_each_key() {
+    let nodes = nodes(3);
+    let locks = Locks::from(
+        redlock_builder(&nodes, Duration::from_secs(10))
+            .fencing_tokens(true)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let mut last = 0;
+    for _ in 0..3 {
+        let lease = locks.try_lock("f1").await.unwrap();
+        last = lease.fencing_token().unwrap();
+        locks.unlock(lease).await.unwrap();
+    }
+    let set = locks.try_lock_all(["f2", "f1"]).await.unwrap();
+    let fence = set.fencing_token().expect("a set has one fencing token");
+    assert!(fence > last, "{fence} > {last}");
+    locks.unlock(set).await.unwrap();
+    // Each key's counter was raised to it: the next holder of either key goes above.
+    for key in ["f1", "f2"] {
+        let lease = locks.try_lock(key).await.unwrap();
+        assert!(lease.fencing_token().unwrap() > fence, "{key}");
+        locks.unlock(lease).await.unwrap();
+    }
+}
+
+/// A handler that moves between two accounts named in the path, under one lease on both:
+/// one attempt, 423 with `Retry-After` when either is held, 503 without a quorum.
+async fn transfer(
+    State(locks): State<Locks>,
+    Path((from, to)): Path<(String, String)>,
+) -> Response {
+    let accounts = [format!("account:{from}"), format!("account:{to}")];
+    let lease = match locks.try_lock_all(&accounts).await {
+        Ok(lease) => lease,
+        Err(e) => return Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+    };
+    let keys = lease.keys().count();
+    match locks
+        .with_lease(lease, Renewal::default(), |_| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            keys
+        })
+        .await
+    {
+        Ok(keys) => format!("{keys} accounts").into_response(),
+        Err(e) => Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+    }
+}
+
+#[tokio::test]
+async fn http_answers_for_a_set_423_then_503_without_a_majority() {
+    let mut nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(20)).await;
+    let app = Router::new()
+        .route("/transfers/{from}/{to}", post(transfer))
+        .with_state(locks.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str| client.post(format!("{base}{path}")).send();
+
+    let ok = post("/transfers/a/b").await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.text().await.unwrap(), "2 accounts");
+
+    // `b` held elsewhere: a transfer naming it either way round is 423.
+    let held = locks.try_lock("account:b").await.unwrap();
+    for path in ["/transfers/a/b", "/transfers/b/c"] {
+        let resp = post(path).await.unwrap();
+        assert_eq!(resp.status(), 423, "{path}");
+        let retry_after: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((15..=20).contains(&retry_after), "{retry_after}");
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    }
+    locks.unlock(held).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            post("/transfers/b/c").await.unwrap().status() == 200
+        })
+        .await
+    );
+
+    nodes[1].kill();
+    assert_eq!(
+        post("/transfers/a/c").await.unwrap().status(),
+        200,
+        "a minority down"
+    );
+    nodes[2].kill();
+    let resp = post("/transfers/a/c").await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+}
