@@ -79,8 +79,8 @@ fn no_account(account: &str) -> Response {
     .into_response()
 }
 
-fn bad_request(detail: impl Into<String>) -> Response {
-    Problem::new(StatusCode::BAD_REQUEST, detail.into()).into_response()
+fn bad_request(detail: impl Into<String>) -> Problem {
+    Problem::new(StatusCode::BAD_REQUEST, detail.into())
 }
 
 async fn set_account(
@@ -90,10 +90,10 @@ async fn set_account(
 ) -> Response {
     let Json(body) = match body {
         Ok(body) => body,
-        Err(e) => return bad_request(format!("Expected {{\"balance\": N}}: {e}.")),
+        Err(e) => return bad_request(format!("Expected {{\"balance\": N}}: {e}.")).into_response(),
     };
     if body.balance < 0 {
-        return bad_request("balance must be 0 or more");
+        return bad_request("balance must be 0 or more").into_response();
     }
     match app.store.set_balance(&account, body.balance).await {
         Ok(()) => Json(json!({"account_id": account, "balance": body.balance})).into_response(),
@@ -113,7 +113,7 @@ async fn get_account(State(app): State<AppState>, Path(account): Path<String>) -
 
 /// The transfer's body, checked: 400 unless it is JSON with two different accounts and a
 /// positive amount.
-fn checked(body: Result<Json<Transfer>, JsonRejection>) -> Result<Transfer, Response> {
+fn checked(body: Result<Json<Transfer>, JsonRejection>) -> Result<Transfer, Problem> {
     let Json(transfer) = body.map_err(|e| {
         bad_request(format!(
             "Expected {{\"from\": \"...\", \"to\": \"...\", \"amount\": N}}: {e}."
@@ -137,7 +137,7 @@ async fn transfer(
 ) -> Response {
     let transfer = match checked(body) {
         Ok(transfer) => transfer,
-        Err(answer) => return answer,
+        Err(answer) => return answer.into_response(),
     };
     // Named in any order: the set is sorted, so two opposite transfers cannot deadlock.
     let accounts = [
@@ -164,7 +164,7 @@ async fn transfer_unlocked(
 ) -> Response {
     match checked(body) {
         Ok(transfer) => move_money(app, transfer).await,
-        Err(answer) => answer,
+        Err(answer) => answer.into_response(),
     }
 }
 
