@@ -388,3 +388,144 @@ async fn http_answers_for_a_set_423_then_503_without_a_majority() {
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
 }
+
+/// Requests marked `hold` stay in the handler until the test lets them go.
+#[derive(Clone)]
+struct Gate {
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            entered: Arc::new(tokio::sync::Notify::new()),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+/// `POST /transfers` behind `LockLayer::by_fn_all` on the `from` and `to` headers.
+fn transfers_app(locks: &Locks, gate: Gate) -> Router {
+    let layer = tower_redlock::LockLayer::by_fn_all(|parts| {
+        let account = |name| Some(parts.headers.get(name)?.to_str().ok()?.to_owned());
+        Some(vec![account("from")?, account("to")?])
+    })
+    .scope("account")
+    .backend(locks.clone());
+    let handler = move |lease: tower_redlock::Lease, headers: axum::http::HeaderMap| async move {
+        if headers.contains_key("hold") {
+            gate.entered.notify_one();
+            gate.release.acquire().await.unwrap().forget();
+        }
+        lease.keys().collect::<Vec<_>>().join(" ")
+    };
+    Router::new().route("/transfers", post(handler).layer(layer))
+}
+
+async fn send(base: &str, from: &str, to: &str, hold: bool) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}/transfers"))
+        .header("from", from)
+        .header("to", to);
+    if hold {
+        request = request.header("hold", "1");
+    }
+    request.send().await.unwrap()
+}
+
+async fn layer_over_a_set(locks: Locks, nodes: &[RedisNode]) {
+    let gate = Gate::new();
+    let base = serve(transfers_app(&locks, gate.clone())).await;
+    let entered = gate.entered.notified();
+    let first = tokio::spawn({
+        let base = base.clone();
+        async move { send(&base, "b", "a", true).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), entered)
+        .await
+        .expect("the first transfer runs");
+    assert_eq!(
+        count_on(nodes, "tower-redlock:account:a").await,
+        nodes.len()
+    );
+    assert_eq!(
+        count_on(nodes, "tower-redlock:account:b").await,
+        nodes.len()
+    );
+    // Either account, named either way round: 423 with Retry-After, nothing left held.
+    for (from, to) in [("a", "b"), ("c", "b"), ("a", "d")] {
+        let resp = send(&base, from, to, false).await;
+        assert_eq!(resp.status(), 423, "{from} -> {to}");
+        assert!(resp.headers().contains_key("retry-after"));
+    }
+    assert_eq!(count_on(nodes, "tower-redlock:account:c").await, 0);
+    let other = send(&base, "c", "d", false).await;
+    assert_eq!(other.status(), 200);
+    assert_eq!(
+        other.text().await.unwrap(),
+        "tower-redlock:account:c tower-redlock:account:d"
+    );
+    gate.release.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        first.text().await.unwrap(),
+        "tower-redlock:account:a tower-redlock:account:b"
+    );
+    // Released with the response: both keys, on every node.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count_on(nodes, "tower-redlock:account:a").await
+                + count_on(nodes, "tower-redlock:account:b").await
+                == 0
+        })
+        .await
+    );
+    assert_eq!(send(&base, "a", "b", false).await.status(), 200);
+    // No key, or a bad one: 400.
+    let missing = reqwest::Client::new()
+        .post(format!("{base}/transfers"))
+        .header("from", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    assert_eq!(send(&base, "a", "", false).await.status(), 400);
+}
+
+#[tokio::test]
+async fn layer_by_fn_all_locks_every_key_in_process() {
+    layer_over_a_set(memory(), &[]).await;
+}
+
+#[tokio::test]
+async fn layer_by_fn_all_locks_every_key_on_redis() {
+    let nodes = nodes(3);
+    layer_over_a_set(redlock(&nodes, Duration::from_secs(10)).await, &nodes).await;
+}
+
+#[tokio::test]
+async fn layer_by_fn_all_with_a_minority_killed_then_a_majority_gone() {
+    let mut nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    let gate = Gate::new();
+    let base = serve(transfers_app(&locks, gate.clone())).await;
+    nodes[0].kill();
+    let entered = gate.entered.notified();
+    let first = tokio::spawn({
+        let base = base.clone();
+        async move { send(&base, "a", "b", true).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), entered)
+        .await
+        .expect("the first transfer runs");
+    // Still exclusive on the two nodes left.
+    assert_eq!(send(&base, "b", "a", false).await.status(), 423);
+    gate.release.add_permits(1);
+    assert_eq!(first.await.unwrap().status(), 200);
+    nodes[1].kill();
+    let resp = send(&base, "a", "b", false).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+}

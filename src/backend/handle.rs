@@ -151,6 +151,18 @@ impl Locks {
         }
     }
 
+    /// One attempt on keys that already have the prefix, sorted and distinct.
+    pub(crate) async fn acquire_keys(
+        &self,
+        keys: Vec<std::sync::Arc<str>>,
+    ) -> Result<Lease, LockError> {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => r.acquire_all(keys.into()).await,
+            Backend::Memory(m) => m.acquire_all(keys),
+        }
+    }
+
     /// Waits up to `max_wait` for a held lock, woken when the holder releases; see
     /// [`Redlock::lock_within`] and [`MemoryLocks::lock_within`].
     ///

@@ -288,6 +288,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
         let _ = parts;
         NoKey::Missing
     }
+
+    /// Whether this extractor names several keys per request, read with
+    /// [`extract_all`](Self::extract_all) instead of [`extract`](Self::extract), all held
+    /// with one lease, all or none ([`LockLayer`](crate::LockLayer) only; other layers
+    /// answer 500). Default `false`. [`FnKeys`] (`LockLayer::by_fn_all`) is one.
+    const SEVERAL: bool = false;
+
+    /// Every key value of this request, for an extractor with [`SEVERAL`](Self::SEVERAL);
+    /// `Ok(None)` or an empty list when the request has none. Each value is checked as
+    /// [`extract`](Self::extract)'s, and shares its scope. The default: the one value of
+    /// [`extract`](Self::extract).
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyError`] when the request carries a key that cannot be read; the layer
+    /// answers 400.
+    fn extract_all(&self, parts: &mut Parts) -> Result<Option<Vec<String>>, KeyError> {
+        Ok(self.extract(parts)?.map(|value| vec![value.into_owned()]))
+    }
 }
 
 pub(crate) mod extractors;
@@ -295,7 +314,7 @@ pub(crate) mod extractors;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extractors::PathParamKey;
-pub use extractors::{FnKey, HeaderKey};
+pub use extractors::{FnKey, FnKeys, HeaderKey};
 
 #[cfg(test)]
 mod tests {

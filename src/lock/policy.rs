@@ -112,6 +112,18 @@ impl Policy for LockPolicy {
             policy.verdict(acquired)
         }))
     }
+
+    fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Option<Decision<LockPermit>> {
+        // One attempt: `max_wait` applies to one key only.
+        if let Some(memory) = self.locks.as_memory() {
+            return Some(Decision::Ready(self.verdict(memory.acquire_all(keys))));
+        }
+        let policy = self.clone();
+        Some(Decision::Pending(Box::pin(async move {
+            let acquired = policy.locks.acquire_keys(keys).await;
+            policy.verdict(acquired)
+        })))
+    }
 }
 
 /// A held lease: released when the response is done, renewed until then; released in

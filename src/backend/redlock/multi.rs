@@ -239,7 +239,7 @@ impl Redlock {
     }
 
     /// One attempt on the sorted, distinct `keys`.
-    async fn acquire_all(&self, keys: Arc<[Arc<str>]>) -> Result<Lease, LockError> {
+    pub(crate) async fn acquire_all(&self, keys: Arc<[Arc<str>]>) -> Result<Lease, LockError> {
         if let [key] = &keys[..] {
             return self.acquire(key.clone(), false).await;
         }
