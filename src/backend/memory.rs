@@ -281,7 +281,8 @@ impl MemoryLocks {
         bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
     }
 
-    /// Extends the lease to a full TTL from now, if it is still held.
+    /// Extends the lease to a full TTL from now, if it is still held (every key of a lease
+    /// on several keys).
     ///
     /// # Errors
     ///
@@ -306,7 +307,8 @@ impl MemoryLocks {
         }
     }
 
-    /// Releases the lease.
+    /// Releases the lease (every key of a lease on several keys that still holds its
+    /// token).
     ///
     /// # Errors
     ///

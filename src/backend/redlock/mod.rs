@@ -269,6 +269,8 @@ impl Redlock {
     /// Extends the lease to a full TTL from now on every node where it still holds the
     /// token; succeeds with a quorum and a positive recomputed validity, and then moves
     /// `lease.valid_until()`.
+    /// A lease on several keys ([`try_lock_all`](Self::try_lock_all)) is extended on a
+    /// node only where every one of its keys holds the token, in one script.
     ///
     /// # Errors
     ///
@@ -310,6 +312,8 @@ impl Redlock {
     }
 
     /// Releases the lease: deletes the key on every node where it still holds the token.
+    /// A lease on several keys is released key by key, each where it holds the token, in
+    /// one script per node.
     ///
     /// # Errors
     ///
