@@ -131,31 +131,30 @@ impl Policy {
     ///
     /// # Errors
     ///
-    /// The first resource's [`KeyError`], or [`KeyError::KeyCount`] for none or more
-    /// than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct ones.
+    /// The first invalid resource's [`KeyError`], or [`KeyError::KeyCount`] for none or
+    /// more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct ones
+    /// (the count then says how many were seen before giving up: one over the bound).
     pub(crate) fn key_set<I>(&self, resources: I) -> Result<Vec<Arc<str>>, KeyError>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
         use crate::key::MAX_KEYS_PER_LEASE;
-        let mut keys = Vec::new();
+        let mut keys = std::collections::BTreeSet::new();
         for resource in resources {
-            keys.push(self.full_key(resource.as_ref())?);
-            // Bounded before sorting, so that a huge input costs no more than this.
-            if keys.len() > 4 * MAX_KEYS_PER_LEASE {
+            keys.insert(self.full_key(resource.as_ref())?);
+            // Refused as soon as there are too many: a huge input costs no more than this.
+            if keys.len() > MAX_KEYS_PER_LEASE {
                 break;
             }
         }
-        keys.sort_unstable();
-        keys.dedup();
         if keys.is_empty() || keys.len() > MAX_KEYS_PER_LEASE {
             return Err(KeyError::KeyCount {
                 count: keys.len(),
                 max: MAX_KEYS_PER_LEASE,
             });
         }
-        Ok(keys)
+        Ok(keys.into_iter().collect())
     }
 
     /// Runs `attempt`, and again after a random [`retry_delay`](Self::retry_delay) up to

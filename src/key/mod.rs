@@ -57,9 +57,9 @@ pub enum KeyError {
     Empty,
     /// A lease on several keys was asked for more than [`MAX_KEYS_PER_LEASE`] distinct
     /// keys, or for none.
-    #[error("{count} keys were given for one lease; from 1 to {max} are accepted")]
+    #[error("{count} keys were given for one lease; from 1 to {max} distinct ones are accepted")]
     KeyCount {
-        /// How many distinct keys were given.
+        /// How many distinct keys were given (counting stops one over the bound).
         count: usize,
         /// The bound.
         max: usize,

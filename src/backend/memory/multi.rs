@@ -84,6 +84,10 @@ impl MemoryLocks {
         if let Some(retry_after) = longest {
             return Err(LockError::Taken { retry_after });
         }
+        if state.held.len() >= state.sweep_at {
+            state.held.retain(|_, held| held.expires_at > now);
+            state.sweep_at = (state.held.len() * 2).max(super::MIN_SWEEP);
+        }
         for key in &keys {
             state.held.insert(key.clone(), Held { token, expires_at });
         }
@@ -258,6 +262,11 @@ mod tests {
             Err(LockError::InvalidKey(KeyError::KeyCount { .. }))
         ));
         assert!(locks.try_lock_all(&many[..MAX_KEYS_PER_LEASE]).is_ok());
+        // Many duplicates of few keys are few keys, and a new key after them counts.
+        let mut repeated = vec!["r1".to_owned(); 10 * MAX_KEYS_PER_LEASE];
+        repeated.push("r2".to_owned());
+        let lease = locks.try_lock_all(&repeated).unwrap();
+        assert_eq!(lease.keys().count(), 2);
         let one = locks.try_lock_all(["same", "same"]).unwrap();
         assert!(one.set.is_none());
         assert_eq!(one.keys().count(), 1);
