@@ -445,13 +445,13 @@ async fn layer_over_a_set(locks: Locks, nodes: &[RedisNode]) {
     tokio::time::timeout(Duration::from_secs(10), entered)
         .await
         .expect("the first transfer runs");
-    assert_eq!(
-        count_on(nodes, "tower-redlock:account:a").await,
-        nodes.len()
-    );
-    assert_eq!(
-        count_on(nodes, "tower-redlock:account:b").await,
-        nodes.len()
+    // Held from a quorum on; the last node's answer may still be on its way.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count_on(nodes, "tower-redlock:account:a").await == nodes.len()
+                && count_on(nodes, "tower-redlock:account:b").await == nodes.len()
+        })
+        .await
     );
     // Either account, named either way round: 423 with Retry-After, nothing left held.
     for (from, to) in [("a", "b"), ("c", "b"), ("a", "d")] {
@@ -528,4 +528,82 @@ async fn layer_by_fn_all_with_a_minority_killed_then_a_majority_gone() {
     let resp = send(&base, "a", "b", false).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
+}
+
+/// The commands each node was sent since `before` (`INFO commandstats` also counts the
+/// commands a script runs: those are left out, as is the test's own connections' setup).
+async fn ran_since(
+    node: &RedisNode,
+    before: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    support::command_calls(node)
+        .await
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("eval") || name.starts_with("script"))
+        .filter_map(|(name, calls)| {
+            let new = calls - before.get(&name).copied().unwrap_or(0);
+            (new > 0).then_some((name, new))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_set_costs_one_script_per_node_for_each_operation() {
+    let nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    let keys = ["k1", "k2", "k3", "k4", "k5"];
+    // Warm up: the scripts are loaded on every node.
+    let mut lease = locks.try_lock_all(keys).await.unwrap();
+    locks.extend(&mut lease).await.unwrap();
+    locks.unlock(lease).await.unwrap();
+    let snapshot = || async {
+        let mut calls = Vec::new();
+        for node in &nodes {
+            calls.push(support::command_calls(node).await);
+        }
+        calls
+    };
+    let before = snapshot().await;
+    let mut lease = locks.try_lock_all(keys).await.unwrap();
+    locks.extend(&mut lease).await.unwrap();
+    locks.unlock(lease).await.unwrap();
+    let scripts = |n: u64| std::collections::BTreeMap::from([("evalsha".to_owned(), n)]);
+    for (node, before) in nodes.iter().zip(&before) {
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                ran_since(node, before).await == scripts(3)
+            })
+            .await,
+            "{:?}",
+            ran_since(node, before).await
+        );
+    }
+    // A refusal answers after one script per node; a node whose answer was not awaited
+    // (the verdict came from the others) gets one more, the release in the background.
+    let _held = locks.try_lock_all(keys).await.unwrap();
+    let before = snapshot().await;
+    assert!(matches!(
+        locks.try_lock_all(["k5", "k6"]).await,
+        Err(LockError::Taken { .. })
+    ));
+    let mut total = 0;
+    for (node, before) in nodes.iter().zip(&before) {
+        // The script of a node whose answer was not awaited may still be on its way.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                !ran_since(node, before).await.is_empty()
+            })
+            .await
+        );
+        let ran = ran_since(node, before).await;
+        assert!(ran == scripts(1) || ran == scripts(2), "{ran:?}");
+        total += ran["evalsha"];
+    }
+    assert!(total <= 4, "{total}");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count_on(&nodes, "tower-redlock:k6").await == 0
+        })
+        .await
+    );
 }

@@ -267,8 +267,12 @@ impl Redlock {
             // Released in the background by the guard.
             Verdict::NoQuorum => return Err(self.no_quorum(round)),
             Verdict::Lost => {
-                // The nodes that refused set nothing; the guard releases the others in
-                // the background, so the answer costs one round.
+                // The nodes that refused set nothing; the guard releases the others (and
+                // those not heard from) in the background, so the answer costs one round.
+                guard.armed = !round
+                    .answers
+                    .iter()
+                    .all(|answer| matches!(answer, Some(Ok(Attempt::Held { .. }))));
                 return Err(LockError::Taken {
                     retry_after: self.set_retry_after(&round),
                 });
