@@ -49,6 +49,19 @@ async fn count_on(nodes: &[RedisNode], key: &str) -> usize {
     n
 }
 
+/// Waits (bounded) until `key` is on none of `nodes`: a release or the cleanup of a refused
+/// attempt returns at its verdict and finishes on the last nodes in the background.
+async fn assert_gone(nodes: &[RedisNode], key: &str) {
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count_on(nodes, key).await == 0
+        })
+        .await,
+        "{key} is still on {} node(s)",
+        count_on(nodes, key).await
+    );
+}
+
 /// All or none: a set with one held key takes nothing, and then takes all once it frees.
 async fn all_or_none(locks: &Locks, nodes: &[RedisNode]) {
     let bob = locks.try_lock("bob").await.unwrap();
@@ -59,7 +72,7 @@ async fn all_or_none(locks: &Locks, nodes: &[RedisNode]) {
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
     // Nothing of the refused set is left behind: not in process, not on any node.
     for key in ["alice", "carol"] {
-        assert_eq!(count_on(nodes, &format!("{PREFIX}{key}")).await, 0);
+        assert_gone(nodes, &format!("{PREFIX}{key}")).await;
         let lease = locks
             .try_lock(key)
             .await
@@ -76,10 +89,13 @@ async fn all_or_none(locks: &Locks, nodes: &[RedisNode]) {
             "tower-redlock:carol"
         ]
     );
-    for node in nodes {
-        for key in set.keys() {
-            assert_eq!(get(node, key).await.as_deref(), Some(set.token().as_str()));
+    // Every key holds the token on a quorum (the last node may not have been awaited).
+    for key in set.keys() {
+        let mut holding = 0;
+        for node in nodes {
+            holding += usize::from(get(node, key).await.as_deref() == Some(set.token().as_str()));
         }
+        assert!(holding >= nodes.len().div_ceil(2), "{key} on {holding}");
     }
     for key in ["alice", "bob", "carol"] {
         assert!(matches!(
@@ -90,7 +106,7 @@ async fn all_or_none(locks: &Locks, nodes: &[RedisNode]) {
     let keys: Vec<String> = set.keys().map(str::to_owned).collect();
     locks.unlock(set).await.unwrap();
     for key in &keys {
-        assert_eq!(count_on(nodes, key).await, 0, "{key} released everywhere");
+        assert_gone(nodes, key).await;
     }
 }
 
@@ -179,7 +195,7 @@ async fn retry_after_is_the_longest_holder_of_the_set() {
         retry_after > Duration::from_secs(30) && retry_after <= Duration::from_secs(60),
         "{retry_after:?}"
     );
-    assert_eq!(count_on(&nodes, "tower-redlock:c").await, 0);
+    assert_gone(&nodes, "tower-redlock:c").await;
 }
 
 #[tokio::test]
@@ -202,7 +218,7 @@ async fn a_minority_killed_is_still_exclusive() {
         other.try_lock_all(["z", "x"]).await,
         Err(LockError::Taken { .. })
     ));
-    assert_eq!(count_on(&nodes[..2], "tower-redlock:z").await, 0);
+    assert_gone(&nodes[..2], "tower-redlock:z").await;
     locks.unlock(set).await.unwrap();
     other.try_lock_all(["z", "x"]).await.unwrap();
 }
@@ -228,7 +244,7 @@ async fn a_majority_gone_is_no_quorum() {
         Err(LockError::NoQuorum { .. })
     ));
     // Nothing of the refused set stays on the node left.
-    assert_eq!(count_on(&nodes[..1], "tower-redlock:r").await, 0);
+    assert_gone(&nodes[..1], "tower-redlock:r").await;
 }
 
 #[tokio::test]
@@ -250,7 +266,7 @@ async fn renewal_keeps_every_key_and_the_end_releases_them() {
         .expect("not lost");
     assert_eq!(keys, ["tower-redlock:m", "tower-redlock:n"]);
     for key in &keys {
-        assert_eq!(count_on(&nodes, key).await, 0, "{key} released");
+        assert_gone(&nodes, key).await;
     }
 }
 
@@ -280,7 +296,7 @@ async fn a_set_with_one_key_taken_over_is_expired() {
         Err(LockError::Expired { taken_over: true })
     ));
     // Our key was released; theirs is left as it was.
-    assert_eq!(count_on(&nodes, "tower-redlock:u").await, 0);
+    assert_gone(&nodes, "tower-redlock:u").await;
     for node in &nodes {
         assert_eq!(
             get(node, "tower-redlock:v").await.as_deref(),
@@ -445,21 +461,21 @@ async fn layer_over_a_set(locks: Locks, nodes: &[RedisNode]) {
     tokio::time::timeout(Duration::from_secs(10), entered)
         .await
         .expect("the first transfer runs");
-    // Held from a quorum on; the last node's answer may still be on its way.
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            count_on(nodes, "tower-redlock:account:a").await == nodes.len()
-                && count_on(nodes, "tower-redlock:account:b").await == nodes.len()
-        })
-        .await
-    );
+    // Held on a quorum of nodes (the acquisition does not wait for the last node).
+    let quorum = if nodes.is_empty() {
+        0
+    } else {
+        nodes.len() / 2 + 1
+    };
+    assert!(count_on(nodes, "tower-redlock:account:a").await >= quorum);
+    assert!(count_on(nodes, "tower-redlock:account:b").await >= quorum);
     // Either account, named either way round: 423 with Retry-After, nothing left held.
     for (from, to) in [("a", "b"), ("c", "b"), ("a", "d")] {
         let resp = send(&base, from, to, false).await;
         assert_eq!(resp.status(), 423, "{from} -> {to}");
         assert!(resp.headers().contains_key("retry-after"));
     }
-    assert_eq!(count_on(nodes, "tower-redlock:account:c").await, 0);
+    assert_gone(nodes, "tower-redlock:account:c").await;
     let other = send(&base, "c", "d", false).await;
     assert_eq!(other.status(), 200);
     assert_eq!(
