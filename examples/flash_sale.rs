@@ -41,6 +41,13 @@
 //!   `{"simulate": "error"}` answers 500, which is not stored: a retry runs again;
 //! - `POST /orders/{order_id}/pay`: locked by the `Locked<OrderId>` extractor (423 while
 //!   another pay of the same order runs).
+//! - `PUT /accounts/{account_id}` with `{"balance": N}`, `GET /accounts/{account_id}`:
+//!   `{"account_id", "balance"}`, stored as `flash_sale:account:{id}` beside the stock;
+//! - `POST /transfers` with `{"from": "...", "to": "...", "amount": N}`: locks both
+//!   accounts with one lease (`Locks::try_lock_all`), reads both balances, works, writes
+//!   both (not atomically, on purpose); 200 with both new balances, 409 when `from` lacks
+//!   the funds, 423 while either account is locked, 400 when `from` equals `to` or the
+//!   amount is not positive (see `flash_sale/accounts.rs`).
 //!
 //! Every Redis command, the lock's and the stock's, waits at most [`NODE_TIMEOUT`] for its
 //! answer: a stock node that does not answer as Redis makes a buy answer 503 within it.
@@ -71,6 +78,9 @@ use tower_redlock::{
 /// How long one Redis node may take to answer a command: the lock's node timeout (the
 /// crate's default for a 10 s TTL), and the bound on each command of the stock store.
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[path = "flash_sale/accounts.rs"]
+mod accounts;
 
 #[derive(Clone)]
 struct AppState {
@@ -369,6 +379,7 @@ fn app(
             .route("/orders/{order_id}/pay", post(pay_unlocked))
     };
     router
+        .merge(accounts::routes(locking))
         .layer(middleware::from_fn(count_responses))
         .with_state(state)
 }

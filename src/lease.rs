@@ -71,6 +71,9 @@ impl fmt::Display for Token {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub(crate) key: Arc<str>,
+    /// Every key of a lease on several keys (sorted, distinct, the first one is `key`);
+    /// `None` for a lease on one key.
+    pub(crate) set: Option<Arc<[Arc<str>]>>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
@@ -80,9 +83,23 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`.
+    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`. For a lease on
+    /// several keys ([`Locks::lock_all`](crate::Locks::lock_all)), the first of them in
+    /// byte order; [`keys`](Self::keys) lists them all.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Every key this lease holds, in byte order: one for a lease taken with
+    /// [`Locks::lock`](crate::Locks::lock) and the like, each distinct key given for one
+    /// taken with [`Locks::lock_all`](crate::Locks::lock_all). All of them hold the same
+    /// token, and the lease is valid only while all of them are held.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.set
+            .as_deref()
+            .unwrap_or(std::slice::from_ref(&self.key))
+            .iter()
+            .map(|key| &**key)
     }
 
     /// The token that proves ownership. On Redis the key's value is this token, followed by

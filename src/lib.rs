@@ -72,7 +72,7 @@ pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 pub use extract::NotGuarded;
 #[cfg(all(feature = "axum", feature = "lock"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "lock"))))]
-pub use extract::{LockKey, Locked, LockedRejection};
+pub use extract::{LockKey, LockKeys, Locked, LockedRejection};
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use lock::{

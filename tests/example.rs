@@ -525,3 +525,196 @@ async fn example_metrics_count_the_answers_the_clients_saw() {
         "{text}"
     );
 }
+
+// Accounts and transfers: `POST /transfers` locks both accounts with one lease.
+
+async fn put_balance(example: &Example, account: &str, balance: i64) {
+    let resp = reqwest::Client::new()
+        .put(format!("{}/accounts/{account}", example.base))
+        .json(&serde_json::json!({"balance": balance}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+async fn balance(example: &Example, account: &str) -> i64 {
+    let body: serde_json::Value = reqwest::get(format!("{}/accounts/{account}", example.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["account_id"], account, "{body}");
+    body["balance"].as_i64().unwrap()
+}
+
+async fn post_transfer(
+    client: &reqwest::Client,
+    example: &Example,
+    from: &str,
+    to: &str,
+    amount: i64,
+) -> reqwest::Response {
+    client
+        .post(format!("{}/transfers", example.base))
+        .json(&serde_json::json!({"from": from, "to": to, "amount": amount}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Runs the transfers at once, alternating between the examples; each retries while it
+/// gets 423. Returns how many moved money (200) and how many lacked the funds (409).
+async fn run_transfers(examples: &[Example], transfers: &[(&str, &str, i64)]) -> (usize, usize) {
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for (i, (from, to, amount)) in transfers.iter().enumerate() {
+        let url = format!("{}/transfers", examples[i % examples.len()].base);
+        let body = serde_json::json!({"from": from, "to": to, "amount": amount});
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2000 {
+                let resp = client.post(&url).json(&body).send().await.unwrap();
+                match resp.status().as_u16() {
+                    200 => return true,
+                    409 => return false,
+                    423 => tokio::time::sleep(Duration::from_millis(5)).await,
+                    other => panic!("unexpected {other}: {}", resp.text().await.unwrap()),
+                }
+            }
+            panic!("a transfer never got an answer other than 423");
+        }));
+    }
+    let (mut moved, mut refused) = (0, 0);
+    for task in tasks {
+        if task.await.unwrap() {
+            moved += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    (moved, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_transfers_keep_the_total_across_two_processes_and_a_node_fault() {
+    let mut nodes = nodes(3);
+    let examples = [
+        start_example(&nodes, 10, true).await,
+        start_example(&nodes, 10, true).await,
+    ];
+    let accounts = ["a", "b", "c", "d"];
+    for account in accounts {
+        put_balance(&examples[0], account, 100).await;
+    }
+    // Every pair, both ways round, amounts that overdraw some accounts at times.
+    let mut transfers = Vec::new();
+    for (i, from) in accounts.iter().enumerate() {
+        for (j, to) in accounts.iter().enumerate() {
+            if i != j {
+                transfers.push((*from, *to, 30 + ((i * 7 + j * 13) % 50) as i64));
+            }
+        }
+    }
+    let (moved, refused) = run_transfers(&examples, &transfers).await;
+    assert!(moved > 0, "{moved} moved, {refused} refused");
+    // A minority of lock nodes gone (not the one with the balances): still exclusive.
+    nodes[2].kill();
+    let (more, _) = run_transfers(&examples, &transfers).await;
+    assert!(more > 0);
+    let mut total = 0;
+    for account in accounts {
+        let balance = balance(&examples[1], account).await;
+        assert!(balance >= 0, "{account} went negative: {balance}");
+        total += balance;
+    }
+    assert_eq!(total, 400, "money was lost or made");
+}
+
+#[tokio::test]
+async fn example_transfers_without_locking_lose_money() {
+    // The control for the test above: concurrent transfers into one account, without the
+    // lock, overwrite each other's credit.
+    let nodes = nodes(1);
+    let examples = [
+        start_example(&nodes, 300, false).await,
+        start_example(&nodes, 300, false).await,
+    ];
+    let sources = ["s0", "s1", "s2", "s3", "s4", "s5"];
+    for source in sources {
+        put_balance(&examples[0], source, 100).await;
+    }
+    put_balance(&examples[0], "hub", 0).await;
+    let transfers: Vec<_> = sources.iter().map(|s| (*s, "hub", 10)).collect();
+    let (moved, _) = run_transfers(&examples, &transfers).await;
+    assert_eq!(moved, sources.len());
+    let mut total = balance(&examples[1], "hub").await;
+    for source in sources {
+        total += balance(&examples[1], source).await;
+    }
+    assert!(total < 600, "no money lost without a lock: {total}");
+}
+
+#[tokio::test]
+async fn example_transfer_answers() {
+    let nodes = nodes(3);
+    let example = start_example(&nodes, 10, true).await;
+    put_balance(&example, "x", 50).await;
+    put_balance(&example, "y", 5).await;
+    let client = reqwest::Client::new();
+    for (from, to, amount) in [("x", "x", 5), ("x", "y", 0), ("x", "y", -3)] {
+        let resp = post_transfer(&client, &example, from, to, amount).await;
+        assert_eq!(resp.status(), 400, "{from} -> {to}: {amount}");
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    }
+    let not_json = client
+        .post(format!("{}/transfers", example.base))
+        .header("content-type", "application/json")
+        .body("{\"from\": \"x\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_json.status(), 400);
+
+    let short = post_transfer(&client, &example, "y", "x", 6).await;
+    assert_eq!(short.status(), 409);
+    assert_eq!(short.headers()["content-type"], "application/problem+json");
+
+    let done = post_transfer(&client, &example, "x", "y", 20).await;
+    assert_eq!(done.status(), 200);
+    let body: serde_json::Value = done.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "amount": 20,
+            "from": {"account_id": "x", "balance": 30},
+            "to": {"account_id": "y", "balance": 25},
+        })
+    );
+
+    // Either account held by someone else: 423 with Retry-After, whichever side it is.
+    let other = tower_redlock::Redlock::builder(urls(&nodes))
+        .ttl(Duration::from_secs(20))
+        .build()
+        .await
+        .unwrap();
+    let held = other.try_lock("account:y").await.unwrap();
+    for (from, to) in [("x", "y"), ("y", "x")] {
+        let resp = post_transfer(&client, &example, from, to, 1).await;
+        assert_eq!(resp.status(), 423, "{from} -> {to}");
+        let retry_after: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((15..=20).contains(&retry_after), "{retry_after}");
+    }
+    other.unlock(held).await.unwrap();
+    assert_eq!(
+        post_transfer(&client, &example, "y", "x", 1).await.status(),
+        200
+    );
+    assert_eq!(balance(&example, "x").await, 31);
+    assert_eq!(balance(&example, "y").await, 24);
+}

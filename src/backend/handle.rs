@@ -97,6 +97,74 @@ impl Locks {
         }
     }
 
+    /// One attempt on several resources at once, all of them or none, with one token,
+    /// one validity and one quorum verdict for the set; see [`Redlock::try_lock_all`] and
+    /// [`MemoryLocks::try_lock_all`]. The order of `resources` does not matter (they are
+    /// sorted, duplicates dropped), so callers that name the same keys in other orders
+    /// never deadlock. [`extend`](Self::extend), [`unlock`](Self::unlock) and the
+    /// renewals act on every key of the lease; [`Lease::keys`] lists them.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::Locks;
+    ///
+    /// let locks = Locks::default();
+    /// // A transfer holds both accounts, whichever way round it names them.
+    /// let lease = locks.try_lock_all(["account:bob", "account:alice"]).await?;
+    /// assert_eq!(lease.keys().count(), 2);
+    /// assert!(locks.try_lock_all(["account:alice", "account:bob"]).await.is_err());
+    /// locks.unlock(lease).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Self::try_lock), [`LockError::Taken`] when any key is held (with
+    /// the time until its longest holder frees it); [`LockError::InvalidKey`] also for
+    /// none or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct
+    /// resources.
+    pub async fn try_lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => r.try_lock_all(resources).await,
+            Backend::Memory(m) => m.try_lock_all(resources),
+        }
+    }
+
+    /// [`try_lock_all`](Self::try_lock_all) with retries; see [`Redlock::lock_all`] and
+    /// [`MemoryLocks::lock_all`].
+    ///
+    /// # Errors
+    ///
+    /// The error of the last attempt.
+    pub async fn lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => r.lock_all(resources).await,
+            Backend::Memory(m) => m.lock_all(resources).await,
+        }
+    }
+
+    /// One attempt on keys that already have the prefix, sorted and distinct.
+    pub(crate) async fn acquire_keys(
+        &self,
+        keys: Vec<std::sync::Arc<str>>,
+    ) -> Result<Lease, LockError> {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => r.acquire_all(keys.into()).await,
+            Backend::Memory(m) => m.acquire_all(keys),
+        }
+    }
+
     /// Waits up to `max_wait` for a held lock, woken when the holder releases; see
     /// [`Redlock::lock_within`] and [`MemoryLocks::lock_within`].
     ///
@@ -229,7 +297,7 @@ impl Locks {
             && crate::key::with_scratch(|key| {
                 key.push_str(self.prefix());
                 crate::key::push_escaped(key, resource);
-                lease.key() == key.as_str()
+                lease.keys().any(|held| held == key.as_str())
             })
     }
 
@@ -238,7 +306,10 @@ impl Locks {
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.release_detached(lease.key, lease.token, true),
+            Backend::Redlock(r) => match lease.set {
+                Some(keys) => r.release_all_detached(keys, lease.token, true),
+                None => r.release_detached(lease.key, lease.token, true),
+            },
             Backend::Memory(m) => {
                 let _ = m.unlock(lease);
             }

@@ -21,6 +21,8 @@ use crate::observe::{self, op_span};
 
 mod modes;
 
+mod multi;
+
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
 /// random tokens, expiry after the TTL, "taken" answers with the time until the holder's
 /// lease runs out, and "expired" answers on release and extension.
@@ -246,6 +248,7 @@ impl MemoryLocks {
         state.fence = state.fence.saturating_add(1);
         Ok(Lease {
             key,
+            set: None,
             token,
             ttl,
             valid_until: expires_at,
@@ -299,7 +302,8 @@ impl MemoryLocks {
         bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
     }
 
-    /// Extends the lease to a full TTL from now, if it is still held.
+    /// Extends the lease to a full TTL from now, if it is still held (every key of a lease
+    /// on several keys).
     ///
     /// # Errors
     ///
@@ -313,6 +317,9 @@ impl MemoryLocks {
     fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
         if lease.is_shared() {
             return self.extend_shared(lease);
+        }
+        if let Some(keys) = lease.set.clone() {
+            return self.extend_all(lease, &keys);
         }
         let now = Instant::now();
         let mut state = self.state();
@@ -329,7 +336,8 @@ impl MemoryLocks {
         }
     }
 
-    /// Releases the lease.
+    /// Releases the lease (every key of a lease on several keys that still holds its
+    /// token).
     ///
     /// # Errors
     ///
@@ -343,6 +351,9 @@ impl MemoryLocks {
     fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         if lease.is_shared() {
             return self.unlock_shared(&lease);
+        }
+        if let Some(keys) = &lease.set {
+            return self.unlock_all(&lease, keys);
         }
         let now = Instant::now();
         let mut state = self.state();

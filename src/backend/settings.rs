@@ -125,6 +125,38 @@ impl Policy {
         }))
     }
 
+    /// The keys of a lease on several resources: each as [`full_key`](Self::full_key),
+    /// sorted by bytes and without duplicates, so that every holder takes them in one
+    /// order and names them the same way whatever order the caller gave.
+    ///
+    /// # Errors
+    ///
+    /// The first invalid resource's [`KeyError`], or [`KeyError::KeyCount`] for none or
+    /// more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct ones
+    /// (the count then says how many were seen before giving up: one over the bound).
+    pub(crate) fn key_set<I>(&self, resources: I) -> Result<Vec<Arc<str>>, KeyError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        use crate::key::MAX_KEYS_PER_LEASE;
+        let mut keys = std::collections::BTreeSet::new();
+        for resource in resources {
+            keys.insert(self.full_key(resource.as_ref())?);
+            // Refused as soon as there are too many: a huge input costs no more than this.
+            if keys.len() > MAX_KEYS_PER_LEASE {
+                break;
+            }
+        }
+        if keys.is_empty() || keys.len() > MAX_KEYS_PER_LEASE {
+            return Err(KeyError::KeyCount {
+                count: keys.len(),
+                max: MAX_KEYS_PER_LEASE,
+            });
+        }
+        Ok(keys.into_iter().collect())
+    }
+
     /// Runs `attempt`, and again after a random [`retry_delay`](Self::retry_delay) up to
     /// the retry count while it fails on anything but the key itself; the last result.
     pub(crate) async fn with_retries<F, Fut>(&self, mut attempt: F) -> Result<Lease, LockError>

@@ -13,13 +13,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::handle::Locks;
 pub use crate::backend::renewal::Renewal;
 use crate::backend::renewal::{RenewError, Schedule};
 use crate::backend::status::{LeaseStatus, Shared};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::protect::{Lost, Protected, Watch};
+use crate::protect::Watch;
+
+mod work;
 
 /// What the [`LockLayer`](crate::LockLayer) does when the lease is lost while the inner
 /// service runs (a renewal found the token gone, or the validity ran out).
@@ -196,20 +198,7 @@ impl Locks {
         Fut: Future,
     {
         let lease = self.lock(resource).await?;
-        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
-        let watchdog = Watchdog::new(self.clone(), lease, renewal);
-        let status = watchdog.status();
-        let result = Protected::new(work(status), watchdog)
-            .await
-            .map_err(|Lost| LockError::Lost);
-        if let Some((locks, lease)) = guard.take() {
-            if let Err(e) = locks.unlock(lease).await {
-                if result.is_ok() {
-                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
-                }
-            }
-        }
-        result
+        self.with_lease(lease, renewal, work).await
     }
 }
 

@@ -6,14 +6,12 @@ use std::task::{Context, Poll};
 
 use axum::extract::{FromRef, FromRequestParts, Path};
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use http::request::Parts;
 
+use super::lock_keys::LockKeys;
 use crate::backend::handle::Locks;
 use crate::backend::status::LeaseStatus;
-use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
-use crate::key::validate_value;
 use crate::lease::Lease;
 use crate::problem::Problem;
 use crate::protect::{Lost, Protected, Watch};
@@ -94,7 +92,9 @@ integer_lock_keys!(
 
 /// An extractor that holds a lock on `T`'s key while the handler runs.
 ///
-/// `T` is any extractor that implements [`LockKey`] (`Path<OrderId>`, or your own type).
+/// `T` is any extractor that implements [`LockKey`] (`Path<OrderId>`, or your own type),
+/// or [`LockKeys`] to hold several keys with one lease, all or none (a transfer's two
+/// accounts); a body extractor (`Json<T>`) works too, as the handler's last argument.
 /// The backend comes from the state: `Locks: FromRef<S>`. The lease is released when the
 /// `Locked` value is dropped (in the background, with the TTL as the backstop), or
 /// earlier with [`release`](Locked::release). Read the value through `Deref`.
@@ -144,9 +144,9 @@ pub struct Locked<T> {
 }
 
 /// A lease this extractor acquired: its backend and the task that renews it.
-struct Owned {
-    locks: Locks,
-    renewer: Option<tokio::task::JoinHandle<()>>,
+pub(super) struct Owned {
+    pub(super) locks: Locks,
+    pub(super) renewer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Owned {
@@ -159,6 +159,15 @@ impl Owned {
 }
 
 impl<T> Locked<T> {
+    /// `value` locked under `status`; `owner` when this extractor took the lease itself.
+    pub(super) fn new(value: T, status: LeaseStatus, owner: Option<Owned>) -> Self {
+        Self {
+            value: Some(value),
+            status,
+            owner,
+        }
+    }
+
     /// The lease held (key, token, fencing token), as acquired; its validity at
     /// acquisition. [`status`](Self::status) follows the renewals.
     pub fn lease(&self) -> &Lease {
@@ -258,7 +267,7 @@ impl<T: fmt::Debug> fmt::Debug for Locked<T> {
 
 impl<T, S> FromRequestParts<S> for Locked<T>
 where
-    T: FromRequestParts<S> + LockKey + Send,
+    T: FromRequestParts<S> + LockKeys + Send,
     Locks: FromRef<S>,
     S: Send + Sync,
 {
@@ -268,51 +277,10 @@ where
         let value = T::from_request_parts(parts, state)
             .await
             .map_err(LockedRejection::Extract)?;
-        let key = value.lock_key();
-        let reject =
-            |e: LockError| LockedRejection::Lock(Problem::from_lock_error(&e, StatusCode::LOCKED));
-        validate_value(&key).map_err(|e| {
-            crate::observe::lock_request(crate::observe::LockResult::Invalid);
-            reject(e.into())
-        })?;
-        let resource = format!("{}:{}", T::SCOPE, key);
-        drop(key);
-        let locks = Locks::from_ref(state);
-        if let Some(status) = parts.extensions.get::<LeaseStatus>() {
-            if locks.names(status.lease(), &resource) {
-                return Ok(Locked {
-                    value: Some(value),
-                    status: status.clone(),
-                    owner: None,
-                });
-            }
-        }
-        let started = std::time::Instant::now();
-        let acquired = locks.try_lock(&resource).await;
-        crate::observe::lock_outcome(&acquired, started);
-        match acquired {
-            Ok(lease) => {
-                let mut watchdog = Watchdog::new(locks.clone(), lease.clone(), Renewal::default());
-                let status = watchdog.status();
-                let renewer = tokio::spawn(async move {
-                    std::future::poll_fn(|cx| watchdog.poll_lost(cx)).await;
-                });
-                Ok(Locked {
-                    value: Some(value),
-                    status,
-                    owner: Some(Owned {
-                        locks,
-                        renewer: Some(renewer),
-                    }),
-                })
-            }
-            Err(e) => {
-                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    tracing::warn!(error = %e, "lock backend unavailable; answering 503");
-                }
-                Err(reject(e))
-            }
-        }
+        let existing = parts.extensions.get::<LeaseStatus>();
+        super::lock_keys::lock(value, existing, Locks::from_ref(state))
+            .await
+            .map_err(LockedRejection::Lock)
     }
 }
 
@@ -339,8 +307,11 @@ impl<R: IntoResponse> IntoResponse for LockedRejection<R> {
 mod tests {
     use std::time::Duration;
 
+    use http::StatusCode;
+
     use super::*;
     use crate::MemoryLocks;
+    use crate::backend::watchdog::{Renewal, Watchdog};
 
     /// A job id read from the `job` header.
     #[derive(Debug)]

@@ -28,10 +28,15 @@
 #[cfg(any(feature = "lock", feature = "rate-limit"))]
 mod held;
 #[cfg(feature = "lock")]
+mod lock_keys;
+#[cfg(feature = "lock")]
 mod locked;
 
 #[cfg(any(feature = "lock", feature = "rate-limit"))]
 pub use held::NotGuarded;
+#[cfg(feature = "lock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
+pub use lock_keys::LockKeys;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use locked::{LockKey, Locked, LockedRejection};

@@ -263,6 +263,44 @@ where
     }
 }
 
+/// The keys are what a function returns for the request head, all held with one lease
+/// ([`LockLayer::by_fn_all`](crate::LockLayer::by_fn_all)): `None` or an empty list when
+/// the request has none.
+pub struct FnKeys<F> {
+    f: F,
+}
+
+impl<F> FnKeys<F> {
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self { f }
+    }
+}
+
+impl<F> fmt::Debug for FnKeys<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnKeys").finish_non_exhaustive()
+    }
+}
+
+impl<F> KeyExtractor for FnKeys<F>
+where
+    F: Fn(&Parts) -> Option<Vec<String>> + Send + Sync + 'static,
+{
+    const SEVERAL: bool = true;
+
+    fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+        // Read through `extract_all`; this is only for a caller that takes one key.
+        Ok((self.f)(parts)
+            .and_then(|values| values.into_iter().next())
+            .map(Cow::Owned))
+    }
+
+    fn extract_all(&self, parts: &mut Parts) -> Result<Option<Vec<String>>, KeyError> {
+        Ok((self.f)(parts))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,11 @@ pub const MAX_KEY_LEN: usize = 256;
 /// ([`Locks::lock`](crate::Locks::lock) and the others), in bytes: 1024.
 pub const MAX_RESOURCE_LEN: usize = 1024;
 
+/// The most keys one lease may name ([`Locks::lock_all`](crate::Locks::lock_all) and the
+/// others): 64. Each node checks and sets them in one script, so the bound keeps that
+/// script short.
+pub const MAX_KEYS_PER_LEASE: usize = 64;
+
 /// Why a key value (of a lock or of a rate limit) was refused. The HTTP layers answer
 /// `400 Bad Request` for each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +55,15 @@ pub enum KeyError {
     /// The value is empty.
     #[error("the key is empty")]
     Empty,
+    /// A lease on several keys was asked for more than [`MAX_KEYS_PER_LEASE`] distinct
+    /// keys, or for none.
+    #[error("{count} keys were given for one lease; from 1 to {max} distinct ones are accepted")]
+    KeyCount {
+        /// How many distinct keys were given (counting stops one over the bound).
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The value is longer than [`MAX_KEY_LEN`] bytes.
     #[error("the key is {len} bytes long; at most {max} are accepted")]
     TooLong {
@@ -294,6 +308,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
         let _ = parts;
         NoKey::Missing
     }
+
+    /// Whether this extractor names several keys per request, read with
+    /// [`extract_all`](Self::extract_all) instead of [`extract`](Self::extract), all held
+    /// with one lease, all or none ([`LockLayer`](crate::LockLayer) only; other layers
+    /// answer 500). Default `false`. [`FnKeys`] (`LockLayer::by_fn_all`) is one.
+    const SEVERAL: bool = false;
+
+    /// Every key value of this request, for an extractor with [`SEVERAL`](Self::SEVERAL);
+    /// `Ok(None)` or an empty list when the request has none. Each value is checked as
+    /// [`extract`](Self::extract)'s, and shares its scope. The default: the one value of
+    /// [`extract`](Self::extract).
+    ///
+    /// # Errors
+    ///
+    /// A [`KeyError`] when the request carries a key that cannot be read; the layer
+    /// answers 400.
+    fn extract_all(&self, parts: &mut Parts) -> Result<Option<Vec<String>>, KeyError> {
+        Ok(self.extract(parts)?.map(|value| vec![value.into_owned()]))
+    }
 }
 
 pub(crate) mod extractors;
@@ -301,7 +334,7 @@ pub(crate) mod extractors;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extractors::PathParamKey;
-pub use extractors::{FnKey, GlobalKey, HeaderKey};
+pub use extractors::{FnKey, FnKeys, GlobalKey, HeaderKey};
 
 #[cfg(test)]
 mod tests {

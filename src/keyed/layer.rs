@@ -199,6 +199,9 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         if let Some(mistake) = &self.misconfigured {
             return Step::Answer(self.misconfiguration(mistake));
         }
+        if K::SEVERAL {
+            return self.step_all(parts);
+        }
         let read = with_scratch(|key| {
             write_key_head(
                 key,
@@ -217,21 +220,72 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             drop(value);
             Ok(self.policy.decide(key, parts))
         });
-        let error = match read {
-            Ok(decision) => return Step::Decided(decision),
-            Err(Some(error)) => error,
-            Err(None) => {
-                return match self.extractor.no_key(parts) {
-                    NoKey::Misconfigured(mistake) => Step::Answer(self.misconfiguration(&mistake)),
-                    NoKey::Missing if self.required => {
-                        self.policy.bad_key(true);
-                        Step::Answer(
-                            Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
-                        )
-                    }
-                    _ => Step::Unkeyed,
-                };
+        match read {
+            Ok(decision) => Step::Decided(decision),
+            Err(error) => self.unread(error, parts),
+        }
+    }
+
+    /// [`step`](Self::step) for an extractor of several keys: each value is checked and
+    /// written as one key would be, and the policy decides for the set (sorted, distinct).
+    fn step_all(&self, parts: &mut Parts) -> Step<P::Permit> {
+        let values = match self.extractor.extract_all(parts) {
+            Ok(Some(values)) if !values.is_empty() => values,
+            Ok(_) => return self.unread(None, parts),
+            Err(e) => return self.unread(Some(e), parts),
+        };
+        let mut keys = Vec::with_capacity(values.len());
+        for value in &values {
+            if let Err(e) = validate_value(value) {
+                return self.unread(Some(e), parts);
             }
+            keys.push(with_scratch(|key| {
+                write_key_head(
+                    key,
+                    self.policy.prefix(),
+                    self.scope.as_deref(),
+                    &*self.extractor,
+                    parts,
+                );
+                push_escaped(key, value);
+                Arc::<str>::from(key.as_str())
+            }));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() > crate::key::MAX_KEYS_PER_LEASE {
+            let error = KeyError::KeyCount {
+                count: keys.len(),
+                max: crate::key::MAX_KEYS_PER_LEASE,
+            };
+            return Step::Answer(invalid_key::<P>(&error));
+        }
+        if keys.len() == 1 {
+            return Step::Decided(self.policy.decide(&keys[0], parts));
+        }
+        match self.policy.decide_all(keys, parts) {
+            Some(decision) => Step::Decided(decision),
+            None => Step::Answer(self.misconfiguration(&Misconfiguration::new(format!(
+                "{} takes one key per request with these settings (several keys take the plain \
+                 lock only: not shared(), exclusive() or fair(true)), and its key extractor \
+                 names several",
+                P::LAYER
+            )))),
+        }
+    }
+
+    /// The answer when no key was read: `error` when the key is invalid, else why the
+    /// request has none.
+    fn unread(&self, error: Option<KeyError>, parts: &mut Parts) -> Step<P::Permit> {
+        let Some(error) = error else {
+            return match self.extractor.no_key(parts) {
+                NoKey::Misconfigured(mistake) => Step::Answer(self.misconfiguration(&mistake)),
+                NoKey::Missing if self.required => {
+                    self.policy.bad_key(true);
+                    Step::Answer(Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into())
+                }
+                _ => Step::Unkeyed,
+            };
         };
         self.policy.bad_key(false);
         Step::Answer(invalid_key::<P>(&error))

@@ -64,6 +64,20 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     /// can answer without waiting, else as a future.
     #[doc(hidden)]
     fn decide(&self, key: &str, parts: &Parts) -> Decision<Self::Permit>;
+
+    /// The decision for several keys at once (each prefixed, scoped and escaped; sorted,
+    /// without duplicates, at least two), from a key extractor that names several
+    /// ([`KeyExtractor::SEVERAL`](crate::key::KeyExtractor::SEVERAL)). `None`, the default:
+    /// the policy takes one key only, and the layer answers 500 (a server mistake).
+    #[doc(hidden)]
+    fn decide_all(
+        &self,
+        keys: Vec<std::sync::Arc<str>>,
+        parts: &Parts,
+    ) -> Option<Decision<Self::Permit>> {
+        let _ = (keys, parts);
+        None
+    }
 }
 
 /// A decision, ready or on its way.

@@ -429,3 +429,31 @@ async fn accessors_reach_the_inner_service() {
     svc.get_mut().0 = false;
     assert!(!svc.into_inner().0);
 }
+
+#[tokio::test]
+async fn a_policy_of_one_key_answers_500_for_several_and_decides_one_when_they_are_equal() {
+    type KeysFn = fn(&Parts) -> Option<Vec<String>>;
+    fn keys(parts: &Parts) -> Option<Vec<String>> {
+        let keys = parts.headers.get("keys")?.to_str().ok()?;
+        Some(keys.split(',').map(str::to_owned).collect())
+    }
+    let probe = Probe::default();
+    let layer = KeyedLayer::from_parts(
+        crate::key::FnKeys::new(keys as KeysFn),
+        probe.clone(),
+        Cow::Borrowed("no probe keys"),
+    );
+    let svc = layer.layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Frames::new(&["ok"])))
+    }));
+    let with_keys = |keys: &str| Request::builder().header("keys", keys).body(()).unwrap();
+    let several = svc.clone().oneshot(with_keys("a,b")).await.unwrap();
+    assert_eq!(several.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(probe.events().is_empty(), "{:?}", probe.events());
+    // Duplicates count once: one key, decided as any other.
+    let one = svc.clone().oneshot(with_keys("a,a")).await.unwrap();
+    assert_eq!(one.status(), StatusCode::OK);
+    assert_eq!(probe.events()[0], "decide p::a");
+    let empty = svc.oneshot(with_keys("a,")).await.unwrap();
+    assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+}

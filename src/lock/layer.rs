@@ -6,7 +6,7 @@ use http::{HeaderName, StatusCode};
 use super::policy::LockPolicy;
 use crate::backend::handle::Locks;
 use crate::backend::watchdog::{OnLockLoss, Renewal};
-use crate::key::{FnKey, HeaderKey, KeyExtractor};
+use crate::key::{FnKey, FnKeys, HeaderKey, KeyExtractor};
 use crate::keyed::layer::header_name;
 use crate::keyed::{Keyed, KeyedLayer};
 use crate::lease::Access;
@@ -118,6 +118,42 @@ where
     /// ```
     pub fn by_fn(f: F) -> Self {
         Self::new(FnKey::new(f))
+    }
+}
+
+impl<F> LockLayer<FnKeys<F>>
+where
+    F: Fn(&http::request::Parts) -> Option<Vec<String>> + Send + Sync + 'static,
+{
+    /// Locks on every key that `f` returns for the request head, with one lease: all of
+    /// them or none, one quorum verdict for the set, released together when the response
+    /// is done (see [`Locks::try_lock_all`]). The order does not matter (the keys are
+    /// sorted, duplicates dropped), so two requests that name the same keys in opposite
+    /// orders never deadlock. `None` or an empty list means the request has no key (400
+    /// unless [`optional`](Self::optional)); a key value is checked as any other (400), and
+    /// more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct ones are
+    /// refused (400). Contention is **423 Locked**, with `Retry-After` from the holder
+    /// that frees last. Every key shares the layer's scope. [`max_wait`](Self::max_wait)
+    /// applies to one key only: a set answers at once.
+    ///
+    /// Keys in the request body need the body: lock them in the handler with
+    /// [`Locked<Json<T>>`](crate::Locked) and [`LockKeys`](crate::LockKeys), or
+    /// [`Locks::try_lock_all`].
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_redlock::LockLayer;
+    ///
+    /// // POST /transfers with `From-Account` and `To-Account` headers holds both accounts.
+    /// let layer = LockLayer::by_fn_all(|parts| {
+    ///     let account = |name| Some(parts.headers.get(name)?.to_str().ok()?.to_owned());
+    ///     Some(vec![account("from-account")?, account("to-account")?])
+    /// })
+    /// .scope("account");
+    /// let app: Router = Router::new().route("/transfers", post(|| async { "moved" }).layer(layer));
+    /// ```
+    pub fn by_fn_all(f: F) -> Self {
+        Self::new(FnKeys::new(f))
     }
 }
 

@@ -6,7 +6,8 @@
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    and checks it ([`validate_value`](crate::key::validate_value));
 //! 2. acquires `{scope}:{value}` on its backend ([`Locks`]), one attempt
-//!    (or waits up to [`LockLayer::max_wait`]);
+//!    (or waits up to [`LockLayer::max_wait`]); with [`LockLayer::by_fn_all`], every
+//!    key the request names, with one lease, all or none;
 //! 3. runs the inner service with the lease's live [`LeaseStatus`] in
 //!    the request extensions (read it, or the [`Lease`], with their
 //!    extractors), renewing the lease while it runs ([`LockLayer::renewal`]) and never

@@ -128,6 +128,26 @@ impl Policy for LockPolicy {
         }
         self.pending(key, started)
     }
+
+    fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Option<Decision<LockPermit>> {
+        // Several keys take the plain, exclusive, unfair lock only: the layer answers 500
+        // for a combination with `shared()`, `exclusive()` or `fair(true)`.
+        if self.access.is_some() || self.fair {
+            return None;
+        }
+        let started = Instant::now();
+        // One attempt: `max_wait` applies to one key only.
+        if let Some(memory) = self.locks.as_memory() {
+            return Some(Decision::Ready(
+                self.verdict(memory.acquire_all(keys), started),
+            ));
+        }
+        let policy = self.clone();
+        Some(Decision::Pending(Box::pin(async move {
+            let acquired = policy.locks.acquire_keys(keys).await;
+            policy.verdict(acquired, started)
+        })))
+    }
 }
 
 impl LockPolicy {

@@ -143,6 +143,7 @@ impl MemoryLocks {
                     valid_until: now + ttl,
                     fencing_token: None,
                     backend: self.inner.id,
+                    set: None,
                 })
             }
             Access::Exclusive => {

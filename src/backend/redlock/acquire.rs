@@ -79,6 +79,7 @@ impl Redlock {
         guard.armed = false;
         Ok(Lease {
             key: key.clone(),
+            set: None,
             token,
             ttl: self.inner.policy.ttl,
             valid_until: start + validity,

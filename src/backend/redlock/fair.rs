@@ -343,6 +343,7 @@ impl Redlock {
                 valid_until: start + validity,
                 fencing_token,
                 backend: self.inner.id,
+                set: None,
             },
             everywhere,
         ))

@@ -205,6 +205,7 @@ impl Redlock {
                 match self.validity(elapsed) {
                     Some(validity) => Ok(Begin::Acquired(Lease {
                         key,
+                        set: None,
                         token,
                         ttl: self.inner.policy.ttl,
                         valid_until: start + validity,

@@ -33,6 +33,7 @@ mod builder;
 mod fair;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod multi;
 mod notify;
 mod round;
 mod scripts;
@@ -283,6 +284,8 @@ impl Redlock {
     /// Extends the lease to a full TTL from now on every node where it still holds the
     /// token; succeeds with a quorum and a positive recomputed validity, and then moves
     /// `lease.valid_until()`.
+    /// A lease on several keys ([`try_lock_all`](Self::try_lock_all)) is extended on a
+    /// node only where every one of its keys holds the token, in one script.
     ///
     /// # Errors
     ///
@@ -301,6 +304,9 @@ impl Redlock {
     }
 
     async fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
+        if let Some(keys) = lease.set.clone() {
+            return self.extend_all(lease, keys).await;
+        }
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
@@ -331,6 +337,8 @@ impl Redlock {
     }
 
     /// Releases the lease: deletes the key on every node where it still holds the token.
+    /// A lease on several keys is released key by key, each where it holds the token, in
+    /// one script per node.
     ///
     /// # Errors
     ///
@@ -349,6 +357,9 @@ impl Redlock {
     }
 
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
+        if let Some(keys) = lease.set {
+            return self.unlock_all(keys, lease.token).await;
+        }
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;

@@ -394,6 +394,7 @@ impl Redlock {
             valid_until: start + validity,
             fencing_token,
             backend: self.inner.id,
+            set: None,
         })
     }
 

@@ -1,0 +1,278 @@
+//! Leases on several keys at once, in process: all of them or none, under one mutex.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Held, MemoryLocks};
+use crate::error::LockError;
+use crate::lease::{Lease, Token};
+
+impl MemoryLocks {
+    /// One acquisition attempt on every resource in `resources` at once (each stored as
+    /// `{prefix}{resource}`): all of them are taken, under one token and one fencing token,
+    /// or none is. The order of `resources` does not matter and duplicates count once, so
+    /// two callers that name the same keys in opposite orders never deadlock: one gets
+    /// them all, the other is told they are taken.
+    ///
+    /// A single distinct resource is the same as [`try_lock`](Self::try_lock). Extend,
+    /// release and renew the lease as any other: the operations act on every key.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Taken`] when any of the keys is held, with the time until the last of
+    /// their holders' leases runs out; [`LockError::InvalidKey`] for an invalid resource,
+    /// or for none or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE)
+    /// distinct ones.
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{LockError, MemoryLocks};
+    ///
+    /// let locks = MemoryLocks::new();
+    /// let both = locks.try_lock_all(["account:alice", "account:bob"])?;
+    /// assert_eq!(both.keys().count(), 2);
+    /// assert!(matches!(
+    ///     locks.try_lock_all(["account:bob", "account:carol"]),
+    ///     Err(LockError::Taken { .. })
+    /// ));
+    /// locks.unlock(both)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn try_lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let keys = self.inner.policy.key_set(resources)?;
+        self.acquire_all(keys)
+    }
+
+    /// Like [`try_lock_all`](Self::try_lock_all), retrying up to the retry count after a
+    /// random delay while any key is taken.
+    ///
+    /// # Errors
+    ///
+    /// The error of the last attempt.
+    pub async fn lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let keys = self.inner.policy.key_set(resources)?;
+        self.inner
+            .policy
+            .with_retries(|| std::future::ready(self.acquire_all(keys.clone())))
+            .await
+    }
+
+    /// Takes the sorted, distinct `keys`, all or none.
+    pub(crate) fn acquire_all(&self, keys: Vec<Arc<str>>) -> Result<Lease, LockError> {
+        if let [key] = &keys[..] {
+            return self.acquire(key.clone());
+        }
+        let token = Token::random();
+        let ttl = self.inner.policy.ttl;
+        let now = Instant::now();
+        let expires_at = now + ttl;
+        let mut state = self.state();
+        let longest = keys
+            .iter()
+            .filter_map(|key| state.held.get(key))
+            .filter(|held| held.expires_at > now)
+            .map(|held| held.expires_at - now)
+            .max();
+        if let Some(retry_after) = longest {
+            return Err(LockError::Taken { retry_after });
+        }
+        if state.held.len() >= state.sweep_at {
+            state.held.retain(|_, held| held.expires_at > now);
+            state.sweep_at = (state.held.len() * 2).max(super::MIN_SWEEP);
+        }
+        for key in &keys {
+            state.held.insert(key.clone(), Held { token, expires_at });
+        }
+        state.fence = state.fence.saturating_add(1);
+        Ok(Lease {
+            key: keys[0].clone(),
+            set: Some(Arc::from(keys)),
+            token,
+            ttl,
+            valid_until: expires_at,
+            fencing_token: Some(state.fence),
+            backend: self.inner.id,
+        })
+    }
+
+    /// Extends every key of a set lease, if every one of them still holds its token.
+    pub(super) fn extend_all(&self, lease: &mut Lease, keys: &[Arc<str>]) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut taken_over = false;
+        let mut lost = false;
+        for key in keys {
+            match state.held.get(key) {
+                Some(held) if held.token == lease.token && held.expires_at > now => {}
+                Some(held) => {
+                    lost = true;
+                    taken_over |= held.token != lease.token && held.expires_at > now;
+                }
+                None => lost = true,
+            }
+        }
+        if lost {
+            return Err(LockError::Expired { taken_over });
+        }
+        let expires_at = now + self.inner.policy.ttl;
+        for key in keys {
+            if let Some(held) = state.held.get_mut(key) {
+                held.expires_at = expires_at;
+            }
+        }
+        lease.valid_until = expires_at;
+        Ok(())
+    }
+
+    /// Releases every key of a set lease that still holds its token; another holder's
+    /// keys are left alone.
+    pub(super) fn unlock_all(&self, lease: &Lease, keys: &[Arc<str>]) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut taken_over = false;
+        let mut expired = false;
+        for key in keys {
+            match state.held.get(key) {
+                Some(held) if held.token == lease.token => {
+                    expired |= held.expires_at <= now;
+                    state.held.remove(key);
+                }
+                Some(held) => {
+                    expired = true;
+                    taken_over |= held.expires_at > now;
+                }
+                None => expired = true,
+            }
+        }
+        drop(state);
+        for key in keys {
+            self.inner.waiters.wake(key);
+        }
+        if expired {
+            Err(LockError::Expired { taken_over })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
+
+    #[test]
+    fn all_or_none_when_one_key_is_taken() {
+        let locks = MemoryLocks::new();
+        let bob = locks.try_lock("bob").unwrap();
+        let err = locks.try_lock_all(["alice", "bob"]).unwrap_err();
+        assert!(matches!(err, LockError::Taken { .. }));
+        // Alice was not left locked by the attempt.
+        let alice = locks.try_lock("alice").unwrap();
+        locks.unlock(alice).unwrap();
+        locks.unlock(bob).unwrap();
+        let both = locks.try_lock_all(["bob", "alice"]).unwrap();
+        assert_eq!(
+            both.keys().collect::<Vec<_>>(),
+            ["tower-redlock:alice", "tower-redlock:bob"]
+        );
+        assert_eq!(both.key(), "tower-redlock:alice");
+        assert!(matches!(
+            locks.try_lock("alice"),
+            Err(LockError::Taken { .. })
+        ));
+        assert!(matches!(
+            locks.try_lock("bob"),
+            Err(LockError::Taken { .. })
+        ));
+        locks.unlock(both).unwrap();
+        locks.try_lock_all(["alice", "bob"]).unwrap();
+    }
+
+    #[test]
+    fn retry_after_is_the_longest_holder() {
+        let short = MemoryLocks::builder()
+            .ttl(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let _a = short.try_lock("a").unwrap();
+        // Same locks, a longer lease on b.
+        let long = MemoryLocks {
+            inner: short.inner.clone(),
+        };
+        let mut b = long.try_lock("b").unwrap();
+        {
+            let mut state = long.state();
+            let held = state.held.get_mut(&b.key).unwrap();
+            held.expires_at = Instant::now() + Duration::from_secs(60);
+            b.valid_until = held.expires_at;
+        }
+        let Err(LockError::Taken { retry_after }) = short.try_lock_all(["a", "b", "c"]) else {
+            panic!("taken")
+        };
+        assert!(retry_after > Duration::from_secs(50), "{retry_after:?}");
+    }
+
+    #[test]
+    fn extend_and_unlock_act_on_every_key() {
+        let locks = MemoryLocks::new();
+        let mut both = locks.try_lock_all(["x", "y"]).unwrap();
+        locks.extend(&mut both).unwrap();
+        // One key taken behind the holder's back: the set is lost.
+        {
+            let mut state = locks.state();
+            state.held.remove("tower-redlock:y");
+        }
+        let thief = locks.try_lock("y").unwrap();
+        assert!(matches!(
+            locks.extend(&mut both.clone()),
+            Err(LockError::Expired { taken_over: true })
+        ));
+        assert!(matches!(
+            locks.unlock(both),
+            Err(LockError::Expired { taken_over: true })
+        ));
+        // The thief's key was left alone; ours was released.
+        assert!(matches!(locks.try_lock("y"), Err(LockError::Taken { .. })));
+        locks.try_lock("x").unwrap();
+        locks.unlock(thief).unwrap();
+    }
+
+    #[test]
+    fn key_counts_are_bounded_and_one_key_is_a_plain_lease() {
+        let locks = MemoryLocks::new();
+        let none: [&str; 0] = [];
+        assert!(matches!(
+            locks.try_lock_all(none),
+            Err(LockError::InvalidKey(KeyError::KeyCount { count: 0, .. }))
+        ));
+        let many: Vec<String> = (0..=MAX_KEYS_PER_LEASE).map(|i| i.to_string()).collect();
+        assert!(matches!(
+            locks.try_lock_all(&many),
+            Err(LockError::InvalidKey(KeyError::KeyCount { .. }))
+        ));
+        assert!(locks.try_lock_all(&many[..MAX_KEYS_PER_LEASE]).is_ok());
+        // Many duplicates of few keys are few keys, and a new key after them counts.
+        let mut repeated = vec!["r1".to_owned(); 10 * MAX_KEYS_PER_LEASE];
+        repeated.push("r2".to_owned());
+        let lease = locks.try_lock_all(&repeated).unwrap();
+        assert_eq!(lease.keys().count(), 2);
+        let one = locks.try_lock_all(["same", "same"]).unwrap();
+        assert!(one.set.is_none());
+        assert_eq!(one.keys().count(), 1);
+        assert!(matches!(
+            locks.try_lock_all(["ok", ""]),
+            Err(LockError::InvalidKey(KeyError::Empty))
+        ));
+    }
+}

@@ -1,0 +1,270 @@
+//! The Lua scripts of a lease on several keys, and their calls on one node.
+
+use std::sync::{Arc, LazyLock};
+
+use redis::Script;
+
+use super::super::scripts::{Aux, COUNTER_VALID, Release, evalsha, run};
+use crate::backend::connection::Connection;
+use crate::error::NodeFailureReason;
+use crate::lease::Token;
+
+/// Takes every key of the set, or none. KEYS: the N lock keys, then (fenced) their N
+/// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced.
+///
+/// Returns `{1, c}` when every key is set (`c`: the highest fencing counter of the set, 0
+/// unset or unfenced), `{0, pttl}` when any key is held, with nothing set (`pttl`: the
+/// longest remaining TTL of the held keys in ms, -1 when one has no expiry), `{-2, i}`
+/// with nothing set when the counter of the `i`-th key is not an integer below 2^53.
+static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[3])
+local held, longest = false, 0
+for i = 1, n do
+  local p = redis.call('PTTL', KEYS[i])
+  if p == -1 then
+    held, longest = true, -1
+  elseif p >= 0 then
+    held = true
+    if longest ~= -1 and p > longest then longest = p end
+  end
+end
+if held then
+  return {{0, longest}}
+end
+local top = 0
+if ARGV[4] == '1' then
+  for i = 1, n do
+    local c = redis.pcall('GET', KEYS[n + i])
+    if not {COUNTER_VALID} then
+      return {{-2, i}}
+    end
+    if c and tonumber(c) > top then top = tonumber(c) end
+  end
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return {{1, top}}
+"
+    ))
+});
+
+/// Raises every fencing counter of the set (KEYS[N+1..2N]) to ARGV[2], with the expiry
+/// ARGV[3] ms, while every lock key (KEYS[1..N]) holds our token ARGV[1]; N is ARGV[4].
+///
+/// Returns 1 when done, 0 when a key does not hold the token, -2 when a counter is not an
+/// integer below 2^53 (nothing written).
+static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[4])
+for i = 1, n do
+  if redis.pcall('GET', KEYS[i]) ~= ARGV[1] then return 0 end
+end
+for i = 1, n do
+  local c = redis.pcall('GET', KEYS[n + i])
+  if not {COUNTER_VALID} then return -2 end
+end
+for i = 1, n do
+  local c = redis.call('GET', KEYS[n + i])
+  if tonumber(c or '0') < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[n + i], ARGV[2], 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[n + i], ARGV[3])
+  end
+end
+return 1
+"
+    ))
+});
+
+/// Sets a new TTL (ARGV[2] ms) on every lock key KEYS[1..N] (N = ARGV[3]) if every one
+/// of them holds our token ARGV[1]; fenced, refreshes the valid counters KEYS[N+1..2N]
+/// to ARGV[4] ms as well.
+///
+/// Returns 1 when extended, -1 when a key holds anything else (nothing extended), 0 when
+/// a key is gone and none is held by another (nothing extended).
+static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[3])
+local gone = false
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  if not v then
+    gone = true
+  elseif v ~= ARGV[1] then
+    return -1
+  end
+end
+if gone then return 0 end
+for i = 1, n do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+if #KEYS > n then
+  for i = 1, n do
+    local c = redis.pcall('GET', KEYS[n + i])
+    if c and {COUNTER_VALID} then
+      redis.call('PEXPIRE', KEYS[n + i], ARGV[4])
+    end
+  end
+end
+return 1
+"
+    ))
+});
+
+/// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
+/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i], as the
+/// single-key release does).
+///
+/// Returns 1 when every key was deleted, 0 when some were gone and none held by another,
+/// and `-3 - pttl` when any holds anything else (`pttl`: the longest remaining TTL among
+/// those, -1 when one has no expiry).
+static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = tonumber(ARGV[3])
+local deleted, other, longest = 0, false, 0
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  if v == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    deleted = deleted + 1
+    if ARGV[2] == '1' and redis.call('DEL', KEYS[n + i]) == 1 then
+      redis.call('PUBLISH', '{' .. KEYS[i] .. '}:released', '')
+    end
+  elseif v then
+    other = true
+    local p = redis.call('PTTL', KEYS[i])
+    if p == -1 then
+      longest = -1
+    elseif longest ~= -1 and p > longest then
+      longest = p
+    end
+  end
+end
+if other then return -3 - longest end
+if deleted == n then return 1 end
+return 0
+",
+    )
+});
+
+/// One node's answer to an attempt on a set.
+pub(super) enum Attempt {
+    /// Every key is ours; the highest fencing counter of the set (0 unfenced).
+    Set(u64),
+    /// A key is held; the longest remaining TTL among the holders, in ms (-1: no expiry).
+    Held { pttl_ms: i64 },
+}
+
+/// Which auxiliary key of each lock key a script also gets.
+#[derive(Clone, Copy)]
+enum Beside {
+    Fence,
+    Waiters,
+}
+
+/// The lock keys, then one auxiliary key per lock key.
+fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> redis::Cmd {
+    let mut cmd = evalsha(script, keys.len() * if beside.is_some() { 2 } else { 1 });
+    for key in keys {
+        cmd.arg(&**key);
+    }
+    for key in keys {
+        match beside {
+            Some(Beside::Fence) => cmd.arg(Aux::fence(key)),
+            Some(Beside::Waiters) => cmd.arg(Aux::waiters(key)),
+            None => break,
+        };
+    }
+    cmd
+}
+
+pub(super) async fn acquire_on(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fenced: bool,
+) -> Result<Attempt, NodeFailureReason> {
+    let mut cmd = set_command(&ACQUIRE_ALL, &keys, fenced.then_some(Beside::Fence));
+    cmd.arg(token.as_bytes())
+        .arg(ttl_ms)
+        .arg(keys.len())
+        .arg(if fenced { "1" } else { "0" });
+    let reply: (i64, i64) = run(&mut conn, &ACQUIRE_ALL, &cmd).await?;
+    match reply {
+        (1, counter) => Ok(Attempt::Set(u64::try_from(counter).unwrap_or(0))),
+        (0, pttl_ms) => Ok(Attempt::Held { pttl_ms }),
+        (_, index) => {
+            let key = usize::try_from(index - 1)
+                .ok()
+                .and_then(|i| keys.get(i))
+                .unwrap_or(&keys[0]);
+            Err(NodeFailureReason::InvalidFencingCounter {
+                key: Aux::fence(key).to_string(),
+            })
+        }
+    }
+}
+
+pub(super) async fn fence_on(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    fencing_token: u64,
+    fence_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&FENCE_ALL, &keys, Some(Beside::Fence));
+    cmd.arg(token.as_bytes())
+        .arg(fencing_token)
+        .arg(fence_ms)
+        .arg(keys.len());
+    let reply = run(&mut conn, &FENCE_ALL, &cmd).await?;
+    if reply == -2 {
+        return Err(NodeFailureReason::InvalidFencingCounter {
+            key: Aux::fence(&keys[0]).to_string(),
+        });
+    }
+    Ok(reply)
+}
+
+pub(super) async fn extend_on(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    let beside = fence_ms.map(|_| Beside::Fence);
+    let mut cmd = set_command(&EXTEND_ALL, &keys, beside);
+    cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
+    if let Some(fence_ms) = fence_ms {
+        cmd.arg(fence_ms);
+    }
+    Ok(run(&mut conn, &EXTEND_ALL, &cmd).await?)
+}
+
+pub(super) async fn release_on(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    publish: bool,
+) -> Result<Release, NodeFailureReason> {
+    let mut cmd = set_command(&RELEASE_ALL, &keys, Some(Beside::Waiters));
+    cmd.arg(token.as_bytes())
+        .arg(if publish { "1" } else { "0" })
+        .arg(keys.len());
+    let code: i64 = run(&mut conn, &RELEASE_ALL, &cmd).await?;
+    Ok(match code {
+        1 => Release::Deleted,
+        0 => Release::Absent,
+        _ => Release::HeldByOther {
+            pttl_ms: (-3i64).saturating_sub(code),
+        },
+    })
+}
