@@ -50,6 +50,9 @@ pub use lock::{
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]
 pub use lock::{Redlock, RedlockBuilder};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use backend::node::Node;
 pub use problem::Problem;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]

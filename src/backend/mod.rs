@@ -9,7 +9,8 @@
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
 //!   rate-limit backends in [`rate_limit`];
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
-//!   waiters).
+//!   waiters); and for Redis, [`node`] (the topologies: one server, a cluster, a Sentinel
+//!   service) and [`connection`] (a node's connection, replaced after failures).
 
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
@@ -17,6 +18,8 @@ pub(crate) mod connection;
 pub(crate) mod handle;
 #[cfg(feature = "lock")]
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod node;
 #[cfg(feature = "rate-limit")]
 pub(crate) mod rate_limit;
 #[cfg(feature = "idempotency")]
