@@ -6,7 +6,7 @@
 mod support;
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::topology::{Cluster, cli};
 use support::{nodes, urls};
@@ -89,20 +89,41 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
     let held = redlock.lock("report").await.unwrap();
     let waiter = {
         let redlock = redlock.clone();
-        tokio::spawn(async move { redlock.lock_within("report", Duration::from_secs(20)).await })
+        tokio::spawn(async move {
+            let lease = redlock.lock_within("report", Duration::from_secs(20)).await;
+            (lease, Instant::now())
+        })
     };
-    // The waiter has subscribed and marked the lock once the mark is there.
+    // The waiter subscribed on one seed node, and marked the lock (on its shard).
+    let channel = format!("{{{}report}}:released", redlock.prefix());
     let mark = format!("{{{}report}}:waiters", redlock.prefix());
-    let marked = support::eventually(Duration::from_secs(10), || async {
-        cluster
+    let subscribed = support::eventually(Duration::from_secs(10), || async {
+        let subscribers: u32 = cluster
             .servers
             .iter()
-            .any(|s| s.cli(&["EXISTS", &mark]).trim() == "1")
+            .map(|s| {
+                let out = s.cli(&["PUBSUB", "NUMSUB", &channel]);
+                out.lines().nth(1).and_then(|n| n.trim().parse::<u32>().ok()).unwrap_or(0)
+            })
+            .sum();
+        let marked = cluster
+            .servers
+            .iter()
+            .any(|s| s.cli(&["EXISTS", &mark]).trim() == "1");
+        subscribers == 1 && marked
     })
     .await;
-    assert!(marked, "the waiter marked the lock");
+    assert!(subscribed, "the waiter subscribed on one node and marked the lock");
+    let released_at = Instant::now();
     redlock.unlock(held).await.unwrap();
-    let lease = waiter.await.unwrap().unwrap();
+    let (lease, acquired_at) = waiter.await.unwrap();
+    let lease = lease.unwrap();
+    // The fallback timer would take 1 s: the release's PUBLISH crossed the cluster.
+    let delay = acquired_at - released_at;
+    assert!(
+        delay < Duration::from_millis(300),
+        "woken after {delay:?}, as if by the fallback timer"
+    );
     redlock.unlock(lease).await.unwrap();
 }
 

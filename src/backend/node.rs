@@ -212,7 +212,10 @@ impl Node {
                     .min_retry_wait(10)
                     .max_retry_wait(100);
                 #[cfg(feature = "tls")]
-                let builder = builder.certs(certs(&self.root_ca));
+                let builder = match &self.root_ca {
+                    Some(_) => builder.certs(certs(&self.root_ca)),
+                    None => builder,
+                };
                 let seeds = infos
                     .into_iter()
                     .map(|info| {
