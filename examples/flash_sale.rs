@@ -91,7 +91,7 @@ enum Store {
 
 /// The stock and sold counts of `item` on a Redis node or cluster.
 async fn redis_get(
-    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
     item: &str,
 ) -> Result<Option<(i64, i64)>, StoreError> {
     let stock: Option<i64> = bounded(conn.get(format!("flash_sale:{item}:stock"))).await?;
@@ -100,7 +100,7 @@ async fn redis_get(
 }
 
 async fn redis_set(
-    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
     item: &str,
     stock: i64,
     sold: i64,
