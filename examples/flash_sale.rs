@@ -412,7 +412,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .backend(limiter)
     });
     let backend = if on_cluster {
-        format!("locks and stock on the Redis Cluster of {}", cluster.join(","))
+        format!(
+            "locks and stock on the Redis Cluster of {}",
+            cluster.join(",")
+        )
     } else if urls.is_empty() {
         "in-process locks and data".to_owned()
     } else {

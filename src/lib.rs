@@ -34,6 +34,9 @@ mod protect;
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use backend::node::Node;
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 #[cfg(all(feature = "axum", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -50,9 +53,6 @@ pub use lock::{
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]
 pub use lock::{Redlock, RedlockBuilder};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use backend::node::Node;
 pub use problem::Problem;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]

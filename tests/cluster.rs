@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::topology::{Cluster, cli};
 use support::{nodes, urls};
-use tower_redlock::{LockError, Node, Quota, Redlock, RedisRateLimiter};
+use tower_redlock::{LockError, Node, Quota, RedisRateLimiter, Redlock};
 
 async fn on_cluster(cluster: &Cluster) -> Redlock {
     Redlock::from_nodes([Node::cluster(cluster.urls())])
@@ -103,7 +103,10 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
             .iter()
             .map(|s| {
                 let out = s.cli(&["PUBSUB", "NUMSUB", &channel]);
-                out.lines().nth(1).and_then(|n| n.trim().parse::<u32>().ok()).unwrap_or(0)
+                out.lines()
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+                    .unwrap_or(0)
             })
             .sum();
         let marked = cluster
@@ -113,7 +116,10 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
         subscribers == 1 && marked
     })
     .await;
-    assert!(subscribed, "the waiter subscribed on one node and marked the lock");
+    assert!(
+        subscribed,
+        "the waiter subscribed on one node and marked the lock"
+    );
     let released_at = Instant::now();
     redlock.unlock(held).await.unwrap();
     let (lease, acquired_at) = waiter.await.unwrap();

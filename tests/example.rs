@@ -381,7 +381,10 @@ async fn flash_sale_on_a_cluster_sells_exactly_the_stock_through_a_failover() {
     let cluster = support::topology::Cluster::start(3);
     let urls = cluster.urls().join(",");
     // The rate limit is counted on the cluster too, high enough never to reject.
-    let env = [("REDIS_CLUSTER", urls.as_str()), ("RATE_LIMIT", "100000/60")];
+    let env = [
+        ("REDIS_CLUSTER", urls.as_str()),
+        ("RATE_LIMIT", "100000/60"),
+    ];
     let examples = [
         start_example_with(&[], 100, true, &env).await,
         start_example_with(&[], 100, true, &env).await,

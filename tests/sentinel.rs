@@ -60,7 +60,11 @@ async fn requests_reach_the_new_primary_after_the_old_one_is_killed() {
         promoted_at.elapsed()
     );
     let key = format!("{}sentinel:2", redlock.prefix());
-    assert_eq!(cli(replica, &["EXISTS", &key]).trim(), "1", "on the new primary");
+    assert_eq!(
+        cli(replica, &["EXISTS", &key]).trim(),
+        "1",
+        "on the new primary"
+    );
     redlock.unlock(lease).await.unwrap();
     let counted = eventually(Duration::from_secs(10), || async {
         limiter.hit("sentinel", quota).await.is_ok()

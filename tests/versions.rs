@@ -19,7 +19,10 @@ async fn contract_on(what: &str, binary: Option<PathBuf>, hint: &str) {
         .arg("--version")
         .output()
         .expect("run the server binary");
-    eprintln!("{what}: {}", String::from_utf8_lossy(&version.stdout).trim());
+    eprintln!(
+        "{what}: {}",
+        String::from_utf8_lossy(&version.stdout).trim()
+    );
     let servers: Vec<Server> = (0..3).map(|_| Server::redis(&binary, &[])).collect();
     let urls: Vec<String> = servers.iter().map(Server::url).collect();
     contract(

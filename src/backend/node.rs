@@ -314,6 +314,9 @@ pub(crate) struct Connector {
     connect_timeout: Duration,
 }
 
+// Made once per node and cloned only into its connection and its subscriber: the size
+// of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Target {
     Single(Client),

@@ -276,7 +276,14 @@ impl Cluster {
             .map(|l| l.split_whitespace().collect())
             .collect();
         let port = |f: &str| -> u16 {
-            f.split('@').next().unwrap().rsplit(':').next().unwrap().parse().unwrap()
+            f.split('@')
+                .next()
+                .unwrap()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
         };
         let primary = lines
             .iter()
@@ -309,14 +316,20 @@ impl Cluster {
         let (primary, replica) = self.shard_of(key);
         let answer = cli(replica, &["CLUSTER", "FAILOVER"]);
         assert!(answer.contains("OK"), "CLUSTER FAILOVER answered {answer}");
-        wait_until("the replica to be promoted", Duration::from_secs(20), || {
-            cli(replica, &["ROLE"]).starts_with("master")
-                && cli(primary, &["ROLE"]).starts_with("slave")
-        });
+        wait_until(
+            "the replica to be promoted",
+            Duration::from_secs(20),
+            || {
+                cli(replica, &["ROLE"]).starts_with("master")
+                    && cli(primary, &["ROLE"]).starts_with("slave")
+            },
+        );
         self.wait_stable();
-        wait_until("every node to route the key to the new primary", Duration::from_secs(20), || {
-            self.shard_of(key).0 == replica
-        });
+        wait_until(
+            "every node to route the key to the new primary",
+            Duration::from_secs(20),
+            || self.shard_of(key).0 == replica,
+        );
         replica
     }
 }
@@ -476,24 +489,38 @@ pub async fn contract(
     let mut lease = redlock.lock("contract:a").await.unwrap();
     let first = lease.fencing_token().expect("a fencing token");
     assert!(
-        matches!(redlock.try_lock("contract:a").await, Err(LockError::Taken { .. })),
+        matches!(
+            redlock.try_lock("contract:a").await,
+            Err(LockError::Taken { .. })
+        ),
         "{what}: a held lock is taken"
     );
     redlock.extend(&mut lease).await.unwrap();
     let waiter = {
         let redlock = redlock.clone();
-        tokio::spawn(async move { redlock.lock_within("contract:a", Duration::from_secs(20)).await })
+        tokio::spawn(async move {
+            redlock
+                .lock_within("contract:a", Duration::from_secs(20))
+                .await
+        })
     };
     redlock.unlock(lease).await.unwrap();
     let second = waiter.await.unwrap().unwrap();
-    assert!(second.fencing_token() > Some(first), "{what}: fencing tokens rise");
+    assert!(
+        second.fencing_token() > Some(first),
+        "{what}: fencing tokens rise"
+    );
     redlock.unlock(second).await.unwrap();
 
     let limiter = RedisRateLimiter::from_node(limiter).build().await.unwrap();
     let quota: Quota = "2/60".parse().unwrap();
     assert_eq!(limiter.hit("contract", quota).await.unwrap().remaining(), 1);
     assert_eq!(limiter.hit("contract", quota).await.unwrap().remaining(), 0);
-    assert_eq!(limiter.hit("contract", quota).await.unwrap().count(), 3, "{what}");
+    assert_eq!(
+        limiter.hit("contract", quota).await.unwrap().count(),
+        3,
+        "{what}"
+    );
 
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
@@ -518,5 +545,9 @@ pub async fn contract(
         assert_eq!(resp.status(), 201, "{what}");
         assert_eq!(resp.text().await.unwrap(), "order 1", "{what}: replayed");
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "{what}: the handler ran once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "{what}: the handler ran once"
+    );
 }
