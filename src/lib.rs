@@ -34,7 +34,7 @@ mod protect;
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
 
-#[cfg(feature = "redis")]
+#[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::node::Node;
 pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 /// One of the crate's Redis nodes: a Redlock node ([`Redlock::from_nodes`]) or the rate
@@ -43,6 +43,9 @@ pub struct Node {
     root_ca: Option<Vec<u8>>,
 }
 
+// Made once per node and consumed by the builder: the size of the variants does not
+// matter.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     Single(Client),
     #[cfg(feature = "cluster-async")]
@@ -324,6 +327,7 @@ enum Target {
     Cluster {
         client: redis::cluster::ClusterClient,
         /// For subscriber connections: a cluster-wide `PUBLISH` reaches every node.
+        #[cfg_attr(not(feature = "lock"), allow(dead_code))]
         seeds: Vec<Client>,
     },
     #[cfg(feature = "sentinel")]
@@ -365,11 +369,13 @@ impl Connector {
         match &self.target {
             Target::Single(client) => {
                 let (client, config) = (client.clone(), config.clone());
+                let timeout = self.connect_timeout;
                 async move {
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
-                        .map(Conn::Single)
+                    let connect = client.get_multiplexed_async_connection_with_config(&config);
+                    match tokio::time::timeout(timeout, connect).await {
+                        Ok(conn) => conn.map(Conn::Single),
+                        Err(_) => Err(timed_out("connection", timeout)),
+                    }
                 }
                 .boxed()
             }
@@ -407,7 +413,8 @@ impl Connector {
 
     /// A subscriber connection: to the server; on a cluster to the first seed node that
     /// answers; through Sentinel to the current primary.
-    pub(crate) async fn pubsub(&self) -> Result<PubSub, RedisError> {
+    #[cfg(feature = "lock")]
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         match &self.target {
             Target::Single(client) => client.get_async_pubsub().await,
             #[cfg(feature = "cluster-async")]
