@@ -216,12 +216,11 @@ async fn run(
         hot_key(&plan, &urls, &mut table).await;
         table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
     }
+    // No noise share here: the cluster's six processes, started by the section, would
+    // count as other processes.
     #[cfg(feature = "cluster-async")]
     if wants("cluster") {
-        // The cluster's own processes are not in `pids`: its noise share counts them.
-        let (cpu, first) = (CpuSnapshot::take(&pids), table.lines.len());
         cluster::cluster_cycle(&plan, &mut table).await;
-        table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
     }
     (table, misses)
 }
