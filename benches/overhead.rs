@@ -29,6 +29,9 @@
 //!    with 1 connection, where the added latency is not magnified by queueing.
 //! 3. **Hot key**: 200 requests at once on one key, the handler holding it 200 ms: how fast
 //!    the losers get their 409, and a check that exactly one handler runs at a time.
+//! 4. **Cluster** (with `--features cluster-async`): the lock cycle on a Redis Cluster of
+//!    3 primaries and 3 replicas as one Redlock node, against the same commands sent
+//!    straight on redis-rs's cluster connection (see `benches/common/cluster.rs`).
 //!
 //! The clients and the app run on a Tokio runtime of one worker thread (`BENCH_WORKERS=n`
 //! for more), so that on a small machine the Redis nodes keep a core of their own, as they
@@ -53,6 +56,9 @@ use axum::routing::post;
 use http::StatusCode;
 use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
 
+#[cfg(feature = "cluster-async")]
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -210,6 +216,12 @@ async fn run(
         hot_key(&plan, &urls, &mut table).await;
         table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
     }
+    // No noise share here: the cluster's six processes, started by the section, would
+    // count as other processes.
+    #[cfg(feature = "cluster-async")]
+    if wants("cluster") {
+        cluster::cluster_cycle(&plan, &mut table).await;
+    }
     (table, misses)
 }
 
@@ -222,6 +234,8 @@ enum Locker {
     Floor(Floor),
     Crate(Redlock),
     Rslock(rslock::LockManager),
+    #[cfg(feature = "cluster-async")]
+    ClusterFloor(cluster::ClusterFloor),
 }
 
 impl Locker {
@@ -230,6 +244,8 @@ impl Locker {
             Locker::Floor(_) => "floor (redis-rs)",
             Locker::Crate(_) => "tower-redlock",
             Locker::Rslock(_) => "rslock 0.10",
+            #[cfg(feature = "cluster-async")]
+            Locker::ClusterFloor(_) => "floor (redis-rs)",
         }
     }
 
@@ -239,6 +255,8 @@ impl Locker {
             Locker::Floor(floor) => floor.cycle(resource).await,
             Locker::Crate(redlock) => crate_cycle(redlock, resource).await,
             Locker::Rslock(manager) => rslock_cycle(manager, resource).await,
+            #[cfg(feature = "cluster-async")]
+            Locker::ClusterFloor(floor) => floor.cycle(resource).await,
         }
     }
 }

@@ -10,6 +10,10 @@
 //! - `LISTEN_ADDR`: where to listen (default `127.0.0.1:3000`);
 //! - `REDIS_URLS`: comma-separated `redis://` URLs of the lock nodes; the stock lives in the
 //!   first one. Unset: in-process locks and data;
+//! - `REDIS_CLUSTER` (with `--features cluster-async`): comma-separated `redis://` URLs of
+//!   one Redis Cluster's nodes; when set and `REDIS_URLS` is not, the locks, the stock and
+//!   the rate limit all live on that cluster (one Redlock node: see `Node::cluster` for
+//!   what a failover can lose);
 //! - `WORK_MS`: simulated work inside each locked handler (default 50);
 //! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents;
 //! - `RATE_LIMIT`: `LIMIT/SECONDS` (such as `5/10`), a limit on `POST /items/{item_id}/buy`
@@ -101,6 +105,29 @@ impl FromRef<AppState> for Locks {
 enum Store {
     Memory(Arc<Mutex<HashMap<String, (i64, i64)>>>),
     Redis(ConnectionManager),
+    #[cfg(feature = "cluster-async")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+/// The stock and sold counts of `item` on a Redis node or cluster.
+async fn redis_get(
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
+    item: &str,
+) -> Result<Option<(i64, i64)>, StoreError> {
+    let stock: Option<i64> = bounded(conn.get(format!("flash_sale:{item}:stock"))).await?;
+    let sold: Option<i64> = bounded(conn.get(format!("flash_sale:{item}:sold"))).await?;
+    Ok(stock.map(|stock| (stock, sold.unwrap_or(0))))
+}
+
+async fn redis_set(
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
+    item: &str,
+    stock: i64,
+    sold: i64,
+) -> Result<(), StoreError> {
+    let () = bounded(conn.set(format!("flash_sale:{item}:stock"), stock)).await?;
+    let () = bounded(conn.set(format!("flash_sale:{item}:sold"), sold)).await?;
+    Ok(())
 }
 
 /// Why the stock store could not answer.
@@ -136,14 +163,9 @@ impl Store {
     async fn get(&self, item: &str) -> Result<Option<(i64, i64)>, StoreError> {
         match self {
             Store::Memory(map) => Ok(map.lock().unwrap().get(item).copied()),
-            Store::Redis(conn) => {
-                let mut conn = conn.clone();
-                let stock: Option<i64> =
-                    bounded(conn.get(format!("flash_sale:{item}:stock"))).await?;
-                let sold: Option<i64> =
-                    bounded(conn.get(format!("flash_sale:{item}:sold"))).await?;
-                Ok(stock.map(|stock| (stock, sold.unwrap_or(0))))
-            }
+            Store::Redis(conn) => redis_get(&mut conn.clone(), item).await,
+            #[cfg(feature = "cluster-async")]
+            Store::Cluster(conn) => redis_get(&mut conn.clone(), item).await,
         }
     }
 
@@ -153,12 +175,9 @@ impl Store {
                 map.lock().unwrap().insert(item.to_owned(), (stock, sold));
                 Ok(())
             }
-            Store::Redis(conn) => {
-                let mut conn = conn.clone();
-                let () = bounded(conn.set(format!("flash_sale:{item}:stock"), stock)).await?;
-                let () = bounded(conn.set(format!("flash_sale:{item}:sold"), sold)).await?;
-                Ok(())
-            }
+            Store::Redis(conn) => redis_set(&mut conn.clone(), item, stock, sold).await,
+            #[cfg(feature = "cluster-async")]
+            Store::Cluster(conn) => redis_set(&mut conn.clone(), item, stock, sold).await,
         }
     }
 }
@@ -434,7 +453,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => None,
     };
 
-    let (locks, store, limiter) = if urls.is_empty() {
+    let cluster: Vec<String> = std::env::var("REDIS_CLUSTER")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let on_cluster = urls.is_empty() && !cluster.is_empty();
+
+    let (locks, store, limiter) = if on_cluster {
+        cluster_backends(&cluster).await?
+    } else if urls.is_empty() {
         let limiter = RateLimiter::default();
         (Locks::default(), Store::Memory(Arc::default()), limiter)
     } else {
@@ -469,7 +499,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
         }
     };
-    let backend = if urls.is_empty() {
+    let backend = if on_cluster {
+        format!(
+            "locks and stock on the Redis Cluster of {}",
+            cluster.join(",")
+        )
+    } else if urls.is_empty() {
         "in-process locks and data".to_owned()
     } else {
         format!("Redlock over {} node(s), stock in {}", urls.len(), urls[0])
@@ -496,4 +531,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The locks (one Redlock node: the cluster), the stock and the rate limit, all on one
+/// Redis Cluster.
+#[cfg(feature = "cluster-async")]
+async fn cluster_backends(
+    urls: &[String],
+) -> Result<(Locks, Store, RateLimiter), Box<dyn std::error::Error>> {
+    use tower_redlock::Node;
+    let redlock = Redlock::from_nodes([Node::cluster(urls)])
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .await?;
+    let data = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(NODE_TIMEOUT)
+        .build()?
+        .get_async_connection()
+        .await?;
+    let limiter = RedisRateLimiter::from_node(Node::cluster(urls))
+        .build()
+        .await?;
+    Ok((
+        Locks::from(redlock),
+        Store::Cluster(data),
+        RateLimiter::from(limiter),
+    ))
+}
+
+#[cfg(not(feature = "cluster-async"))]
+async fn cluster_backends(
+    _urls: &[String],
+) -> Result<(Locks, Store, RateLimiter), Box<dyn std::error::Error>> {
+    Err("REDIS_CLUSTER needs the cluster-async feature: cargo run --features cluster-async --example flash_sale".into())
 }

@@ -157,12 +157,13 @@ pub enum ConfigError {
     /// No node was given: pass at least one Redis URL (1, 3 or 5 independent masters).
     #[error("no Redis nodes were given: pass at least one redis:// URL")]
     NoNodes,
-    /// A Redis URL could not be parsed.
+    /// A Redis URL could not be parsed, or redis-rs refused a `Node`'s settings (such as
+    /// a cluster's seed URLs with different credentials).
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("invalid Redis URL for node {index}: {source}")]
     InvalidUrl {
-        /// Position of the URL in the list, from 0.
+        /// Position of the URL (or node) in the list, from 0.
         index: usize,
         /// What redis-rs reported.
         source: redis::RedisError,

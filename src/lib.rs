@@ -52,6 +52,9 @@ mod protect;
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
 
+#[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use backend::node::Node;
 #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "lock", feature = "concurrency-limit"))))]
 pub use backend::renewal::Renewal;

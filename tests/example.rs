@@ -718,3 +718,66 @@ async fn example_transfer_answers() {
     assert_eq!(balance(&example, "x").await, 31);
     assert_eq!(balance(&example, "y").await, 24);
 }
+
+/// The flash sale with the locks, the stock and the rate limit on one Redis Cluster
+/// (`REDIS_CLUSTER`), and the stock's shard failed over (`CLUSTER FAILOVER`) mid-sale.
+/// Buyers retry on 423 and on 503 (nothing sold while the shard moves).
+#[cfg(feature = "cluster-async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flash_sale_on_a_cluster_sells_exactly_the_stock_through_a_failover() {
+    let cluster = support::topology::Cluster::start(3);
+    let urls = cluster.urls().join(",");
+    // The rate limit is counted on the cluster too, high enough never to reject.
+    let env = [
+        ("REDIS_CLUSTER", urls.as_str()),
+        ("RATE_LIMIT", "100000/60"),
+    ];
+    let examples = [
+        start_example_with(&[], 100, true, &env).await,
+        start_example_with(&[], 100, true, &env).await,
+    ];
+    put_stock(&examples[0], "tv", 20).await;
+    let client = reqwest::Client::new();
+    let buyers: Vec<_> = (0..40)
+        .map(|i| {
+            let url = format!("{}/items/tv/buy", examples[i % 2].base);
+            let client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..4000 {
+                    let resp = client.post(&url).send().await.unwrap();
+                    match resp.status().as_u16() {
+                        200 => return true,
+                        410 => return false,
+                        423 | 503 => tokio::time::sleep(Duration::from_millis(5)).await,
+                        other => panic!("unexpected {other}: {}", resp.text().await.unwrap()),
+                    }
+                }
+                panic!("buyer never got an answer other than 423 or 503");
+            })
+        })
+        .collect();
+    let started = eventually(Duration::from_secs(30), || async {
+        item(&examples[1], "tv").await["sold"].as_i64() >= Some(3)
+    })
+    .await;
+    assert!(started, "the sale started");
+    assert!(
+        item(&examples[1], "tv").await["sold"].as_i64() < Some(20),
+        "the failover starts mid-sale"
+    );
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.failover("flash_sale:tv:stock");
+        cluster
+    })
+    .await
+    .unwrap();
+    let mut bought = 0;
+    for buyer in buyers {
+        bought += usize::from(buyer.await.unwrap());
+    }
+    assert_eq!(bought, 20);
+    let counts = item(&examples[1], "tv").await;
+    assert_eq!(counts["stock"], 0, "{counts}");
+    assert_eq!(counts["sold"], 20, "{counts}");
+    drop(cluster);
+}

@@ -31,6 +31,11 @@ impl Store {
                 let mut conn = conn.clone();
                 bounded(conn.get(format!("flash_sale:account:{account}"))).await
             }
+            #[cfg(feature = "cluster-async")]
+            Store::Cluster(conn) => {
+                let mut conn = conn.clone();
+                bounded(conn.get(format!("flash_sale:account:{account}"))).await
+            }
         }
     }
 
@@ -41,6 +46,11 @@ impl Store {
                 Ok(())
             }
             Store::Redis(conn) => {
+                let mut conn = conn.clone();
+                bounded(conn.set(format!("flash_sale:account:{account}"), balance)).await
+            }
+            #[cfg(feature = "cluster-async")]
+            Store::Cluster(conn) => {
                 let mut conn = conn.clone();
                 bounded(conn.set(format!("flash_sale:account:{account}"), balance)).await
             }

@@ -12,7 +12,8 @@
 //! [`Connection`] keeps redis-rs's multiplexed connection
 //! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
 //! - when a connection attempt fails, whatever the error;
-//! - when a command fails with anything but the server's reply (an I/O or parse error);
+//! - when a command fails with anything but the server's reply (an I/O or parse error),
+//!   or with `READONLY` (the server became a replica: a primary demoted by a failover);
 //! - when a command is given up by its caller (a timeout) with nothing answered on the
 //!   connection since it was sent, and then a `PING` probe gets no answer within
 //!   [`PROBE_TIMEOUT`] while nothing else is answered either.
@@ -27,11 +28,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
 };
+
+use crate::backend::node::{Conn, Connector};
 
 /// The shortest time between two connection attempts to one node: 100 ms.
 pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
@@ -39,7 +42,7 @@ pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// connection start at most once per this interval.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+type Connecting = Shared<BoxFuture<'static, RedisResult<Conn>>>;
 
 /// A cheap handle to one node's connection; clones share it. See the module docs.
 #[derive(Clone)]
@@ -48,7 +51,7 @@ pub(crate) struct Connection {
 }
 
 struct Inner {
-    client: Client,
+    connector: Connector,
     config: AsyncConnectionConfig,
     label: String,
     db: i64,
@@ -79,37 +82,34 @@ impl std::fmt::Debug for Connection {
 }
 
 /// Whether `error` is the server's reply to a command, which says nothing against the
-/// connection.
+/// connection. Except `READONLY`: the server is (now) a replica, as a primary demoted by
+/// a failover, and a new connection finds the new primary.
 fn is_reply(error: &RedisError) -> bool {
-    matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => false,
+        ErrorKind::Server(_) | ErrorKind::Extension => true,
+        _ => false,
+    }
 }
 
-fn connect(client: &Client, config: &AsyncConnectionConfig) -> Connecting {
-    let (client, config) = (client.clone(), config.clone());
-    async move {
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-    }
-    .boxed()
-    .shared()
+fn connect(connector: &Connector, config: &AsyncConnectionConfig) -> Connecting {
+    connector.connect(config).shared()
 }
 
 impl Connection {
-    /// A connection to `client`'s node, opened by the first command (not here). Each
-    /// attempt, handshake included, is bounded by `connect_timeout`; commands have no
-    /// bound of their own (the callers bound them).
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
+    /// A connection to `connector`'s node, opened by the first command (not here). Each
+    /// attempt, handshake included, is bounded by `connect_timeout` (the connector's
+    /// own); commands have no bound of their own (the callers bound them).
+    pub(crate) fn new(connector: Connector, connect_timeout: Duration) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
-        let info = client.get_connection_info();
-        let label = info.addr().to_string();
-        let db = info.redis_settings().db();
-        let connecting = connect(&client, &config);
+        let label = connector.label.clone();
+        let db = connector.db();
+        let connecting = connect(&connector, &config);
         Self {
             shared: Arc::new(Inner {
-                client,
+                connector,
                 config,
                 label,
                 db,
@@ -129,7 +129,7 @@ impl Connection {
     /// Runs `op` on the current connection, and replaces the connection after a failure.
     async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let inner = &self.shared;
@@ -162,7 +162,7 @@ impl Connection {
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.run(move |mut conn| async move { conn.send_packed_command(cmd).await }))
+        Box::pin(self.run(move |mut conn| async move { conn.req_packed_command(cmd).await }))
     }
 
     fn req_packed_commands<'a>(
@@ -172,7 +172,7 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(self.run(move |mut conn| async move {
-            conn.send_packed_commands(pipeline, offset, count).await
+            conn.req_packed_commands(pipeline, offset, count).await
         }))
     }
 
@@ -208,7 +208,7 @@ impl Inner {
         }
         state.generation += 1;
         state.started = Instant::now();
-        state.connecting = connect(&self.client, &self.config);
+        state.connecting = connect(&self.connector, &self.config);
         // Connect now, so that the next command finds the connection ready.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(state.connecting.clone().map(drop));
@@ -237,7 +237,7 @@ impl Inner {
             let replies = inner.replies.load(Ordering::Acquire);
             let ping = async {
                 let mut conn = connecting.await?;
-                conn.send_packed_command(&redis::cmd("PING")).await
+                conn.req_packed_command(&redis::cmd("PING")).await
             };
             match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
                 Ok(Err(e)) if !is_reply(&e) => inner.failed(generation, &e),

@@ -11,7 +11,8 @@
 //! - [`renewal`]: the renewal schedule of whatever expires unless renewed (a lease, a
 //!   concurrency permit);
 //! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
-//!   waiters).
+//!   waiters); and for Redis, [`node`] (the topologies: one server, a cluster, a Sentinel
+//!   service) and [`connection`] (a node's connection, replaced after failures).
 
 #[cfg(feature = "concurrency-limit")]
 pub(crate) mod concurrency;
@@ -21,6 +22,8 @@ pub(crate) mod connection;
 pub(crate) mod handle;
 #[cfg(feature = "lock")]
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod node;
 #[cfg(feature = "rate-limit")]
 pub(crate) mod rate_limit;
 #[cfg(feature = "idempotency")]

@@ -6,6 +6,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Clusters, Sentinel, TLS and other server binaries.
+pub mod topology;
+
 /// One `redis-server` process, stopped on drop.
 pub struct RedisNode {
     port: u16,

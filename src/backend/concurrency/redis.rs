@@ -8,6 +8,7 @@ use redis::{Client, Script};
 
 use super::ConcurrencyError;
 use crate::backend::connection::Connection;
+use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 
@@ -149,7 +150,7 @@ impl fmt::Debug for RedisConcurrencyLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisConcurrencyLimiterBuilder {
-    client: Result<Client, ConfigError>,
+    node: Node,
     timeout: Duration,
     ttl: Duration,
     prefix: String,
@@ -183,14 +184,18 @@ fn validity(start: Instant, ttl: Duration) -> Instant {
 impl RedisConcurrencyLimiter {
     /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
     pub fn builder(url: impl AsRef<str>) -> RedisConcurrencyLimiterBuilder {
-        let client = Client::open(url.as_ref())
-            .map_err(|source| ConfigError::InvalidUrl { index: 0, source });
-        RedisConcurrencyLimiterBuilder::new(client)
+        RedisConcurrencyLimiterBuilder::new(Node::url(url))
     }
 
     /// Starts a builder from a ready redis-rs client.
     pub fn from_client(client: Client) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(Ok(client))
+        RedisConcurrencyLimiterBuilder::new(Node::client(client))
+    }
+
+    /// Starts a builder from a [`Node`]: one server, a Redis Cluster (each key's set is
+    /// one key, in its own hash slot) or a Sentinel service.
+    pub fn from_node(node: Node) -> RedisConcurrencyLimiterBuilder {
+        RedisConcurrencyLimiterBuilder::new(node)
     }
 
     /// The prefix put before every key.
@@ -306,9 +311,9 @@ impl RedisConcurrencyLimiter {
 }
 
 impl RedisConcurrencyLimiterBuilder {
-    fn new(client: Result<Client, ConfigError>) -> Self {
+    fn new(node: Node) -> Self {
         Self {
-            client,
+            node,
             timeout: DEFAULT_CONCURRENCY_TIMEOUT,
             ttl: DEFAULT_PERMIT_TTL,
             prefix: DEFAULT_CONCURRENCY_PREFIX.to_owned(),
@@ -353,9 +358,13 @@ impl RedisConcurrencyLimiterBuilder {
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
         crate::backend::settings::check_prefix(&self.prefix)?;
-        let client = self.client?;
-        let label = client.get_connection_info().addr().to_string();
-        let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
+        let connect_timeout = self.timeout.max(Duration::from_millis(500));
+        let connector = self
+            .node
+            .connector(connect_timeout)
+            .map_err(|source| ConfigError::InvalidUrl { index: 0, source })?;
+        let label = connector.label.clone();
+        let conn = Connection::new(connector, connect_timeout);
         let limiter = RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
                 label,

@@ -9,6 +9,7 @@ use redis::{Client, Script};
 use super::quota::{Quota, Usage};
 use super::{RateLimitError, rate_verdict};
 use crate::backend::connection::Connection;
+use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 
@@ -103,7 +104,7 @@ impl fmt::Debug for RedisRateLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisRateLimiterBuilder {
-    client: Result<Client, ConfigError>,
+    node: Node,
     timeout: Duration,
     prefix: String,
 }
@@ -111,14 +112,18 @@ pub struct RedisRateLimiterBuilder {
 impl RedisRateLimiter {
     /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
     pub fn builder(url: impl AsRef<str>) -> RedisRateLimiterBuilder {
-        let client = Client::open(url.as_ref())
-            .map_err(|source| ConfigError::InvalidUrl { index: 0, source });
-        RedisRateLimiterBuilder::new(client)
+        RedisRateLimiterBuilder::new(Node::url(url))
     }
 
     /// Starts a builder from a ready redis-rs client.
     pub fn from_client(client: Client) -> RedisRateLimiterBuilder {
-        RedisRateLimiterBuilder::new(Ok(client))
+        RedisRateLimiterBuilder::new(Node::client(client))
+    }
+
+    /// Starts a builder from a [`Node`]: one server, a Redis Cluster (the counters are
+    /// spread over its shards, each script touching one key) or a Sentinel service.
+    pub fn from_node(node: Node) -> RedisRateLimiterBuilder {
+        RedisRateLimiterBuilder::new(node)
     }
 
     /// The prefix put before every key.
@@ -179,9 +184,9 @@ impl RedisRateLimiter {
 }
 
 impl RedisRateLimiterBuilder {
-    fn new(client: Result<Client, ConfigError>) -> Self {
+    fn new(node: Node) -> Self {
         Self {
-            client,
+            node,
             timeout: DEFAULT_RATE_TIMEOUT,
             prefix: DEFAULT_RATE_PREFIX.to_owned(),
         }
@@ -218,9 +223,13 @@ impl RedisRateLimiterBuilder {
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
         crate::backend::settings::check_prefix(&self.prefix)?;
-        let client = self.client?;
-        let label = client.get_connection_info().addr().to_string();
-        let conn = Connection::new(client, self.timeout.max(Duration::from_millis(500)));
+        let connect_timeout = self.timeout.max(Duration::from_millis(500));
+        let connector = self
+            .node
+            .connector(connect_timeout)
+            .map_err(|source| ConfigError::InvalidUrl { index: 0, source })?;
+        let label = connector.label.clone();
+        let conn = Connection::new(connector, connect_timeout);
         let limiter = RedisRateLimiter {
             inner: Arc::new(RedisInner {
                 label,

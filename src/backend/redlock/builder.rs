@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::connection::Connection;
-use redis::Client;
+use crate::backend::node::Node as Target;
 
 use super::notify::Notifier;
 use super::round::{self, Stragglers};
@@ -25,7 +25,7 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 #[derive(Debug)]
 #[must_use]
 pub struct RedlockBuilder {
-    nodes: Vec<Result<Client, ConfigError>>,
+    nodes: Vec<Target>,
     node_timeout: Option<Duration>,
     drift_factor: f64,
     fencing: bool,
@@ -39,7 +39,7 @@ const FENCE_LIFETIME_MIN: Duration = Duration::from_secs(24 * 3600);
 const FENCE_LIFETIME_TTLS: u32 = 100;
 
 impl RedlockBuilder {
-    pub(super) fn new(nodes: Vec<Result<Client, ConfigError>>) -> Self {
+    pub(super) fn new(nodes: Vec<Target>) -> Self {
         Self {
             nodes,
             node_timeout: None,
@@ -185,13 +185,18 @@ impl RedlockBuilder {
         }
         let connect_timeout = node_timeout.max(Duration::from_millis(500));
         let mut nodes = Vec::with_capacity(self.nodes.len());
-        let mut clients = Vec::with_capacity(self.nodes.len());
-        for client in self.nodes {
-            let client = client?;
-            clients.push(client.clone());
-            let label = client.get_connection_info().addr().to_string().into();
-            let conn = Connection::new(client, connect_timeout);
-            nodes.push(Node { label, conn });
+        let mut connectors = Vec::with_capacity(self.nodes.len());
+        for (index, node) in self.nodes.into_iter().enumerate() {
+            let connector = node
+                .connector(connect_timeout)
+                .map_err(|source| ConfigError::InvalidUrl { index, source })?;
+            connectors.push(connector.clone());
+            let label = connector.label.clone();
+            let conn = Connection::new(connector, connect_timeout);
+            nodes.push(Node {
+                label: label.into(),
+                conn,
+            });
         }
         let quorum = nodes.len() / 2 + 1;
         let redlock = Redlock {
@@ -200,7 +205,7 @@ impl RedlockBuilder {
                 nodes,
                 notifier: self.notify_waiters.then(|| {
                     Arc::new(Notifier::new(
-                        clients,
+                        connectors,
                         node_timeout.max(Duration::from_millis(100)),
                     ))
                 }),

@@ -47,9 +47,10 @@ use std::time::{Duration, Instant};
 use redis::Client;
 
 use crate::backend::connection::Connection;
+use crate::backend::node::Node as Target;
 use crate::backend::settings::Policy;
 use crate::backend::wait::{Waiters, bounded_wait};
-use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
+use crate::error::{LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
@@ -138,15 +139,7 @@ impl Redlock {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let nodes = urls
-            .into_iter()
-            .enumerate()
-            .map(|(index, url)| {
-                Client::open(url.as_ref())
-                    .map_err(|source| ConfigError::InvalidUrl { index, source })
-            })
-            .collect();
-        RedlockBuilder::new(nodes)
+        Self::from_nodes(urls.into_iter().map(Target::url))
     }
 
     /// Starts a builder from ready redis-rs clients, one per independent master.
@@ -154,7 +147,19 @@ impl Redlock {
     where
         I: IntoIterator<Item = Client>,
     {
-        RedlockBuilder::new(clients.into_iter().map(Ok).collect())
+        Self::from_nodes(clients.into_iter().map(Target::client))
+    }
+
+    /// Starts a builder from [`Node`](crate::Node)s, one per independent Redlock node,
+    /// each a single server, a Redis Cluster or a Sentinel service: for instance three
+    /// independent clusters, `[Node::cluster(a), Node::cluster(b), Node::cluster(c)]`,
+    /// or one cluster as the only node (the single-instance algorithm; see
+    /// [`Node::cluster`](crate::Node::cluster) for what a failover can lose).
+    pub fn from_nodes<I>(nodes: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = Target>,
+    {
+        RedlockBuilder::new(nodes.into_iter().collect())
     }
 
     /// The number of nodes.

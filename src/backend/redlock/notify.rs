@@ -18,6 +18,7 @@ use redis::aio::PubSubSink;
 use tokio::sync::oneshot;
 
 use super::scripts::Aux;
+use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
 
 /// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
@@ -42,7 +43,7 @@ pub(crate) struct Notifier {
 }
 
 struct NodeSubscriber {
-    client: redis::Client,
+    connector: Connector,
     sink: tokio::sync::Mutex<Option<Subscriber>>,
 }
 
@@ -59,13 +60,13 @@ struct Subscriber {
 }
 
 impl Notifier {
-    pub(crate) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
+    pub(crate) fn new(connectors: Vec<Connector>, timeout: Duration) -> Self {
         Self {
             waiters: Arc::default(),
-            nodes: clients
+            nodes: connectors
                 .into_iter()
-                .map(|client| NodeSubscriber {
-                    client,
+                .map(|connector| NodeSubscriber {
+                    connector,
                     sink: tokio::sync::Mutex::new(None),
                 })
                 .collect(),
@@ -146,7 +147,7 @@ impl Notifier {
     /// Opens a subscriber connection and the task that reads it; resubscribes the keys
     /// currently waited on.
     async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<Subscriber> {
-        let pubsub = node.client.get_async_pubsub().await?;
+        let pubsub = node.connector.pubsub().await?;
         let (mut sink, mut stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {

@@ -1,0 +1,480 @@
+//! [`Node`]: where one of the crate's Redis nodes lives, in any topology redis-rs speaks
+//! to: a single server, a Redis Cluster (feature `cluster-async`), a Sentinel-managed
+//! primary (feature `sentinel`), each over TLS with a custom root CA (feature `tls`).
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+/// One of the crate's Redis nodes: a Redlock node ([`Redlock::from_nodes`]) or the rate
+/// limiter's store ([`RedisRateLimiter::from_node`]), whatever its topology.
+///
+/// - [`Node::url`], [`Node::client`]: one Redis server (`redis://`, or `rediss://` with
+///   the `tls` feature), as [`Redlock::builder`] takes.
+/// - [`Node::cluster`] (feature `cluster-async`): one Redis Cluster, given by some of its
+///   nodes' URLs; keys are spread over its shards. Every script of this crate keeps its
+///   keys in one hash slot (the lock key and its `{<lock key>}:<role>` keys; one counter
+///   per rate-limit script), so each runs on the shard that owns it.
+/// - [`Node::sentinel`] (feature `sentinel`): the primary of a Sentinel-monitored
+///   service, found by asking the sentinels.
+///
+/// Whatever the topology, the node's connection is replaced after any failure (see
+/// [`RedlockBuilder::node_timeout`] for the bounds), and the new one is made the same way:
+/// a cluster's slot map is read again from its seed nodes, a Sentinel service's primary is
+/// asked of its sentinels again. So after a failover, requests reach the new primary once
+/// the cluster or the sentinels have promoted it, plus at most about 100 ms and one
+/// connection.
+///
+/// An invalid URL is reported by the `build` of the builder that takes the node, as
+/// [`ConfigError::InvalidUrl`](crate::ConfigError::InvalidUrl).
+///
+/// [`Redlock::from_nodes`]: crate::Redlock::from_nodes
+/// [`Redlock::builder`]: crate::Redlock::builder
+/// [`RedisRateLimiter::from_node`]: crate::RedisRateLimiter::from_node
+/// [`RedlockBuilder::node_timeout`]: crate::RedlockBuilder::node_timeout
+#[must_use]
+pub struct Node {
+    kind: Result<Kind, RedisError>,
+    #[cfg(feature = "tls")]
+    root_ca: Option<Vec<u8>>,
+}
+
+// Made once per node and consumed by the builder: the size of the variants does not
+// matter.
+#[allow(clippy::large_enum_variant)]
+enum Kind {
+    Single(Client),
+    #[cfg(feature = "cluster-async")]
+    Cluster(Vec<redis::ConnectionInfo>),
+    #[cfg(feature = "cluster-async")]
+    ClusterClient(redis::cluster::ClusterClient),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinels: Vec<redis::ConnectionInfo>,
+        service: String,
+    },
+    #[cfg(feature = "sentinel")]
+    SentinelClient(redis::sentinel::SentinelClient),
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let label = match &self.kind {
+            Ok(kind) => kind.label(),
+            Err(e) => format!("invalid: {e}"),
+        };
+        f.debug_struct("Node").field("node", &label).finish()
+    }
+}
+
+impl Node {
+    /// One Redis server: `redis://[[user]:password@]host:port[/db]`, or with the `tls`
+    /// feature `rediss://...` (verified against the system's roots, or [`root_ca`]).
+    ///
+    /// [`root_ca`]: Node::root_ca
+    pub fn url(url: impl AsRef<str>) -> Self {
+        Self::of(Client::open(url.as_ref()).map(Kind::Single))
+    }
+
+    /// One Redis server, from a ready redis-rs client.
+    pub fn client(client: Client) -> Self {
+        Self::of(Ok(Kind::Single(client)))
+    }
+
+    /// One Redis Cluster, given by the URLs of some of its nodes (seeds; any one that
+    /// answers is enough to find the others). Credentials and TLS come from the first
+    /// URL. Commands go to the primary that owns each key's slot, following `MOVED` and
+    /// `ASK` redirections; never to replicas.
+    ///
+    /// As one Redlock node, a cluster is one vote, and it replicates asynchronously: a
+    /// primary that fails before its replica received a lock hands over a shard without
+    /// it, so another client may take the lock while the first holds it (the Redis docs'
+    /// "Distributed Locks with Redis", on replication). Use N independent clusters (or
+    /// servers) for Redlock's guarantee; one cluster as the only node is the
+    /// single-instance algorithm with that failover caveat.
+    ///
+    /// Release notifications for waiters subscribe on one seed node (a `PUBLISH` on a
+    /// cluster reaches every node's subscribers), trying the seeds in order.
+    #[cfg(feature = "cluster-async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
+    pub fn cluster<I>(urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        use redis::IntoConnectionInfo;
+        let infos = urls
+            .into_iter()
+            .map(|url| url.as_ref().into_connection_info())
+            .collect::<Result<Vec<_>, _>>();
+        Self::of(infos.map(Kind::Cluster))
+    }
+
+    /// One Redis Cluster, from a ready redis-rs cluster client, with its own settings
+    /// (timeouts, retries, TLS). Waiters of a Redlock over such a node are not notified
+    /// of releases (redis-rs does not tell its seed nodes): they re-try on their
+    /// fallback timer (the holder's remaining TTL, at most 1 s).
+    #[cfg(feature = "cluster-async")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
+    pub fn cluster_client(client: redis::cluster::ClusterClient) -> Self {
+        Self::of(Ok(Kind::ClusterClient(client)))
+    }
+
+    /// The primary of the Sentinel service `service_name`, found by asking the sentinels
+    /// at `sentinel_urls` (`redis://host:26379`, credentials for the sentinels in the
+    /// URL). The primary is reached with database 0, no credentials, and TLS when the
+    /// first sentinel URL is `rediss://`; for other settings, use
+    /// [`Node::sentinel_client`].
+    ///
+    /// After a failover, the connection to the old primary fails (or answers
+    /// `READONLY` once it is demoted) and is replaced by one to the primary the
+    /// sentinels name then. Requests reach the new primary within the sentinels'
+    /// failover time (their `down-after-milliseconds` plus the election and promotion,
+    /// a few seconds at most when tuned) plus about 100 ms and one connection.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel<I>(sentinel_urls: I, service_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        use redis::IntoConnectionInfo;
+        let infos = sentinel_urls
+            .into_iter()
+            .map(|url| url.as_ref().into_connection_info())
+            .collect::<Result<Vec<_>, _>>();
+        let service = service_name.into();
+        Self::of(infos.map(|sentinels| Kind::Sentinel { sentinels, service }))
+    }
+
+    /// The primary of a Sentinel service, from a ready redis-rs Sentinel client (built
+    /// for [`SentinelServerType::Master`](redis::sentinel::SentinelServerType::Master)).
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
+        Self::of(Ok(Kind::SentinelClient(client)))
+    }
+
+    /// Trust this root certificate (PEM) for the node's `rediss://` connections, instead
+    /// of the system's roots: for servers whose certificate a private CA signed. Applies
+    /// to [`Node::url`], [`Node::cluster`] and [`Node::sentinel`] (both to the sentinels
+    /// and to the primary); ready clients keep their own settings. Default: the system's
+    /// roots (rustls-native-certs).
+    ///
+    /// rustls uses its `ring` crypto provider; should the application also enable
+    /// another provider, install one as the process default before building.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_ca = Some(pem.into());
+        self
+    }
+
+    fn of(kind: Result<Kind, RedisError>) -> Self {
+        Self {
+            kind,
+            #[cfg(feature = "tls")]
+            root_ca: None,
+        }
+    }
+
+    /// Makes the node's connector, whose connection attempts are bounded by
+    /// `connect_timeout`.
+    pub(crate) fn connector(self, connect_timeout: Duration) -> Result<Connector, RedisError> {
+        let kind = self.kind?;
+        let label = kind.label();
+        #[cfg(feature = "tls")]
+        let certs = |root: &Option<Vec<u8>>| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: root.clone(),
+        };
+        let target = match kind {
+            Kind::Single(client) => {
+                #[cfg(feature = "tls")]
+                let client = match &self.root_ca {
+                    Some(_) => Client::build_with_tls(
+                        client.get_connection_info().clone(),
+                        certs(&self.root_ca),
+                    )?,
+                    None => client,
+                };
+                Target::Single(client)
+            }
+            #[cfg(feature = "cluster-async")]
+            Kind::Cluster(infos) => {
+                let builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
+                    .connection_timeout(connect_timeout)
+                    // Each command is bounded by its caller; a failed shard's connection
+                    // is retried quickly, and the whole connection replaced if it stays
+                    // failed (see `connection.rs`).
+                    .retries(2)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100);
+                #[cfg(feature = "tls")]
+                let builder = match &self.root_ca {
+                    Some(_) => builder.certs(certs(&self.root_ca)),
+                    None => builder,
+                };
+                let seeds = infos
+                    .into_iter()
+                    .map(|info| {
+                        #[cfg(feature = "tls")]
+                        if self.root_ca.is_some() {
+                            return Client::build_with_tls(info, certs(&self.root_ca));
+                        }
+                        Client::open(info)
+                    })
+                    .collect::<Result<_, _>>()?;
+                Target::Cluster {
+                    client: builder.build()?,
+                    seeds,
+                }
+            }
+            #[cfg(feature = "cluster-async")]
+            Kind::ClusterClient(client) => Target::Cluster {
+                client,
+                seeds: Vec::new(),
+            },
+            #[cfg(feature = "sentinel")]
+            Kind::Sentinel { sentinels, service } => {
+                use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+                let first = sentinels.first().map(|info| {
+                    (
+                        info.redis_settings().clone(),
+                        matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
+                    )
+                });
+                let addrs = sentinels.iter().map(|info| info.addr().clone());
+                let mut builder =
+                    SentinelClientBuilder::new(addrs, &service, SentinelServerType::Master)?;
+                if let Some((settings, tls)) = first {
+                    if let Some(user) = settings.username() {
+                        builder = builder.set_client_to_sentinel_username(user);
+                    }
+                    if let Some(password) = settings.password() {
+                        builder = builder.set_client_to_sentinel_password(password);
+                    }
+                    if tls {
+                        builder = builder
+                            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+                    }
+                }
+                #[cfg(feature = "tls")]
+                if self.root_ca.is_some() {
+                    builder = builder
+                        .set_client_to_redis_certificates(certs(&self.root_ca))
+                        .set_client_to_sentinel_certificates(certs(&self.root_ca));
+                }
+                Target::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(
+                    builder.build()?,
+                )))
+            }
+            #[cfg(feature = "sentinel")]
+            Kind::SentinelClient(client) => {
+                Target::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client)))
+            }
+        };
+        Ok(Connector {
+            target,
+            label,
+            connect_timeout,
+        })
+    }
+}
+
+impl Kind {
+    /// A label for logs and errors: addresses only, never credentials.
+    fn label(&self) -> String {
+        match self {
+            Kind::Single(client) => client.get_connection_info().addr().to_string(),
+            #[cfg(feature = "cluster-async")]
+            Kind::Cluster(infos) => list("cluster", infos.iter().map(|i| i.addr().to_string())),
+            #[cfg(feature = "cluster-async")]
+            Kind::ClusterClient(_) => "cluster".to_owned(),
+            #[cfg(feature = "sentinel")]
+            Kind::Sentinel { service, .. } => format!("sentinel service {service}"),
+            #[cfg(feature = "sentinel")]
+            Kind::SentinelClient(_) => "sentinel service".to_owned(),
+        }
+    }
+}
+
+#[cfg(feature = "cluster-async")]
+fn list(what: &str, items: impl Iterator<Item = String>) -> String {
+    format!("{what} [{}]", items.collect::<Vec<_>>().join(", "))
+}
+
+/// Makes connections (and subscriber connections) to one [`Node`].
+#[derive(Clone)]
+pub(crate) struct Connector {
+    target: Target,
+    pub(crate) label: String,
+    connect_timeout: Duration,
+}
+
+// Made once per node and cloned only into its connection and its subscriber: the size
+// of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Target {
+    Single(Client),
+    #[cfg(feature = "cluster-async")]
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        /// For subscriber connections: a cluster-wide `PUBLISH` reaches every node.
+        #[cfg_attr(not(feature = "lock"), allow(dead_code))]
+        seeds: Vec<Client>,
+    },
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connector")
+            .field("node", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+fn timed_out(what: &str, after: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("{what}: no connection within {after:?}"),
+    ))
+}
+
+impl Connector {
+    /// The database number commands run on (0 on a cluster or through Sentinel).
+    pub(crate) fn db(&self) -> i64 {
+        match &self.target {
+            Target::Single(client) => client.get_connection_info().redis_settings().db(),
+            #[cfg(feature = "cluster-async")]
+            Target::Cluster { .. } => 0,
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(_) => 0,
+        }
+    }
+
+    /// One connection attempt, handshake included, bounded by the connect timeout.
+    pub(crate) fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> BoxFuture<'static, Result<Conn, RedisError>> {
+        match &self.target {
+            Target::Single(client) => {
+                let (client, config) = (client.clone(), config.clone());
+                let timeout = self.connect_timeout;
+                async move {
+                    let connect = client.get_multiplexed_async_connection_with_config(&config);
+                    match tokio::time::timeout(timeout, connect).await {
+                        Ok(conn) => conn.map(Conn::Single),
+                        Err(_) => Err(timed_out("connection", timeout)),
+                    }
+                }
+                .boxed()
+            }
+            #[cfg(feature = "cluster-async")]
+            Target::Cluster { client, .. } => {
+                let (client, timeout) = (client.clone(), self.connect_timeout);
+                async move {
+                    match tokio::time::timeout(timeout, client.get_async_connection()).await {
+                        Ok(conn) => conn.map(Conn::Cluster),
+                        Err(_) => Err(timed_out("cluster", timeout)),
+                    }
+                }
+                .boxed()
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(client) => {
+                let (client, config) = (client.clone(), config.clone());
+                let timeout = self.connect_timeout;
+                async move {
+                    let connect = async {
+                        let primary = client.lock().await.async_get_client().await?;
+                        primary
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                    };
+                    match tokio::time::timeout(timeout, connect).await {
+                        Ok(conn) => conn.map(Conn::Single),
+                        Err(_) => Err(timed_out("sentinel", timeout)),
+                    }
+                }
+                .boxed()
+            }
+        }
+    }
+
+    /// A subscriber connection: to the server; on a cluster to the first seed node that
+    /// answers; through Sentinel to the current primary.
+    #[cfg(feature = "lock")]
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
+        match &self.target {
+            Target::Single(client) => client.get_async_pubsub().await,
+            #[cfg(feature = "cluster-async")]
+            Target::Cluster { seeds, .. } => {
+                let mut last = RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "no seed node known for release notifications",
+                ));
+                for seed in seeds {
+                    match seed.get_async_pubsub().await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = e,
+                    }
+                }
+                Err(last)
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(client) => {
+                let primary = client.lock().await.async_get_client().await?;
+                primary.get_async_pubsub().await
+            }
+        }
+    }
+}
+
+/// An open connection to a [`Node`]: cheap to clone, multiplexed.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster-async")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster-async")]
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster-async")]
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            #[cfg(feature = "cluster-async")]
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}

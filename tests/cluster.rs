@@ -1,0 +1,186 @@
+//! A Redis Cluster (3 primaries, 3 replicas, made with `redis-cli --cluster create`) as a
+//! Redlock node and as the rate limiter's store, with a replica promoted by `CLUSTER
+//! FAILOVER` mid-test.
+#![cfg(feature = "cluster-async")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use support::topology::{Cluster, cli};
+use support::{nodes, urls};
+use tower_redlock::{LockError, Node, Quota, RedisRateLimiter, Redlock};
+
+async fn on_cluster(cluster: &Cluster) -> Redlock {
+    Redlock::from_nodes([Node::cluster(cluster.urls())])
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(500))
+        .fencing_tokens(true)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The keys every primary holds now.
+fn primaries_with_keys(cluster: &Cluster) -> usize {
+    cluster
+        .servers
+        .iter()
+        .filter(|s| s.cli(&["ROLE"]).starts_with("master"))
+        .filter(|s| s.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_one_redlock_node_with_keys_on_every_shard_and_locks_survive_a_failover() {
+    let cluster = Cluster::start(3);
+    let redlock = on_cluster(&cluster).await;
+    assert_eq!(redlock.node_count(), 1);
+
+    // Locks on 30 keys spread over the three shards, each with its scripts (fencing
+    // counter, waiters' mark) in its own slot.
+    let mut leases = Vec::new();
+    for i in 0..30 {
+        leases.push(redlock.lock(&format!("item:{i}")).await.unwrap());
+    }
+    assert_eq!(primaries_with_keys(&cluster), 3, "keys on every shard");
+    let tokens: HashSet<_> = leases.iter().map(|l| l.fencing_token()).collect();
+    assert!(tokens.iter().all(|t| t.is_some()));
+    assert!(matches!(
+        redlock.try_lock("item:7").await,
+        Err(LockError::Taken { .. })
+    ));
+
+    // The shard of item:7 fails over while the lease is held: the coordinated failover
+    // hands the lock to the new primary, which keeps it.
+    let lease = leases.swap_remove(7);
+    let key = format!("{}item:7", redlock.prefix());
+    let new_primary = cluster.failover(&key);
+    assert_eq!(cli(new_primary, &["EXISTS", &key]).trim(), "1");
+    let taken = loop {
+        match redlock.try_lock("item:7").await {
+            Err(LockError::NoQuorum { .. }) => tokio::task::yield_now().await,
+            other => break other,
+        }
+    };
+    assert!(matches!(taken, Err(LockError::Taken { .. })), "{taken:?}");
+    let mut lease = lease;
+    redlock.extend(&mut lease).await.unwrap();
+    redlock.unlock(lease).await.unwrap();
+    assert_eq!(cli(new_primary, &["EXISTS", &key]).trim(), "0");
+    let again = redlock.try_lock("item:7").await.unwrap();
+    assert!(again.fencing_token() > Some(0));
+    for lease in leases {
+        redlock.unlock(lease).await.unwrap();
+    }
+    redlock.unlock(again).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::from_nodes([Node::cluster(cluster.urls())])
+        // A long TTL: only a release (or the 1 s fallback) frees the lock in time.
+        .ttl(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let held = redlock.lock("report").await.unwrap();
+    let waiter = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move {
+            let lease = redlock.lock_within("report", Duration::from_secs(20)).await;
+            (lease, Instant::now())
+        })
+    };
+    // The waiter subscribed on one seed node, and marked the lock (on its shard).
+    let channel = format!("{{{}report}}:released", redlock.prefix());
+    let mark = format!("{{{}report}}:waiters", redlock.prefix());
+    let subscribed = support::eventually(Duration::from_secs(10), || async {
+        let subscribers: u32 = cluster
+            .servers
+            .iter()
+            .map(|s| {
+                let out = s.cli(&["PUBSUB", "NUMSUB", &channel]);
+                out.lines()
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        let marked = cluster
+            .servers
+            .iter()
+            .any(|s| s.cli(&["EXISTS", &mark]).trim() == "1");
+        subscribers == 1 && marked
+    })
+    .await;
+    assert!(
+        subscribed,
+        "the waiter subscribed on one node and marked the lock"
+    );
+    let released_at = Instant::now();
+    redlock.unlock(held).await.unwrap();
+    let (lease, acquired_at) = waiter.await.unwrap();
+    let lease = lease.unwrap();
+    // The fallback timer would take 1 s: the release's PUBLISH crossed the cluster.
+    let delay = acquired_at - released_at;
+    assert!(
+        delay < Duration::from_millis(300),
+        "woken after {delay:?}, as if by the fallback timer"
+    );
+    redlock.unlock(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_a_cluster_and_two_single_nodes_keeps_a_quorum_without_one() {
+    let cluster = Cluster::start(3);
+    let mut singles = nodes(2);
+    let mut list = vec![Node::cluster(cluster.urls())];
+    list.extend(urls(&singles).into_iter().map(Node::url));
+    let redlock = Redlock::from_nodes(list)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    assert_eq!((redlock.node_count(), redlock.quorum()), (3, 2));
+    let lease = redlock.lock("invoice:1").await.unwrap();
+    assert!(matches!(
+        redlock.try_lock("invoice:1").await,
+        Err(LockError::Taken { .. })
+    ));
+    redlock.unlock(lease).await.unwrap();
+    singles[0].kill();
+    let lease = redlock.lock("invoice:2").await.unwrap();
+    redlock.unlock(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_on_a_cluster_counts_across_shards_and_a_failover() {
+    let cluster = Cluster::start(3);
+    let limiter = RedisRateLimiter::from_node(Node::cluster(cluster.urls()))
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let quota: Quota = "3/60".parse().unwrap();
+    for client in 0..20 {
+        let usage = limiter.hit(&format!("ip:{client}"), quota).await.unwrap();
+        assert_eq!(usage.remaining(), 2);
+    }
+    assert_eq!(primaries_with_keys(&cluster), 3, "counters on every shard");
+    let key = format!("{}ip:0", limiter.prefix());
+    cluster.failover(&key);
+    let second = loop {
+        match limiter.hit("ip:0", quota).await {
+            Ok(usage) => break usage,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(second.remaining(), 1, "the count moved with the shard");
+    limiter.hit("ip:0", quota).await.unwrap();
+    let over = limiter.hit("ip:0", quota).await.unwrap();
+    assert!(over.remaining() == 0 && over.count() > quota.limit());
+}
