@@ -12,6 +12,7 @@ use std::time::Instant;
 use crate::backend::records::{
     Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
 };
+use crate::backend::hold::HoldTimes;
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -47,6 +48,7 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
+    holds: HoldTimes,
     #[cfg(feature = "idempotency")]
     records: MemoryRecords,
 }
@@ -62,6 +64,8 @@ struct State {
 struct Held {
     token: Token,
     expires_at: Instant,
+    /// When it was acquired, for the hold times behind `Retry-After`.
+    since: Instant,
 }
 
 const MIN_SWEEP: usize = 1024;
@@ -156,10 +160,19 @@ impl MemoryLocks {
                     fence: 0,
                 }),
                 waiters: Waiters::default(),
+                holds: HoldTimes::default(),
                 #[cfg(feature = "idempotency")]
                 records,
             }),
         }
+    }
+
+    /// How long a request that found `key` held should wait before trying again (see
+    /// [`HoldTimes`]).
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: std::time::Duration) -> std::time::Duration {
+        self.inner
+            .holds
+            .retry_after(key, self.prefix(), holder_left)
     }
 
     /// The idempotency records kept with these locks.
@@ -214,13 +227,24 @@ impl MemoryLocks {
                     retry_after: held.expires_at - now,
                 });
             }
-            *held = Held { token, expires_at };
+            *held = Held {
+                token,
+                expires_at,
+                since: now,
+            };
         } else {
             if state.held.len() >= state.sweep_at {
                 state.held.retain(|_, held| held.expires_at > now);
                 state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
             }
-            state.held.insert(key.clone(), Held { token, expires_at });
+            state.held.insert(
+                key.clone(),
+                Held {
+                    token,
+                    expires_at,
+                    since: now,
+                },
+            );
         }
         state.fence = state.fence.saturating_add(1);
         Ok(Lease {
@@ -318,9 +342,15 @@ impl MemoryLocks {
             });
         }
         let expired = held.expires_at <= now;
+        let since = held.since;
         state.held.remove(&lease.key);
         drop(state);
         self.inner.waiters.wake(&lease.key);
+        if !expired {
+            self.inner
+                .holds
+                .record(&lease.key, self.prefix(), now.saturating_duration_since(since));
+        }
         if expired {
             Err(LockError::Expired { taken_over: false })
         } else {

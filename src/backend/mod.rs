@@ -8,13 +8,15 @@
 //!   read;
 //! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
 //!   rate-limit backends in [`rate_limit`];
-//! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
-//!   waiters).
+//! - what they share: [`settings`] (TTL, retries, prefix), [`wait`] (this process's
+//!   waiters) and [`hold`] (the hold times behind `Retry-After`).
 
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
 #[cfg(feature = "lock")]
 pub(crate) mod handle;
+#[cfg(feature = "lock")]
+pub(crate) mod hold;
 #[cfg(feature = "lock")]
 pub(crate) mod memory;
 #[cfg(feature = "rate-limit")]

@@ -61,7 +61,12 @@ impl LockPolicy {
         }
     }
 
-    fn verdict(&self, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
+    /// The verdict on an acquisition of `key`. A `Retry-After` for contention is the
+    /// moving average of the hold times observed for the key's scope, bounded by the
+    /// holder's remaining TTL (see [`Locks`]' backends); the header rounds it up to
+    /// whole seconds, at least 1.
+    fn verdict(&self, key: &str, acquired: Result<Lease, LockError>) -> Verdict<LockPermit> {
+        let acquired = acquired.map_err(|e| self.locks.estimated(key, e));
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
@@ -104,12 +109,15 @@ impl Policy for LockPolicy {
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            return Decision::Ready(self.verdict(memory.acquire(key)));
+            return Decision::Ready(self.verdict(&key, memory.acquire(key.clone())));
         }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
-            let acquired = policy.locks.lock_key_within(key, policy.max_wait).await;
-            policy.verdict(acquired)
+            let acquired = policy
+                .locks
+                .lock_key_within(key.clone(), policy.max_wait)
+                .await;
+            policy.verdict(&key, acquired)
         }))
     }
 }

@@ -23,13 +23,14 @@
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
 //! failed nodes could swing is `NoQuorum`, which callers retry.
 //!
-//! The parts: this file is the client; [`acquire`] the acquisition, [`round`] the quorum
-//! round, [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts
+//! The parts: this file is the client; [`acquire`] the acquisition, [`hot`] the keys this
+//! process holds or is acquiring (answered without Redis), [`round`] the quorum round, [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts
 //! and their node calls, [`notify`] the release notifications, [`builder`] the
 //! configuration.
 
 mod acquire;
 mod builder;
+mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod notify;
@@ -49,6 +50,7 @@ use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 pub use builder::RedlockBuilder;
+use hot::HotKeys;
 use notify::{Notifier, UnsubscribeOnDrop};
 use round::{Answers, Stragglers};
 use scripts::Release;
@@ -86,7 +88,12 @@ pub struct Redlock {
 struct Inner {
     id: u64,
     nodes: Vec<Node>,
+    /// This process's waiters, woken by release notifications and by this client's own
+    /// releases.
+    waiters: Arc<Waiters>,
     notifier: Option<Arc<Notifier>>,
+    /// The keys this client holds or is acquiring, answered in process.
+    hot: HotKeys,
     /// With fencing tokens: how long a fencing counter lives after the last fenced
     /// acquisition or extension of its key, in ms.
     fence_ms: Option<u64>,
@@ -241,28 +248,70 @@ impl Redlock {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
         }
+        let deadline = Instant::now().checked_add(max_wait);
+        // Behind a holder of this process: queue here, without Redis, until it releases.
+        if let Some(result) = self.queue_locally(&key, deadline).await {
+            return result;
+        }
+        let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
         let notifier = self.inner.notifier.as_ref();
         // Also when this future is dropped mid-wait.
         let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
             notifier: notifier.clone(),
             key: key.clone(),
         });
-        let no_waiters = Waiters::default();
-        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
         let subscribe = async {
             if let Some(notifier) = notifier {
                 notifier.subscribe(&key).await;
             }
         };
         bounded_wait(
-            waiters,
+            &self.inner.waiters,
             &key,
-            max_wait,
+            left,
             // Subscribed by now: mark the lock as waited for, so that its release publishes.
             || self.acquire(key.clone(), notifier.is_some()),
             subscribe,
         )
         .await
+    }
+
+    /// Waits while this process holds `key`: woken by its release, or at the end of its
+    /// validity, and tries again (in process first). `Some` with the result once it is
+    /// acquired, fails otherwise, or the deadline passes; `None` once the holder is
+    /// another process's (the caller then waits on Redis).
+    async fn queue_locally(
+        &self,
+        key: &Arc<str>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Lease, LockError>> {
+        let mut valid_until = self.inner.hot.holder(key)?;
+        let ticket = self.inner.waiters.register(key);
+        loop {
+            let notified = ticket.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let now = Instant::now();
+            if deadline.is_some_and(|d| d <= now) {
+                return Some(Err(LockError::Taken {
+                    retry_after: valid_until.saturating_duration_since(now),
+                }));
+            }
+            if self.inner.hot.holder(key).is_some() {
+                let wake_at = deadline.map_or(valid_until, |d| d.min(valid_until));
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep_until(wake_at.into()) => {}
+                }
+            }
+            match self.acquire(key.clone(), false).await {
+                Err(LockError::Taken { .. }) => match self.inner.hot.holder(key) {
+                    Some(next) => valid_until = next,
+                    None => return None,
+                },
+                other => return Some(other),
+            }
+        }
     }
 
     /// Extends the lease to a full TTL from now on every node where it still holds the
@@ -296,11 +345,17 @@ impl Redlock {
                     .validity(elapsed)
                     .ok_or(LockError::TooSlow { elapsed })?;
                 lease.valid_until = start + validity;
+                self.inner
+                    .hot
+                    .renewed(&lease.key, lease.token, lease.valid_until);
                 Ok(())
             }
-            Verdict::Lost => Err(LockError::Expired {
-                taken_over: round.values().any(|reply| *reply == -1),
-            }),
+            Verdict::Lost => {
+                self.inner.hot.lost(&lease.key, lease.token);
+                Err(LockError::Expired {
+                    taken_over: round.values().any(|reply| *reply == -1),
+                })
+            }
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
@@ -314,15 +369,19 @@ impl Redlock {
     /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
     /// left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+        let local = self.forget(&lease.key, lease.token);
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;
+        if local {
+            self.inner.waiters.wake(&lease.key);
+        }
         match round.verdict {
             Verdict::Won => Ok(()),
             Verdict::Lost => Err(LockError::Expired {
                 taken_over: round
                     .values()
-                    .any(|r| matches!(r, Release::HeldByOther { .. })),
+                    .any(|r| matches!(r, Release::HeldByOther)),
             }),
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
@@ -402,8 +461,26 @@ impl Redlock {
         .await
     }
 
+    /// Takes a lease being released out of the table of this process's holders, and
+    /// records how long it was held; returns whether it was there (its local waiters are
+    /// then to be woken once it is released).
+    fn forget(&self, key: &str, token: Token) -> bool {
+        self.inner.hot.released(key, token, self.prefix())
+    }
+
+    /// How long a request that found `key` held should wait before trying again: the
+    /// hold times this client observed for the key's scope, bounded by `holder_left`
+    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
+        self.inner
+            .hot
+            .holds
+            .retry_after(key, self.prefix(), holder_left)
+    }
+
     /// Releases in the background: for guards dropped outside an async context.
     pub(crate) fn release_detached(&self, key: Arc<str>, token: Token, publish: bool) {
+        let local = self.forget(&key, token);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
@@ -411,6 +488,9 @@ impl Redlock {
                     redlock
                         .release_all(&key, token, publish, deleted, Stragglers::Await)
                         .await;
+                    if local {
+                        redlock.inner.waiters.wake(&key);
+                    }
                 });
             }
             Err(_) => tracing::warn!(

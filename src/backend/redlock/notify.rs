@@ -59,9 +59,9 @@ struct Subscriber {
 }
 
 impl Notifier {
-    pub(crate) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
+    pub(crate) fn new(clients: Vec<redis::Client>, waiters: Arc<Waiters>, timeout: Duration) -> Self {
         Self {
-            waiters: Arc::default(),
+            waiters,
             nodes: clients
                 .into_iter()
                 .map(|client| NodeSubscriber {
