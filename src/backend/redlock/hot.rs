@@ -325,7 +325,8 @@ mod tests {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
         let _plain = hot.enter(&key, false);
-        assert!(matches!(hot.enter(&key, true), Entry::Lead(_)));
+        let waiting = hot.enter(&key, true);
+        assert!(matches!(waiting, Entry::Lead(_)));
         // A plain attempt follows the waiting one.
         assert!(matches!(hot.enter(&key, false), Entry::Follow(_)));
     }

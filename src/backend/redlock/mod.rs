@@ -186,6 +186,12 @@ impl Redlock {
 
     /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`).
     ///
+    /// While this client holds the key, the answer is [`LockError::Taken`] at once,
+    /// without Redis; while another attempt of this client on the key is in flight, this
+    /// one waits for it and shares its outcome (a burst on one key costs Redis one
+    /// attempt). Otherwise one script per node: `SET NX PX` when the key is free, the
+    /// holder's `PTTL` when it is not.
+    ///
     /// # Errors
     ///
     /// - [`LockError::Taken`] when another holder has it (at least a quorum of nodes
@@ -221,8 +227,9 @@ impl Redlock {
     /// value alone; the release of a marked lock publishes on that channel), and re-tries
     /// on a jittered fallback timer (the holder's remaining TTL, at most 1 s) in case a
     /// notification is missed, the holder is another client that does not publish, or the
-    /// lease simply expires. A zero `max_wait` is one attempt, like
-    /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
+    /// lease simply expires. Behind a holder of this client, the waiter queues in process
+    /// (woken by its release, or at the end of its validity) without touching Redis. A
+    /// zero `max_wait` is one attempt, like [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
     /// (bounded by the node timeout) rather than being cut off.
     ///
     /// # Errors
