@@ -657,7 +657,10 @@ async fn redis_commands(urls: &[String]) -> u64 {
             .lines()
             .filter_map(|line| {
                 let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-                let skip = name == "info" || name == "hello" || name == "ping" || name.starts_with("client");
+                let skip = name == "info"
+                    || name == "hello"
+                    || name == "ping"
+                    || name.starts_with("client");
                 let calls: u64 = rest.split(',').next()?.parse().ok()?;
                 (!skip).then_some(calls)
             })

@@ -38,7 +38,10 @@ async fn snapshot(nodes: &[RedisNode]) -> Vec<BTreeMap<String, u64>> {
 
 /// The lock commands run since `before`, per node and command; the connection
 /// handshakes of the counting itself (`HELLO`, `CLIENT ...`, `PING`) left out.
-async fn since(nodes: &[RedisNode], before: &[BTreeMap<String, u64>]) -> Vec<BTreeMap<String, u64>> {
+async fn since(
+    nodes: &[RedisNode],
+    before: &[BTreeMap<String, u64>],
+) -> Vec<BTreeMap<String, u64>> {
     let after = snapshot(nodes).await;
     after
         .iter()
@@ -123,7 +126,8 @@ async fn a_key_held_in_process_is_answered_taken_without_redis_three_nodes() {
 }
 
 #[tokio::test]
-async fn a_holder_in_another_client_costs_one_script_per_node_and_no_cleanup() {
+async fn a_holder_in_another_client_costs_one_script_per_node_and_no_cleanup_where_nothing_was_set()
+{
     let nodes = nodes(3);
     let holder_side = redlock(&nodes, Duration::from_secs(10)).await;
     let r = redlock(&nodes, Duration::from_secs(10)).await;
@@ -140,18 +144,26 @@ async fn a_holder_in_another_client_costs_one_script_per_node_and_no_cleanup() {
             "{retry_after:?}: the holder's remaining TTL, from the same script"
         );
     }
-    // The cleanup of a lost attempt runs in the background; there is none to wait for,
-    // but let any stray one land before counting.
     let spent = since(&nodes, &before).await;
+    eprintln!("{attempts} rejected attempts cost {spent:?}");
+    let mut releases = 0;
     for node in &spent {
         // One round trip per node and attempt: the script, which reads the holder's
         // PTTL and sets nothing.
-        assert_eq!(node.get("evalsha"), Some(&attempts), "{spent:?}");
         assert_eq!(node.get("pttl"), Some(&attempts), "{spent:?}");
         assert_eq!(node.get("set"), None, "{spent:?}");
         assert_eq!(node.get("del"), None, "{spent:?}");
-        assert_eq!(node.values().sum::<u64>(), 2 * attempts, "{spent:?}");
+        // The verdict comes with a quorum of answers: on a node whose answer came after
+        // it, the attempt may have set the key, so it is released there (one script
+        // that finds nothing of ours: a GET). Nowhere else.
+        let evalsha = node.get("evalsha").copied().unwrap_or(0);
+        let late = evalsha - attempts;
+        assert_eq!(node.get("get").copied().unwrap_or(0), late, "{spent:?}");
+        assert_eq!(node.values().sum::<u64>(), 2 * attempts + 2 * late);
+        releases += late;
     }
+    // Each attempt has at most one node not awaited (3 nodes, 2 "held" answers decide).
+    assert!(releases <= attempts, "{spent:?}");
     holder_side.unlock(holder).await.unwrap();
 }
 
@@ -199,7 +211,10 @@ async fn a_release_leaves_the_local_table_at_once() {
         let lease = r.try_lock("cycle").await.unwrap();
         r.unlock(lease).await.unwrap();
         // No stale "taken" answer from the table: the very next attempt acquires.
-        let lease = r.try_lock("cycle").await.expect("free right after the release");
+        let lease = r
+            .try_lock("cycle")
+            .await
+            .expect("free right after the release");
         r.unlock(lease).await.unwrap();
     }
     // Through Locks, the handle the layer and the extractor share.
@@ -230,7 +245,10 @@ async fn a_lease_found_lost_by_a_renewal_leaves_the_local_table_at_once() {
     ));
     let err = r.extend(&mut lease).await.unwrap_err();
     assert!(matches!(err, LockError::Expired { .. }), "{err:?}");
-    let next = r.try_lock("lost").await.expect("no stale taken after the loss");
+    let next = r
+        .try_lock("lost")
+        .await
+        .expect("no stale taken after the loss");
     r.unlock(next).await.unwrap();
 }
 
@@ -250,7 +268,10 @@ async fn an_expired_lease_leaves_the_local_table_at_once() {
     // asks Redis, which frees the key when its TTL ends (a drift allowance later).
     let before = snapshot(&nodes).await;
     let _ = r.try_lock("expiring").await;
-    assert!(total(&since(&nodes, &before).await) > 0, "answered from the table");
+    assert!(
+        total(&since(&nodes, &before).await) > 0,
+        "answered from the table"
+    );
     let acquired = eventually(Duration::from_secs(3), || async {
         match r.try_lock("expiring").await {
             Ok(lease) => r.unlock(lease).await.is_ok(),
@@ -277,7 +298,11 @@ async fn max_wait_queues_in_process_behind_a_local_holder() {
     // Give the waiter time to ask Redis, were it going to.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let spent = since(&nodes, &before).await;
-    assert_eq!(total(&spent), 0, "the queued waiter touched Redis: {spent:?}");
+    assert_eq!(
+        total(&spent),
+        0,
+        "the queued waiter touched Redis: {spent:?}"
+    );
     assert_eq!(
         subscribers(&nodes, "{tower-redlock:queue}:released").await,
         0,

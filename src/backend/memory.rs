@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{
     Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
 };
-use crate::backend::hold::HoldTimes;
 use crate::backend::settings::{Policy, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -169,7 +169,11 @@ impl MemoryLocks {
 
     /// How long a request that found `key` held should wait before trying again (see
     /// [`HoldTimes`]).
-    pub(crate) fn retry_estimate(&self, key: &str, holder_left: std::time::Duration) -> std::time::Duration {
+    pub(crate) fn retry_estimate(
+        &self,
+        key: &str,
+        holder_left: std::time::Duration,
+    ) -> std::time::Duration {
         self.inner
             .holds
             .retry_after(key, self.prefix(), holder_left)
@@ -347,9 +351,11 @@ impl MemoryLocks {
         drop(state);
         self.inner.waiters.wake(&lease.key);
         if !expired {
-            self.inner
-                .holds
-                .record(&lease.key, self.prefix(), now.saturating_duration_since(since));
+            self.inner.holds.record(
+                &lease.key,
+                self.prefix(),
+                now.saturating_duration_since(since),
+            );
         }
         if expired {
             Err(LockError::Expired { taken_over: false })

@@ -59,7 +59,11 @@ struct Subscriber {
 }
 
 impl Notifier {
-    pub(crate) fn new(clients: Vec<redis::Client>, waiters: Arc<Waiters>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        clients: Vec<redis::Client>,
+        waiters: Arc<Waiters>,
+        timeout: Duration,
+    ) -> Self {
         Self {
             waiters,
             nodes: clients
