@@ -24,9 +24,9 @@
 //! failed nodes could swing is `NoQuorum`, which callers retry.
 //!
 //! The parts: this file is the client; [`acquire`] the acquisition, [`hot`] the keys this
-//! process holds or is acquiring (answered without Redis), [`round`] the quorum round, [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts
-//! and their node calls, [`notify`] the release notifications, [`builder`] the
-//! configuration.
+//! process holds or is acquiring (answered without Redis), [`round`] the quorum round,
+//! [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts and
+//! their node calls, [`notify`] the release notifications, [`builder`] the configuration.
 
 mod acquire;
 mod builder;
@@ -46,7 +46,7 @@ use redis::Client;
 
 use crate::backend::connection::Connection;
 use crate::backend::settings::Policy;
-use crate::backend::wait::{Waiters, bounded_wait};
+use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 pub use builder::RedlockBuilder;
@@ -229,8 +229,9 @@ impl Redlock {
     /// notification is missed, the holder is another client that does not publish, or the
     /// lease simply expires. Behind a holder of this client, the waiter queues in process
     /// (woken by its release, or at the end of its validity) without touching Redis. A
-    /// zero `max_wait` is one attempt, like [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
-    /// (bounded by the node timeout) rather than being cut off.
+    /// zero `max_wait` is one attempt, like [`try_lock`](Self::try_lock). An attempt in
+    /// flight at the deadline runs to its end (bounded by the node timeout) rather than
+    /// being cut off.
     ///
     /// # Errors
     ///
@@ -283,10 +284,11 @@ impl Redlock {
         .await
     }
 
-    /// Waits while this process holds `key`: woken by its release, or at the end of its
-    /// validity, and tries again (in process first). `Some` with the result once it is
-    /// acquired, fails otherwise, or the deadline passes; `None` once the holder is
-    /// another process's (the caller then waits on Redis).
+    /// Waits while this process holds `key`: woken by its release (or, should that wake-up
+    /// be lost, at least every second, which costs no Redis call while the holder stays),
+    /// and tries again, in process first. `None` once the holder is another process's
+    /// (the caller then waits on Redis); otherwise `Some` with the outcome of the first
+    /// attempt that is not refused for contention, or `Taken` at the deadline.
     async fn queue_locally(
         &self,
         key: &Arc<str>,
@@ -305,7 +307,10 @@ impl Redlock {
                 }));
             }
             if self.inner.hot.holder(key).is_some() {
-                let wake_at = deadline.map_or(valid_until, |d| d.min(valid_until));
+                let wake_at = now
+                    .checked_add(MAX_FALLBACK)
+                    .map_or(valid_until, |fallback| fallback.min(valid_until));
+                let wake_at = deadline.map_or(wake_at, |d| d.min(wake_at));
                 tokio::select! {
                     () = notified => {}
                     () = tokio::time::sleep_until(wake_at.into()) => {}
