@@ -189,8 +189,8 @@ impl Redlock {
     /// While this client holds the key, the answer is [`LockError::Taken`] at once,
     /// without Redis; while another attempt of this client on the key is in flight, this
     /// one waits for it and shares its outcome (a burst on one key costs Redis one
-    /// attempt). Otherwise one script per node: `SET NX PX` when the key is free, the
-    /// holder's `PTTL` when it is not.
+    /// attempt). Otherwise one round trip per node, `SET NX PX` and the holder's `PTTL`
+    /// pipelined, and no cleanup where nothing was set.
     ///
     /// # Errors
     ///
