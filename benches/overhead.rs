@@ -28,7 +28,11 @@
 //!    the layer: both are judged by what they add to "no layer" under the same load. Also
 //!    with 1 connection, where the added latency is not magnified by queueing.
 //! 3. **Hot key**: 200 requests at once on one key, the handler holding it 200 ms: how fast
-//!    the losers get their 409, and a check that exactly one handler runs at a time.
+//!    the losers get their 409 on Redlock (1 and 3 nodes) against the in-process backend,
+//!    a check that exactly one handler runs at a time, and the Redis commands per 409
+//!    (`INFO commandstats` before and after each burst, commands run inside scripts
+//!    included) with the holder in the app's own process and with the holder in another
+//!    client (another replica).
 //! 4. **Cluster** (with `--features cluster-async`): the lock cycle on a Redis Cluster of
 //!    3 primaries and 3 replicas as one Redlock node, against the same commands sent
 //!    straight on redis-rs's cluster connection (see `benches/common/cluster.rs`).
@@ -79,6 +83,8 @@ const CYCLE_RATE_MIN_VS_FLOOR: f64 = 0.90;
 const CYCLE_RATE_MIN_VS_RSLOCK: f64 = 1.4;
 const HTTP_MEMORY_RATE_MIN: f64 = 0.90;
 const HTTP_ADDED_P50_MAX: f64 = 1.10;
+const HOT_P50_MAX: f64 = 1.2;
+const HOT_LOCAL_COMMANDS_MAX: f64 = 0.05;
 
 /// How long and how often to measure.
 #[derive(Clone, Copy)]
@@ -213,7 +219,7 @@ async fn run(
     }
     if wants("hot") {
         let (cpu, first) = (CpuSnapshot::take(&pids), table.lines.len());
-        hot_key(&plan, &urls, &mut table).await;
+        hot_key(&plan, &urls, &mut table, &mut misses).await;
         table.note_noise(first, cpu.and_then(|c| c.foreign_since(&pids)));
     }
     // No noise share here: the cluster's six processes, started by the section, would
@@ -650,9 +656,90 @@ async fn burst(addr: SocketAddr, key: u64) -> Vec<(StatusCode, Duration)> {
     answers
 }
 
-async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table) {
+/// Every command the nodes at `urls` ran so far (`INFO commandstats`, commands run inside
+/// scripts included), without `INFO` itself and the connection handshakes of the count.
+async fn redis_commands(urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the bench's Redis node");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO commandstats");
+        total += info
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                let skip = name == "info"
+                    || name == "hello"
+                    || name == "ping"
+                    || name.starts_with("client");
+                let calls: u64 = rest.split(',').next()?.parse().ok()?;
+                (!skip).then_some(calls)
+            })
+            .sum::<u64>();
+    }
+    total
+}
+
+/// An app whose handler holds the key `HOT_HOLD`, counting how many run at once.
+fn hot_app(locks: Locks, running: Arc<Running>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            post(move || {
+                let running = running.clone();
+                async move {
+                    let now = running.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    running.max.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(HOT_HOLD).await;
+                    running.now.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        )
+        .layer(LockLayer::by_header("Idempotency-Key").backend(locks))
+}
+
+/// The outcome of a hot-key case's waves.
+#[derive(Default)]
+struct HotCase {
+    losers: Samples,
+    won: usize,
+    conflicts: usize,
+    other: usize,
+    /// Redis commands over all waves, when the backend is Redis.
+    commands: Option<u64>,
+}
+
+impl HotCase {
+    fn count(&mut self, answers: Vec<(StatusCode, Duration)>) {
+        for (status, elapsed) in answers {
+            match status {
+                StatusCode::OK => self.won += 1,
+                StatusCode::CONFLICT => {
+                    self.conflicts += 1;
+                    self.losers.record(elapsed, true);
+                }
+                _ => self.other += 1,
+            }
+        }
+    }
+
+    fn per_rejection(&self) -> Option<f64> {
+        self.commands
+            .map(|c| c as f64 / self.conflicts.max(1) as f64)
+    }
+}
+
+async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table, misses: &mut Vec<String>) {
     table.section(&format!(
-        "3. hot key: {HOT_REQUESTS} requests at once on one Idempotency-Key, handler holds it {} ms; p50/p99 are the losers' time to their 409",
+        "3. hot key: {HOT_REQUESTS} requests at once on one Idempotency-Key, handler holds it {} ms; p50/p99 are the losers' time to their 409; Redis commands per 409 from INFO commandstats (script-run commands included)",
         HOT_HOLD.as_millis()
     ));
 
@@ -678,42 +765,32 @@ async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table) {
         notes: "baseline: every request's time to its 200, instant handler".to_owned(),
     });
 
+    // The holder local: the burst's own winner holds the key in the app's process.
     let backends = [
-        ("in-process", "-", Locks::from(MemoryLocks::new())),
-        ("Redlock", "1", Locks::from(redlock(&urls[..1]).await)),
-        ("Redlock", "3", Locks::from(redlock(urls).await)),
+        ("in-process", "-", None),
+        ("Redlock", "1", Some(&urls[..1])),
+        ("Redlock", "3", Some(urls)),
     ];
-    for (name, nodes, locks) in backends {
+    let mut memory_p50 = None;
+    for (name, nodes, redis) in backends {
+        let locks = match redis {
+            Some(urls) => Locks::from(redlock(urls).await),
+            None => Locks::from(MemoryLocks::new()),
+        };
         let running = Arc::new(Running::default());
-        let in_handler = running.clone();
-        let app = Router::new()
-            .route(
-                "/",
-                post(move || {
-                    let running = in_handler.clone();
-                    async move {
-                        let now = running.now.fetch_add(1, Ordering::SeqCst) + 1;
-                        running.max.fetch_max(now, Ordering::SeqCst);
-                        tokio::time::sleep(HOT_HOLD).await;
-                        running.now.fetch_sub(1, Ordering::SeqCst);
-                        "done"
-                    }
-                }),
-            )
-            .layer(LockLayer::by_header("Idempotency-Key").backend(locks));
-        let addr = serve(app).await;
-        let mut losers = Samples::default();
-        let (mut won, mut conflicts, mut other) = (0usize, 0usize, 0usize);
+        let addr = serve(hot_app(locks, running.clone())).await;
+        let mut case = HotCase::default();
         for wave in 0..plan.hot_waves {
-            for (status, elapsed) in burst(addr, 1_000_000_000 + wave as u64).await {
-                match status {
-                    StatusCode::OK => won += 1,
-                    StatusCode::CONFLICT => {
-                        conflicts += 1;
-                        losers.record(elapsed, true);
-                    }
-                    _ => other += 1,
-                }
+            let before = match redis {
+                Some(urls) => Some(redis_commands(urls).await),
+                None => None,
+            };
+            case.count(burst(addr, 1_000_000_000 + wave as u64).await);
+            if let (Some(urls), Some(before)) = (redis, before) {
+                // Let the winner's release land before counting.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let spent = redis_commands(urls).await.saturating_sub(before);
+                *case.commands.get_or_insert(0) += spent;
             }
         }
         let max = running.max.load(Ordering::SeqCst);
@@ -721,20 +798,117 @@ async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table) {
             max, 1,
             "hot key on {name} ({nodes} nodes): {max} handlers ran at once; the lock must allow one"
         );
+        let p50 = case.losers.percentile(50.0);
+        let mut notes = vec![format!(
+            "{} wave{}: {} x 200, {} x 409, {} other; at most {max} handler at once (asserted 1)",
+            plan.hot_waves,
+            if plan.hot_waves == 1 { "" } else { "s" },
+            case.won,
+            case.conflicts,
+            case.other,
+        )];
+        let mut p50_ratio = None;
+        match memory_p50 {
+            None => memory_p50 = Some(p50),
+            Some(memory) => {
+                p50_ratio = Some(ratio(p50, memory));
+                notes.push(format!(
+                    "losers' p50 vs in-process: {}",
+                    judge(
+                        misses,
+                        &format!("hot key, Redlock {nodes} node(s): losers' p50 <= {HOT_P50_MAX:.2}x in-process"),
+                        ratio(p50, memory),
+                        Bound::AtMost(HOT_P50_MAX),
+                    )
+                ));
+            }
+        }
+        if let Some(per) = case.per_rejection() {
+            notes.push(format!(
+                "{per:.3} Redis commands per 409, the winner's acquisition and release included"
+            ));
+        }
         table.row(Row {
             case: format!("hot key, {name}"),
             nodes: nodes.to_owned(),
-            p50: Some(losers.percentile(50.0)),
-            p99: Some(losers.percentile(99.0)),
+            p50: Some(p50),
+            p99: Some(case.losers.percentile(99.0)),
             rate: None,
-            p50_ratio: None,
+            p50_ratio,
             rate_ratio: None,
             spread: None,
-            errors: other as u64,
+            errors: case.other as u64,
+            notes: notes.join("; "),
+        });
+    }
+
+    // The holder in the app's process (`local`) or in another client, another replica
+    // (`remote`): it takes the key before the burst and holds it throughout, so that
+    // every request of the burst is rejected, and the commands counted are the rejected
+    // requests' own.
+    for (nodes, urls, remote) in [
+        ("1", &urls[..1], false),
+        ("3", urls, false),
+        ("1", &urls[..1], true),
+        ("3", urls, true),
+    ] {
+        let app_side = redlock(urls).await;
+        let holder_side = if remote {
+            redlock(urls).await
+        } else {
+            app_side.clone()
+        };
+        let running = Arc::new(Running::default());
+        let addr = serve(hot_app(Locks::from(app_side), running)).await;
+        let mut case = HotCase::default();
+        for wave in 0..plan.hot_waves {
+            let value = 3_000_000_000 + 10 * wave as u64 + u64::from(remote);
+            // The key the layer takes for the request: the header name, the method and
+            // the route, then the value.
+            let lease = holder_side
+                .try_lock(&format!("idempotency-key POST /:{value}"))
+                .await
+                .expect("the holder takes the key");
+            let before = redis_commands(urls).await;
+            case.count(burst(addr, value).await);
+            let spent = redis_commands(urls).await.saturating_sub(before);
+            *case.commands.get_or_insert(0) += spent;
+            holder_side.unlock(lease).await.expect("release");
+        }
+        let per = case.per_rejection().unwrap_or(f64::NAN);
+        let (bound, pass, target) = if remote {
+            let bound = urls.len() as f64;
+            (bound, per <= bound, format!("<= {bound:.0}, one per node"))
+        } else {
+            (
+                HOT_LOCAL_COMMANDS_MAX,
+                per < HOT_LOCAL_COMMANDS_MAX,
+                format!("< {HOT_LOCAL_COMMANDS_MAX}"),
+            )
+        };
+        let holder = if remote { "in another client" } else { "local" };
+        let verdict = if pass {
+            "PASS"
+        } else {
+            misses.push(format!(
+                "hot key, Redlock {nodes} node(s), holder {holder}: {per:.3} Redis commands per 409 (bound {bound})"
+            ));
+            "MISS"
+        };
+        let p50 = case.losers.percentile(50.0);
+        table.row(Row {
+            case: format!("hot key, Redlock, holder {holder}, taken before"),
+            nodes: nodes.to_owned(),
+            p50: Some(p50),
+            p99: Some(case.losers.percentile(99.0)),
+            rate: None,
+            p50_ratio: memory_p50.map(|memory| ratio(p50, memory)),
+            rate_ratio: None,
+            spread: None,
+            errors: (case.other + case.won) as u64,
             notes: format!(
-                "{} wave{}: {won} x 200, {conflicts} x 409, {other} other; at most {max} handler at once (asserted 1)",
-                plan.hot_waves,
-                if plan.hot_waves == 1 { "" } else { "s" },
+                "{} x 409, {} x 200, {} other; {per:.3} Redis commands per 409 (target {target}) {verdict}",
+                case.conflicts, case.won, case.other,
             ),
         });
     }

@@ -9,7 +9,7 @@ use crate::key::KeyError;
 ///
 /// Every variant says what the caller can do next; the HTTP layer maps each one to a
 /// response (see [`LockLayer`](crate::LockLayer)).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// Another holder has the lock: at least a quorum of nodes answered, and those that
@@ -84,7 +84,7 @@ impl LockError {
 }
 
 /// One node that did not answer a lock operation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct NodeFailure {
     /// The node's address (`host:port`), without credentials.
@@ -94,7 +94,7 @@ pub struct NodeFailure {
 }
 
 /// Why a node did not answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum NodeFailureReason {
     /// No answer within the node timeout.

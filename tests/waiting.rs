@@ -22,9 +22,11 @@ async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
 }
 
 async fn woken_on_release(nodes: &[RedisNode]) {
-    // A long TTL: without a notification the waiter would sleep its 1 s fallback.
+    // A long TTL: without a notification the waiter would sleep its 1 s fallback. The
+    // holder is another client: behind one of its own, a client queues in process.
     let r = redlock(nodes, Duration::from_secs(30), true).await;
-    let holder = r.try_lock("queue").await.unwrap();
+    let holder_side = redlock(nodes, Duration::from_secs(30), true).await;
+    let holder = holder_side.try_lock("queue").await.unwrap();
     let waiter = tokio::spawn({
         let r = r.clone();
         async move {
@@ -38,7 +40,7 @@ async fn woken_on_release(nodes: &[RedisNode]) {
     .await;
     assert!(subscribed, "the waiter did not subscribe on every node");
     let released_at = Instant::now();
-    r.unlock(holder).await.unwrap();
+    holder_side.unlock(holder).await.unwrap();
     let (lease, acquired_at) = waiter.await.unwrap();
     let lease = lease.expect("the waiter gets the lock");
     let delay = acquired_at - released_at;
@@ -87,12 +89,14 @@ async fn wait_is_bounded() {
 async fn without_notifications_the_fallback_timer_still_acquires() {
     let nodes = nodes(1);
     let r = redlock(&nodes, Duration::from_secs(30), false).await;
-    let holder = r.try_lock("slowpoke").await.unwrap();
+    // Another client holds it: behind one of its own, a client is woken in process.
+    let holder_side = redlock(&nodes, Duration::from_secs(30), false).await;
+    let holder = holder_side.try_lock("slowpoke").await.unwrap();
     let waiter = tokio::spawn({
         let r = r.clone();
         async move { r.lock_within("slowpoke", Duration::from_secs(5)).await }
     });
-    r.unlock(holder).await.unwrap();
+    holder_side.unlock(holder).await.unwrap();
     assert!(waiter.await.unwrap().is_ok());
 }
 
@@ -334,9 +338,12 @@ async fn marked_fenced_lease_extends_and_its_release_wakes_the_waiter() {
 async fn cancelled_waits_leave_no_subscription() {
     let nodes = nodes(3);
     let r = redlock(&nodes, Duration::from_secs(30), true).await;
+    // Another client holds the keys, so that the waits subscribe (behind a holder of its
+    // own, a client queues in process).
+    let holder_side = redlock(&nodes, Duration::from_secs(30), true).await;
     let mut holders = Vec::new();
     for i in 0..10 {
-        holders.push(r.try_lock(&format!("cancel-{i}")).await.unwrap());
+        holders.push(holder_side.try_lock(&format!("cancel-{i}")).await.unwrap());
     }
     for i in 0..10 {
         let key = format!("cancel-{i}");

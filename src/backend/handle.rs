@@ -274,6 +274,29 @@ impl Locks {
         }
     }
 
+    /// The `Retry-After` for a request that found `key` (with the prefix) held, the
+    /// holder having `holder_left` of its TTL: the moving average of the hold times this
+    /// backend observed for the key's scope, bounded by `holder_left`; `holder_left`
+    /// without an observation (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            Backend::Redlock(r) => r.retry_estimate(key, holder_left),
+            Backend::Memory(m) => m.retry_estimate(key, holder_left),
+        }
+    }
+
+    /// A lock error with the `Retry-After` of a contended `key` estimated from the hold
+    /// times (see [`retry_estimate`](Self::retry_estimate)).
+    pub(crate) fn estimated(&self, key: &str, error: LockError) -> LockError {
+        match error {
+            LockError::Taken { retry_after } => LockError::Taken {
+                retry_after: self.retry_estimate(key, retry_after),
+            },
+            other => other,
+        }
+    }
+
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{
     Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
@@ -53,6 +54,7 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
+    holds: HoldTimes,
     #[cfg(feature = "idempotency")]
     records: MemoryRecords,
 }
@@ -70,6 +72,8 @@ struct State {
 struct Held {
     token: Token,
     expires_at: Instant,
+    /// When it was acquired, for the hold times behind `Retry-After`.
+    since: Instant,
 }
 
 const MIN_SWEEP: usize = 1024;
@@ -165,10 +169,23 @@ impl MemoryLocks {
                     modes: modes::Modes::default(),
                 }),
                 waiters: Waiters::default(),
+                holds: HoldTimes::default(),
                 #[cfg(feature = "idempotency")]
                 records,
             }),
         }
+    }
+
+    /// How long a request that found `key` held should wait before trying again (see
+    /// [`HoldTimes`]).
+    pub(crate) fn retry_estimate(
+        &self,
+        key: &str,
+        holder_left: std::time::Duration,
+    ) -> std::time::Duration {
+        self.inner
+            .holds
+            .retry_after(key, self.prefix(), holder_left)
     }
 
     /// The idempotency records kept with these locks.
@@ -239,10 +256,18 @@ impl MemoryLocks {
                         retry_after: held.expires_at - now,
                     });
                 }
-                *held = Held { token, expires_at };
+                *held = Held {
+                    token,
+                    expires_at,
+                    since: now,
+                };
             }
             Entry::Vacant(entry) => {
-                entry.insert(Held { token, expires_at });
+                entry.insert(Held {
+                    token,
+                    expires_at,
+                    since: now,
+                });
             }
         }
         state.fence = state.fence.saturating_add(1);
@@ -368,9 +393,17 @@ impl MemoryLocks {
             });
         }
         let expired = held.expires_at <= now;
+        let since = held.since;
         entry.remove();
         drop(state);
         self.inner.waiters.wake(&lease.key);
+        if !expired {
+            self.inner.holds.record(
+                &lease.key,
+                self.prefix(),
+                now.saturating_duration_since(since),
+            );
+        }
         if expired {
             Err(LockError::Expired { taken_over: false })
         } else {

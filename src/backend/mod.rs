@@ -10,9 +10,10 @@
 //!   rate-limit and concurrency-limit backends in [`rate_limit`] and [`concurrency`];
 //! - [`renewal`]: the renewal schedule of whatever expires unless renewed (a lease, a
 //!   concurrency permit);
-//! - what they share: [`settings`] (TTL, retries, prefix) and [`wait`] (this process's
-//!   waiters); and for Redis, [`node`] (the topologies: one server, a cluster, a Sentinel
-//!   service) and [`connection`] (a node's connection, replaced after failures).
+//! - what they share: [`settings`] (TTL, retries, prefix), [`wait`] (this process's
+//!   waiters) and [`hold`] (the hold times behind `Retry-After`); and for Redis, [`node`]
+//!   (the topologies: one server, a cluster, a Sentinel service) and [`connection`] (a
+//!   node's connection, replaced after failures).
 
 #[cfg(feature = "concurrency-limit")]
 pub(crate) mod concurrency;
@@ -20,6 +21,8 @@ pub(crate) mod concurrency;
 pub(crate) mod connection;
 #[cfg(feature = "lock")]
 pub(crate) mod handle;
+#[cfg(feature = "lock")]
+pub(crate) mod hold;
 #[cfg(feature = "lock")]
 pub(crate) mod memory;
 #[cfg(feature = "redis")]

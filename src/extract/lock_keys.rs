@@ -149,6 +149,12 @@ pub(super) async fn lock<T: LockKeys>(
             if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                 tracing::warn!(error = %e, "lock backend unavailable; answering 503");
             }
+            // Retry-After from the hold times observed for the scope.
+            let e = crate::key::with_scratch(|key| {
+                key.push_str(locks.prefix());
+                crate::key::push_escaped(key, &resources[0]);
+                locks.estimated(key, e)
+            });
             Err(reject(e))
         }
     }

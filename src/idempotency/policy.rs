@@ -130,11 +130,17 @@ impl Policy for IdempotencyPolicy {
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             // In process: answered at once, no task, no boxed future.
-            return Decision::Ready(self.verdict(memory.begin_idempotent(key), fingerprint));
+            let begun = memory.begin_idempotent(key.clone());
+            let begun = begun.map_err(|e| self.locks.estimated(&key, e));
+            return Decision::Ready(self.verdict(begun, fingerprint));
         }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
-            let begun = policy.locks.begin_idempotent(key, policy.max_wait).await;
+            let begun = policy
+                .locks
+                .begin_idempotent(key.clone(), policy.max_wait)
+                .await
+                .map_err(|e| policy.locks.estimated(&key, e));
             policy.verdict(begun, fingerprint)
         }))
     }

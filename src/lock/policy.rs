@@ -70,8 +70,18 @@ impl LockPolicy {
         }
     }
 
-    fn verdict(&self, acquired: Result<Lease, LockError>, started: Instant) -> Verdict<LockPermit> {
+    /// The verdict on an acquisition of `key`. A `Retry-After` for contention is the
+    /// moving average of the hold times observed for the key's scope, bounded by the
+    /// holder's remaining TTL (see [`Locks`]' backends); the header rounds it up to
+    /// whole seconds, at least 1.
+    fn verdict(
+        &self,
+        key: &str,
+        acquired: Result<Lease, LockError>,
+        started: Instant,
+    ) -> Verdict<LockPermit> {
         observe::lock_outcome(&acquired, started);
+        let acquired = acquired.map_err(|e| self.locks.estimated(key, e));
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
@@ -120,11 +130,11 @@ impl Policy for LockPolicy {
         let started = Instant::now();
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             let acquired = match (self.access, self.fair) {
-                (Some(access), _) => memory.acquire_access(key, access),
-                (None, false) => memory.acquire(key),
+                (Some(access), _) => memory.acquire_access(key.clone(), access),
+                (None, false) => memory.acquire(key.clone()),
                 (None, true) => return self.pending(key, started),
             };
-            return Decision::Ready(self.verdict(acquired, started));
+            return Decision::Ready(self.verdict(&key, acquired, started));
         }
         self.pending(key, started)
     }
@@ -136,16 +146,17 @@ impl Policy for LockPolicy {
             return None;
         }
         let started = Instant::now();
+        // The hold times of the set's scope: its first key names it.
+        let first = keys.first()?.clone();
         // One attempt: `max_wait` applies to one key only.
         if let Some(memory) = self.locks.as_memory() {
-            return Some(Decision::Ready(
-                self.verdict(memory.acquire_all(keys), started),
-            ));
+            let acquired = memory.acquire_all(keys);
+            return Some(Decision::Ready(self.verdict(&first, acquired, started)));
         }
         let policy = self.clone();
         Some(Decision::Pending(Box::pin(async move {
             let acquired = policy.locks.acquire_keys(keys).await;
-            policy.verdict(acquired, started)
+            policy.verdict(&first, acquired, started)
         })))
     }
 }
@@ -156,11 +167,15 @@ impl LockPolicy {
         Decision::Pending(Box::pin(async move {
             let (locks, max_wait) = (&policy.locks, policy.max_wait);
             let acquired = match (policy.access, policy.fair) {
-                (Some(access), _) => locks.lock_access_key_within(key, access, max_wait).await,
-                (None, true) => locks.lock_fair_key_within(key, max_wait).await,
-                (None, false) => locks.lock_key_within(key, max_wait).await,
+                (Some(access), _) => {
+                    locks
+                        .lock_access_key_within(key.clone(), access, max_wait)
+                        .await
+                }
+                (None, true) => locks.lock_fair_key_within(key.clone(), max_wait).await,
+                (None, false) => locks.lock_key_within(key.clone(), max_wait).await,
             };
-            policy.verdict(acquired, started)
+            policy.verdict(&key, acquired, started)
         }))
     }
 }

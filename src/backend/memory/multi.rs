@@ -89,7 +89,14 @@ impl MemoryLocks {
             state.sweep_at = (state.held.len() * 2).max(super::MIN_SWEEP);
         }
         for key in &keys {
-            state.held.insert(key.clone(), Held { token, expires_at });
+            state.held.insert(
+                key.clone(),
+                Held {
+                    token,
+                    expires_at,
+                    since: now,
+                },
+            );
         }
         state.fence = state.fence.saturating_add(1);
         Ok(Lease {

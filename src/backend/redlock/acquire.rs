@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
+use super::hot::{Entry, Outcome};
 use super::round::{Answers, Stragglers};
-use super::scripts::{self, Attempt, Release};
+use super::scripts::{self, Attempt, Attempted};
 use super::tally::{Rule, Verdict, Vote};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
@@ -15,11 +16,41 @@ impl Redlock {
     /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the lock's
     /// release channel) sets the waiters' mark where the lock is held, so that its
     /// holder's release publishes.
+    ///
+    /// Answered in process when it can be (see [`hot`](super::hot)): "taken" while this
+    /// client holds the key, and the outcome of the attempt already in flight on the
+    /// key, if any, instead of a second one.
     pub(super) async fn acquire_untraced(
         &self,
         key: Arc<str>,
         waiting: bool,
     ) -> Result<Lease, LockError> {
+        loop {
+            match self.inner.hot.enter(&key, waiting) {
+                Entry::Held { left } => {
+                    // The keys outlive the validity by up to the drift allowance.
+                    return Err(LockError::Taken {
+                        retry_after: left.saturating_add(self.inner.drift),
+                    });
+                }
+                Entry::Follow(flight) => match flight.outcome().await {
+                    Outcome::Taken(retry_after) => return Err(LockError::Taken { retry_after }),
+                    Outcome::Failed(e) => return Err(e),
+                    // Won: the next look finds the holder (or, released meanwhile, a
+                    // free key). Abandoned: nobody asked Redis yet.
+                    Outcome::Won | Outcome::Abandoned => {}
+                },
+                Entry::Lead(flight) => {
+                    let result = self.attempt(key.clone(), waiting).await;
+                    flight.finish(&result);
+                    return result;
+                }
+            }
+        }
+    }
+
+    /// One acquisition attempt on the nodes.
+    async fn attempt(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
         let token = Token::random();
         let start = Instant::now();
         // Releases whatever was set if this future is dropped before the verdict.
@@ -38,7 +69,7 @@ impl Redlock {
         let round = self
             .on_nodes(
                 |conn| scripts::acquire(conn, key.clone(), token, attempt),
-                |set| Vote::of(set.is_some()),
+                |attempted| Vote::of(matches!(attempted, Attempted::Set(_))),
                 Rule::Contest,
                 Stragglers::Drop,
             )
@@ -48,14 +79,13 @@ impl Redlock {
             // Released in the background by the guard: nothing to wait for.
             Verdict::NoQuorum => return Err(self.no_quorum(round)),
             Verdict::Lost => {
-                // Taken: the release also tells how long the holders have left. A quorum
-                // of answers is enough for that; the rest finish in the background.
-                let cleanup = self
-                    .release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
-                    .await;
+                // Taken: the answers tell how long the holders have left. Our key is
+                // deleted where it may have been set (every node but those that answered
+                // "held"), in the background; usually nowhere.
+                self.clean_up(&key, token, &round);
                 guard.armed = false;
                 return Err(LockError::Taken {
-                    retry_after: self.retry_after(&cleanup),
+                    retry_after: self.retry_after(&round),
                 });
             }
         }
@@ -65,7 +95,14 @@ impl Redlock {
         let fencing_token = match self.inner.fence_ms {
             Some(fence_ms) => {
                 warn_invalid_counters(&round);
-                let highest = round.values().flatten().copied().max().unwrap_or(0);
+                let highest = round
+                    .values()
+                    .filter_map(|attempted| match attempted {
+                        Attempted::Set(counter) => Some(*counter),
+                        Attempted::Held { .. } => None,
+                    })
+                    .max()
+                    .unwrap_or(0);
                 let raised = self.raise_fence(&key, token, highest, fence_ms, start);
                 Some(raised.await?)
             }
@@ -86,6 +123,32 @@ impl Redlock {
             fencing_token,
             backend: self.inner.id,
         })
+    }
+
+    /// Deletes our key, in the background, on every node of a lost attempt that did not
+    /// answer "held": where it was set, and where it may have been (no answer in time).
+    fn clean_up(&self, key: &Arc<str>, token: Token, round: &Answers<Attempted>) {
+        let nodes: Vec<_> = self
+            .inner
+            .nodes
+            .iter()
+            .zip(&round.answers)
+            .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempted::Held { .. }))))
+            .map(|(node, _)| node.conn.clone())
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let timeout = self.inner.node_timeout;
+        let key = key.clone();
+        handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
+            move |conn| {
+                tokio::time::timeout(timeout, scripts::release(conn, key.clone(), token, false))
+            },
+        )));
     }
 
     /// The second round of a fenced acquisition: the token is one above the highest
@@ -117,18 +180,19 @@ impl Redlock {
         }
     }
 
-    /// How long until enough holders' keys expire for a quorum to be free.
-    fn retry_after(&self, cleanup: &Answers<Release>) -> Duration {
+    /// How long until enough holders' keys expire for a quorum to be free, from the
+    /// answers of a lost attempt (nodes where it set the key count as free: it is
+    /// deleted there).
+    fn retry_after(&self, round: &Answers<Attempted>) -> Duration {
         let ttl = self.inner.policy.ttl;
-        let mut held: Vec<Duration> = Vec::with_capacity(cleanup.answers.len());
+        let mut held: Vec<Duration> = Vec::with_capacity(round.answers.len());
         let mut free = 0usize;
-        for release in cleanup.values() {
-            match release {
-                Release::Deleted | Release::Absent => free += 1,
-                Release::HeldByOther { pttl_ms } => match u64::try_from(*pttl_ms) {
+        for attempted in round.values() {
+            match attempted {
+                Attempted::Set(_) => free += 1,
+                Attempted::Held { pttl_ms } => match u64::try_from(*pttl_ms) {
                     Ok(ms) => held.push(Duration::from_millis(ms)),
-                    // -1: no expiry set (not one of ours); -2: gone meanwhile.
-                    Err(_) if *pttl_ms == -2 => free += 1,
+                    // -1: no expiry set (not one of ours).
                     Err(_) => held.push(ttl),
                 },
             }
@@ -143,7 +207,7 @@ impl Redlock {
 
 /// Logs the nodes of a won round whose fencing counter another client spoiled: the lock
 /// was acquired without them, but they stay out of every fenced acquisition of the key.
-fn warn_invalid_counters(round: &Answers<Option<u64>>) {
+fn warn_invalid_counters(round: &Answers<Attempted>) {
     for answer in round.answers.iter().flatten() {
         if let Err(reason @ NodeFailureReason::InvalidFencingCounter { .. }) = answer {
             tracing::warn!(

@@ -6,12 +6,13 @@ use std::time::Duration;
 use crate::backend::connection::Connection;
 use crate::backend::node::Node as Target;
 
+use super::hot::HotKeys;
 use super::notify::Notifier;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
 use super::{Inner, Node, Redlock, scripts};
 use crate::backend::settings::{Policy, policy_setters};
-use crate::backend::wait::MAX_FALLBACK;
+use crate::backend::wait::{MAX_FALLBACK, Waiters};
 use crate::error::ConfigError;
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
@@ -199,6 +200,7 @@ impl RedlockBuilder {
             });
         }
         let quorum = nodes.len() / 2 + 1;
+        let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
             inner: Arc::new(Inner {
                 id: crate::backend::next_backend_id(),
@@ -206,9 +208,12 @@ impl RedlockBuilder {
                 notifier: self.notify_waiters.then(|| {
                     Arc::new(Notifier::new(
                         connectors,
+                        waiters.clone(),
                         node_timeout.max(Duration::from_millis(100)),
                     ))
                 }),
+                waiters,
+                hot: HotKeys::default(),
                 fence_ms: self.fencing.then(|| {
                     millis(FENCE_LIFETIME_MIN.max(ttl.saturating_mul(FENCE_LIFETIME_TTLS)))
                 }),

@@ -203,15 +203,19 @@ impl Redlock {
             Verdict::Won => {
                 let elapsed = start.elapsed();
                 match self.validity(elapsed) {
-                    Some(validity) => Ok(Begin::Acquired(Lease {
-                        key,
-                        set: None,
-                        token,
-                        ttl: self.inner.policy.ttl,
-                        valid_until: start + validity,
-                        fencing_token: None,
-                        backend: self.inner.id,
-                    })),
+                    Some(validity) => {
+                        let lease = Lease {
+                            key,
+                            set: None,
+                            token,
+                            ttl: self.inner.policy.ttl,
+                            valid_until: start + validity,
+                            fencing_token: None,
+                            backend: self.inner.id,
+                        };
+                        self.inner.hot.hold(&lease);
+                        Ok(Begin::Acquired(lease))
+                    }
                     None => {
                         self.release_detached(key, token, true);
                         Err(LockError::TooSlow { elapsed })
@@ -272,6 +276,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<(), LockError> {
         let ttl_ms = millis(ttl);
+        let local = self.forget(&lease.key, lease.token);
         let round = self
             .on_nodes(
                 |conn| finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms),
@@ -280,6 +285,9 @@ impl Redlock {
                 Stragglers::Finish,
             )
             .await;
+        if local {
+            self.inner.waiters.wake(&lease.key);
+        }
         match round.verdict {
             Verdict::Won => Ok(()),
             Verdict::Lost => Err(LockError::Expired { taken_over: true }),

@@ -23,14 +23,15 @@
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
 //! failed nodes could swing is `NoQuorum`, which callers retry.
 //!
-//! The parts: this file is the client; [`acquire`] the acquisition, [`round`] the quorum
-//! round, [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts
-//! and their node calls, [`notify`] the release notifications, [`builder`] the
-//! configuration.
+//! The parts: this file is the client; [`acquire`] the acquisition, [`hot`] the keys this
+//! process holds or is acquiring (answered without Redis), [`round`] the quorum round,
+//! [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts and
+//! their node calls, [`notify`] the release notifications, [`builder`] the configuration.
 
 mod acquire;
 mod builder;
 mod fair;
+mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod multi;
@@ -49,11 +50,12 @@ use redis::Client;
 use crate::backend::connection::Connection;
 use crate::backend::node::Node as Target;
 use crate::backend::settings::Policy;
-use crate::backend::wait::{Waiters, bounded_wait};
+use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait};
 use crate::error::{LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
+use hot::HotKeys;
 use notify::{Notifier, UnsubscribeOnDrop};
 use round::{Answers, Stragglers};
 use scripts::Release;
@@ -91,7 +93,12 @@ pub struct Redlock {
 struct Inner {
     id: u64,
     nodes: Vec<Node>,
+    /// This process's waiters, woken by release notifications and by this client's own
+    /// releases.
+    waiters: Arc<Waiters>,
     notifier: Option<Arc<Notifier>>,
+    /// The keys this client holds or is acquiring, answered in process.
+    hot: HotKeys,
     /// With fencing tokens: how long a fencing counter lives after the last fenced
     /// acquisition or extension of its key, in ms.
     fence_ms: Option<u64>,
@@ -189,6 +196,12 @@ impl Redlock {
 
     /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`).
     ///
+    /// While this client holds the key, the answer is [`LockError::Taken`] at once,
+    /// without Redis; while another attempt of this client on the key is in flight, this
+    /// one waits for it and shares its outcome (a burst on one key costs Redis one
+    /// attempt). Otherwise one round trip per node, `SET NX PX` and the holder's `PTTL`
+    /// pipelined, and no cleanup where nothing was set.
+    ///
     /// # Errors
     ///
     /// - [`LockError::Taken`] when another holder has it (at least a quorum of nodes
@@ -224,9 +237,11 @@ impl Redlock {
     /// value alone; the release of a marked lock publishes on that channel), and re-tries
     /// on a jittered fallback timer (the holder's remaining TTL, at most 1 s) in case a
     /// notification is missed, the holder is another client that does not publish, or the
-    /// lease simply expires. A zero `max_wait` is one attempt, like
-    /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its end
-    /// (bounded by the node timeout) rather than being cut off.
+    /// lease simply expires. Behind a holder of this client, the waiter queues in process
+    /// (woken by its release, or at the end of its validity) without touching Redis. A
+    /// zero `max_wait` is one attempt, like [`try_lock`](Self::try_lock). An attempt in
+    /// flight at the deadline runs to its end (bounded by the node timeout) rather than
+    /// being cut off.
     ///
     /// # Errors
     ///
@@ -251,23 +266,27 @@ impl Redlock {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
         }
+        let deadline = Instant::now().checked_add(max_wait);
+        // Behind a holder of this process: queue here, without Redis, until it releases.
+        if let Some(result) = self.queue_locally(&key, deadline).await {
+            return result;
+        }
+        let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
         let notifier = self.inner.notifier.as_ref();
         // Also when this future is dropped mid-wait.
         let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
             notifier: notifier.clone(),
             key: key.clone(),
         });
-        let no_waiters = Waiters::default();
-        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
         let subscribe = async {
             if let Some(notifier) = notifier {
                 notifier.subscribe(&key).await;
             }
         };
         bounded_wait(
-            waiters,
+            &self.inner.waiters,
             &key,
-            max_wait,
+            left,
             // Subscribed by now: mark the lock as waited for, so that its release publishes.
             || self.acquire(key.clone(), notifier.is_some()),
             subscribe,
@@ -284,6 +303,48 @@ impl Redlock {
             observe::lock_verdict,
         )
         .await
+    }
+
+    /// Waits while this process holds `key`: woken by its release (or, should that wake-up
+    /// be lost, at least every second, which costs no Redis call while the holder stays),
+    /// and tries again, in process first. `None` once the holder is another process's
+    /// (the caller then waits on Redis); otherwise `Some` with the outcome of the first
+    /// attempt that is not refused for contention, or `Taken` at the deadline.
+    async fn queue_locally(
+        &self,
+        key: &Arc<str>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Lease, LockError>> {
+        let mut valid_until = self.inner.hot.holder(key)?;
+        let ticket = self.inner.waiters.register(key);
+        loop {
+            let notified = ticket.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let now = Instant::now();
+            if deadline.is_some_and(|d| d <= now) {
+                return Some(Err(LockError::Taken {
+                    retry_after: valid_until.saturating_duration_since(now),
+                }));
+            }
+            if self.inner.hot.holder(key).is_some() {
+                let wake_at = now
+                    .checked_add(MAX_FALLBACK)
+                    .map_or(valid_until, |fallback| fallback.min(valid_until));
+                let wake_at = deadline.map_or(wake_at, |d| d.min(wake_at));
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep_until(wake_at.into()) => {}
+                }
+            }
+            match self.acquire(key.clone(), false).await {
+                Err(LockError::Taken { .. }) => match self.inner.hot.holder(key) {
+                    Some(next) => valid_until = next,
+                    None => return None,
+                },
+                other => return Some(other),
+            }
+        }
     }
 
     /// Extends the lease to a full TTL from now on every node where it still holds the
@@ -332,11 +393,17 @@ impl Redlock {
                     .validity(elapsed)
                     .ok_or(LockError::TooSlow { elapsed })?;
                 lease.valid_until = start + validity;
+                self.inner
+                    .hot
+                    .renewed(&lease.key, lease.token, lease.valid_until);
                 Ok(())
             }
-            Verdict::Lost => Err(LockError::Expired {
-                taken_over: round.values().any(|reply| *reply == -1),
-            }),
+            Verdict::Lost => {
+                self.inner.hot.lost(&lease.key, lease.token);
+                Err(LockError::Expired {
+                    taken_over: round.values().any(|reply| *reply == -1),
+                })
+            }
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
@@ -362,18 +429,20 @@ impl Redlock {
     }
 
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
+        let local = self.forget(&lease.key, lease.token);
         if let Some(keys) = lease.set {
             return self.unlock_all(keys, lease.token).await;
         }
         let round = self
             .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
             .await;
+        if local {
+            self.inner.waiters.wake(&lease.key);
+        }
         match round.verdict {
             Verdict::Won => Ok(()),
             Verdict::Lost => Err(LockError::Expired {
-                taken_over: round
-                    .values()
-                    .any(|r| matches!(r, Release::HeldByOther { .. })),
+                taken_over: round.values().any(|r| matches!(r, Release::HeldByOther)),
             }),
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
@@ -460,8 +529,26 @@ impl Redlock {
         round
     }
 
+    /// Takes a lease being released out of the table of this process's holders, and
+    /// records how long it was held; returns whether it was there (its local waiters are
+    /// then to be woken once it is released).
+    fn forget(&self, key: &str, token: Token) -> bool {
+        self.inner.hot.released(key, token, self.prefix())
+    }
+
+    /// How long a request that found `key` held should wait before trying again: the
+    /// hold times this client observed for the key's scope, bounded by `holder_left`
+    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
+        self.inner
+            .hot
+            .holds
+            .retry_after(key, self.prefix(), holder_left)
+    }
+
     /// Releases in the background: for guards dropped outside an async context.
     pub(crate) fn release_detached(&self, key: Arc<str>, token: Token, publish: bool) {
+        let local = self.forget(&key, token);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
@@ -479,6 +566,9 @@ impl Redlock {
                         Ok(Verdict::NoQuorum) | Err(()) => "no_quorum",
                     })
                     .await;
+                    if local {
+                        redlock.inner.waiters.wake(&key);
+                    }
                 });
             }
             Err(_) => tracing::warn!(

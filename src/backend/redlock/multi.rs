@@ -248,9 +248,7 @@ impl Redlock {
         match round.verdict {
             Verdict::Won => Ok(()),
             Verdict::Lost => Err(LockError::Expired {
-                taken_over: round
-                    .values()
-                    .any(|r| matches!(r, Release::HeldByOther { .. })),
+                taken_over: round.values().any(|r| matches!(r, Release::HeldByOther)),
             }),
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }

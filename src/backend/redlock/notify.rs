@@ -60,9 +60,13 @@ struct Subscriber {
 }
 
 impl Notifier {
-    pub(crate) fn new(connectors: Vec<Connector>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        connectors: Vec<Connector>,
+        waiters: Arc<Waiters>,
+        timeout: Duration,
+    ) -> Self {
         Self {
-            waiters: Arc::default(),
+            waiters,
             nodes: connectors
                 .into_iter()
                 .map(|connector| NodeSubscriber {

@@ -35,7 +35,7 @@ pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
 static ALL: &[&LazyLock<Script>] = &[
     &RELEASE,
     &EXTEND,
-    &ACQUIRE_WAITING,
+    &ACQUIRE,
     &ACQUIRE_FENCED,
     &FENCE,
     #[cfg(feature = "idempotency")]
@@ -63,7 +63,7 @@ pub(super) async fn run<T: FromRedisValue>(
 /// release script), and tells apart "it had expired" from "another holder has it".
 ///
 /// Waking waiters: a waiter that subscribed to the lock's release channel sets the
-/// waiters' mark KEYS[2] ([`ACQUIRE_WAITING`]); the holder's value is never touched. When
+/// waiters' mark KEYS[2] ([`ACQUIRE`]); the holder's value is never touched. When
 /// ARGV[2] is `1` and the mark is there, the release deletes it and publishes on the
 /// channel `{<lock key>}:released`. A lock nobody waits for is released without a
 /// `PUBLISH`, for the cost of one `DEL` of a missing key. The cleanup of an attempt that
@@ -71,10 +71,8 @@ pub(super) async fn run<T: FromRedisValue>(
 /// that split the nodes between them would otherwise wake each other in a loop while the
 /// holder keeps the lock.
 ///
-/// Returns 1 when deleted, 0 when the key is gone, and `-3 - pttl` when it holds anything
-/// else (another token, or a value of another type), where `pttl` is the holder's
-/// remaining TTL in ms (-1: no expiry); one integer, the cheapest reply to build and
-/// parse.
+/// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else
+/// (another token, or a value of another type).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -88,7 +86,7 @@ if v == ARGV[1] then
 elseif not v then
   return 0
 end
-return -3 - redis.call('PTTL', KEYS[1])
+return -1
 ",
     )
 });
@@ -119,19 +117,28 @@ return -1
     ))
 });
 
-/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and when the lock is held,
-/// the waiters' mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes. The
-/// holder's value is left as it is, whoever wrote it.
+/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
+/// holder's remaining TTL (`PTTL`) when it is not, in one script and one round trip: a
+/// loser needs nothing else (no cleanup where nothing was set, no second command for
+/// `Retry-After`). `PTTL` comes first, so that a loser costs the node the script and
+/// that one command. When the lock is held and ARGV[3] is not `0`, also sets the
+/// waiters' mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes. The
+/// holder's value is left as it is, whoever wrote it. (A plain attempt sends the same
+/// `SET NX PX` and `PTTL` pipelined instead: the winner is spared a script.)
 ///
-/// Returns 0 when set, -1 when the key is held.
-static ACQUIRE_WAITING: LazyLock<Script> = LazyLock::new(|| {
+/// Returns 0 when set, and `-3 - pttl` when held (`pttl` -1: no expiry).
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local t = redis.call('PTTL', KEYS[1])
+if t == -2 then
+  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   return 0
 end
-{MARK}
-return -1
+if ARGV[3] ~= '0' then
+  {MARK}
+end
+return -3 - t
 "
     ))
 });
@@ -144,26 +151,28 @@ const MARK: &str = "redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])";
 const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
-/// `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and on success the fencing counter KEYS[2] as it
-/// stands (0 when unset), read atomically with the SET. When the lock is held and ARGV[4]
-/// is `1` (a waiter's attempt), sets the waiters' mark KEYS[3] for ARGV[3] ms.
+/// [`ACQUIRE`] with the fencing counter KEYS[2]: on success returns the counter as it
+/// stands (0 when unset), read atomically with the `SET`. When the lock is held and
+/// ARGV[4] is `1` (a waiter's attempt), sets the waiters' mark KEYS[3] for ARGV[3] ms.
 ///
-/// Returns the counter when set, -1 when the key is held, -2 (before anything is set)
-/// when the counter holds anything but an integer below 2^53.
+/// Returns the counter when set, `-3 - pttl` when the key is held, -1 (before anything
+/// is set) when the counter holds anything but an integer below 2^53.
 static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {READ_COUNTER}
 if not {COUNTER_VALID} then
-  return -2
+  return -1
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local t = redis.call('PTTL', KEYS[1])
+if t == -2 then
+  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   return tonumber(c or '0')
 end
 if ARGV[4] == '1' then
   {MARK}
 end
-return -1
+return -3 - t
 "
     ))
 });
@@ -272,8 +281,8 @@ pub(super) enum Release {
     Deleted,
     /// The key was gone.
     Absent,
-    /// Something else holds the key, for `pttl_ms` more (-1: no expiry).
-    HeldByOther { pttl_ms: i64 },
+    /// Something else holds the key.
+    HeldByOther,
 }
 
 /// What an acquisition attempt sends besides the key and the token.
@@ -287,48 +296,80 @@ pub(super) struct Attempt {
     pub(super) mark_ms: Option<u64>,
 }
 
-/// An acquisition attempt on one node: `Some(counter)` when the key is ours (the fencing
-/// counter as it stood, 0 without fencing), `None` when it is held.
+/// One node's answer to an acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Attempted {
+    /// The key is ours; the fencing counter as it stood (0 without fencing).
+    Set(u64),
+    /// Another holder has it, for `pttl_ms` more (-1: no expiry).
+    Held { pttl_ms: i64 },
+}
+
+impl Attempted {
+    /// Decodes a script's reply: a counter when set, `-3 - pttl` when held.
+    fn of(reply: i64) -> Self {
+        match u64::try_from(reply) {
+            Ok(counter) => Attempted::Set(counter),
+            Err(_) => Attempted::Held {
+                pttl_ms: (-3i64).saturating_sub(reply),
+            },
+        }
+    }
+}
+
+/// An acquisition attempt on one node, in one round trip: a waiter's or a fenced attempt
+/// in one script ([`ACQUIRE`], [`ACQUIRE_FENCED`]), a plain one as `SET NX PX` and `PTTL`
+/// pipelined.
 pub(super) async fn acquire(
     mut conn: Connection,
     key: Arc<str>,
     token: Token,
     attempt: Attempt,
-) -> Result<Option<u64>, NodeFailureReason> {
-    let reply = if attempt.fenced {
+) -> Result<Attempted, NodeFailureReason> {
+    let mark_ms = attempt.mark_ms.unwrap_or(0);
+    let reply: i64 = if attempt.fenced {
         let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
         cmd.arg(&*key)
             .arg(Aux::fence(&key))
             .arg(Aux::waiters(&key))
             .arg(token.as_bytes())
             .arg(attempt.ttl_ms)
-            .arg(attempt.mark_ms.unwrap_or(0))
+            .arg(mark_ms)
             .arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
-        let counter: i64 = run(&mut conn, &ACQUIRE_FENCED, &cmd).await?;
-        if counter == -2 {
+        let reply = run(&mut conn, &ACQUIRE_FENCED, &cmd).await?;
+        if reply == -1 {
             return Err(invalid_counter(&key));
         }
-        u64::try_from(counter).ok()
-    } else if let Some(mark_ms) = attempt.mark_ms {
-        let mut cmd = evalsha(&ACQUIRE_WAITING, 2);
+        reply
+    } else if attempt.mark_ms.is_some() {
+        let mut cmd = evalsha(&ACQUIRE, 2);
         cmd.arg(&*key)
             .arg(Aux::waiters(&key))
             .arg(token.as_bytes())
             .arg(attempt.ttl_ms)
             .arg(mark_ms);
-        let set: i64 = run(&mut conn, &ACQUIRE_WAITING, &cmd).await?;
-        u64::try_from(set).ok()
+        run(&mut conn, &ACQUIRE, &cmd).await?
     } else {
-        let mut cmd = command("SET");
-        cmd.arg(&*key)
+        // A plain attempt: `SET NX PX` and `PTTL`, pipelined in one round trip, which
+        // spares the winner a script (see [`ACQUIRE`] for the rest).
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&*key)
             .arg(token.as_bytes())
             .arg("NX")
             .arg("PX")
-            .arg(attempt.ttl_ms);
-        let reply = cmd.query_async::<Value>(&mut conn).await?;
-        matches!(reply, Value::Okay).then_some(0)
+            .arg(attempt.ttl_ms)
+            .cmd("PTTL")
+            .arg(&*key);
+        let (set, pttl): (Value, i64) = pipe.query_async(&mut conn).await?;
+        return Ok(match set {
+            Value::Okay => Attempted::Set(0),
+            // Gone between the two commands: free now.
+            _ if pttl == -2 => Attempted::Held { pttl_ms: 0 },
+            _ => Attempted::Held { pttl_ms: pttl },
+        });
     };
-    Ok(reply)
+    Ok(Attempted::of(reply))
 }
 
 fn invalid_counter(key: &str) -> NodeFailureReason {
@@ -375,9 +416,7 @@ pub(super) async fn release(
     Ok(match code {
         1 => Release::Deleted,
         0 => Release::Absent,
-        _ => Release::HeldByOther {
-            pttl_ms: (-3i64).saturating_sub(code),
-        },
+        _ => Release::HeldByOther,
     })
 }
 
@@ -431,6 +470,21 @@ mod tests {
         assert_eq!(Aux::lock_key_of_release(&channel), Some(key));
         assert_eq!(Aux::lock_key_of_release(key), None);
         assert_eq!(Aux::lock_key_of_release("{x}:fence"), None);
+    }
+
+    #[test]
+    fn attempt_replies_decode_the_holders_ttl() {
+        assert_eq!(Attempted::of(0), Attempted::Set(0));
+        assert_eq!(Attempted::of(7), Attempted::Set(7));
+        assert_eq!(Attempted::of(-2), Attempted::Held { pttl_ms: -1 });
+        assert_eq!(Attempted::of(-3), Attempted::Held { pttl_ms: 0 });
+        assert_eq!(Attempted::of(-5003), Attempted::Held { pttl_ms: 5000 });
+        assert_eq!(
+            Attempted::of(i64::MIN),
+            Attempted::Held {
+                pttl_ms: i64::MAX - 2
+            }
+        );
     }
 
     #[test]

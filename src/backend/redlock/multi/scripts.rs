@@ -263,8 +263,6 @@ pub(super) async fn release_on(
     Ok(match code {
         1 => Release::Deleted,
         0 => Release::Absent,
-        _ => Release::HeldByOther {
-            pttl_ms: (-3i64).saturating_sub(code),
-        },
+        _ => Release::HeldByOther,
     })
 }

@@ -1,0 +1,140 @@
+//! How long locks are held, as seen in this process: the estimate behind a contended
+//! request's `Retry-After`.
+//!
+//! Every release of a lease by this process (the layer, the extractor, the client
+//! methods) records how long it was held, under the key's *scope*: the part of the key
+//! between the backend's prefix and the first `:` after it (the layer's or the
+//! extractor's scope, the `report` of a resource `report:2026-11`; a resource without a
+//! `:` counts under one shared, empty scope). The estimate of a scope is an exponentially
+//! weighted moving average of its hold times, each new one weighing 1/4.
+//!
+//! The answer to a contended request ([`retry_after`](HoldTimes::retry_after)) is that
+//! estimate, bounded by the holder's remaining TTL: a handler that holds a key for 50 ms
+//! answers `Retry-After: 1` (the header counts whole seconds, at least 1) rather than the
+//! 10 s left on the holder's lease. Without any observation for the scope, it is the
+//! holder's remaining TTL, an upper bound.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// How far one observation moves the estimate: by 1/2^WEIGHT_SHIFT of the difference.
+const WEIGHT_SHIFT: u32 = 2;
+
+/// Scopes tracked at most; a scope seen after that has no estimate (its answers keep the
+/// holder's remaining TTL). Scopes are the server's (routes, extractor types, resource
+/// names), never a client's, so this is a guard rather than a limit anyone should reach.
+const MAX_SCOPES: usize = 1024;
+
+/// The moving hold-time estimate per scope.
+#[derive(Debug, Default)]
+pub(crate) struct HoldTimes {
+    /// Per scope, the estimate in microseconds.
+    scopes: Mutex<HashMap<Box<str>, u64>>,
+}
+
+impl HoldTimes {
+    fn scopes(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+        self.scopes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that `key` (with the backend's `prefix`) was held for `held`.
+    pub(crate) fn record(&self, key: &str, prefix: &str, held: Duration) {
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        let scope = scope_of(key, prefix);
+        let mut scopes = self.scopes();
+        if let Some(estimate) = scopes.get_mut(scope) {
+            *estimate = if sample >= *estimate {
+                estimate.saturating_add((sample - *estimate) >> WEIGHT_SHIFT)
+            } else {
+                *estimate - ((*estimate - sample) >> WEIGHT_SHIFT)
+            };
+        } else if scopes.len() < MAX_SCOPES {
+            scopes.insert(scope.into(), sample);
+        }
+    }
+
+    /// The estimated hold time of `key`'s scope, if any was observed.
+    pub(crate) fn estimate(&self, key: &str, prefix: &str) -> Option<Duration> {
+        let scope = scope_of(key, prefix);
+        self.scopes()
+            .get(scope)
+            .map(|micros| Duration::from_micros(*micros))
+    }
+
+    /// How long a request that found `key` held should wait: the scope's estimate,
+    /// bounded by `holder_left` (the holder's remaining TTL); `holder_left` itself
+    /// without an estimate. The caller rounds it up to whole seconds, at least 1.
+    pub(crate) fn retry_after(&self, key: &str, prefix: &str, holder_left: Duration) -> Duration {
+        self.estimate(key, prefix)
+            .map_or(holder_left, |estimate| estimate.min(holder_left))
+    }
+}
+
+/// The scope of `key`: between `prefix` and the first `:` after it; empty without one.
+fn scope_of<'a>(key: &'a str, prefix: &str) -> &'a str {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    rest.split_once(':').map_or("", |(scope, _)| scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PREFIX: &str = "tower-redlock:";
+
+    #[test]
+    fn the_scope_is_between_the_prefix_and_the_first_colon() {
+        assert_eq!(scope_of("tower-redlock:report:2026-11", PREFIX), "report");
+        assert_eq!(
+            scope_of("tower-redlock:idempotency-key POST /orders:a:b", PREFIX),
+            "idempotency-key POST /orders"
+        );
+        assert_eq!(scope_of("tower-redlock:job-7", PREFIX), "");
+    }
+
+    #[test]
+    fn the_estimate_follows_the_hold_times_and_is_bounded_by_the_holders_ttl() {
+        let holds = HoldTimes::default();
+        let key = "tower-redlock:/items/%7Bid%7D:42";
+        let ttl_left = Duration::from_secs(10);
+        assert_eq!(holds.retry_after(key, PREFIX, ttl_left), ttl_left);
+        holds.record(key, PREFIX, Duration::from_millis(50));
+        assert_eq!(
+            holds.retry_after(key, PREFIX, ttl_left),
+            Duration::from_millis(50)
+        );
+        // Another value of the scope shares the estimate.
+        assert_eq!(
+            holds.retry_after("tower-redlock:/items/%7Bid%7D:7", PREFIX, ttl_left),
+            Duration::from_millis(50)
+        );
+        // Never above the holder's remaining TTL.
+        assert_eq!(
+            holds.retry_after(key, PREFIX, Duration::from_millis(20)),
+            Duration::from_millis(20)
+        );
+        // A quarter of the way to each new observation.
+        holds.record(key, PREFIX, Duration::from_millis(450));
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(150))
+        );
+        holds.record(key, PREFIX, Duration::from_millis(50));
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(125))
+        );
+        // Other scopes are apart.
+        assert_eq!(holds.estimate("tower-redlock:/users:42", PREFIX), None);
+    }
+
+    #[test]
+    fn extreme_hold_times_do_not_overflow() {
+        let holds = HoldTimes::default();
+        holds.record("k:1", "", Duration::MAX);
+        holds.record("k:1", "", Duration::MAX);
+        holds.record("k:1", "", Duration::ZERO);
+        assert!(holds.estimate("k:1", "").is_some());
+    }
+}

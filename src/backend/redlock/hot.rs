@@ -1,0 +1,372 @@
+//! Hot keys answered in process: this client's own holders and acquisitions in flight,
+//! per key.
+//!
+//! While this process holds key K (a lease of this [`Redlock`](super::Redlock), through
+//! the layer, the extractor or the client methods), another attempt on K in this process
+//! is answered "taken" at once, without a Redis round trip: Redis would refuse it anyway.
+//! While an attempt on K is in flight, further attempts on K wait for its outcome and
+//! share it rather than send their own: a burst of N requests on one key costs Redis one
+//! attempt, not N.
+//!
+//! The table only ever answers "taken": a key it does not hold still goes to Redis. A
+//! holder leaves it at once when it is released (before the release round), when a
+//! renewal finds its token gone, and when its validity ends (checked on every lookup);
+//! a renewal moves its validity. A holder of another process, or of another client
+//! object in this one, is never in it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::backend::hold::HoldTimes;
+use crate::error::LockError;
+use crate::lease::{Lease, Token};
+
+/// The table is swept of expired holders when it grows past this size.
+const MIN_SWEEP: usize = 1024;
+
+/// This client's holders and acquisitions in flight, and the hold times of its releases.
+#[derive(Default)]
+pub(super) struct HotKeys {
+    state: Mutex<State>,
+    pub(super) holds: HoldTimes,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<Arc<str>, Slot>,
+    sweep_at: usize,
+}
+
+enum Slot {
+    /// An attempt of this process is in flight.
+    Acquiring(Arc<Flight>),
+    /// This process holds the key.
+    Held(Holder),
+}
+
+struct Holder {
+    token: Token,
+    valid_until: Instant,
+    since: Instant,
+}
+
+/// One attempt in flight, whose outcome the attempts that arrive meanwhile share.
+pub(super) struct Flight {
+    /// A waiter's attempt, which marks the lock where it is held.
+    pub(super) waiting: bool,
+    outcome: Mutex<Option<Outcome>>,
+    done: Notify,
+}
+
+/// How an attempt in flight ended.
+#[derive(Clone)]
+pub(super) enum Outcome {
+    /// It acquired the key: this process holds it now.
+    Won,
+    /// Another holder has the key, for `retry_after` at most.
+    Taken(Duration),
+    /// The nodes could not decide (no quorum, too slow).
+    Failed(LockError),
+    /// The attempt was dropped before its verdict.
+    Abandoned,
+}
+
+/// What to do about an attempt on a key.
+pub(super) enum Entry<'a> {
+    /// Nothing known here: send the attempt, and report its outcome through the guard.
+    Lead(FlightGuard<'a>),
+    /// Another attempt on the key is in flight: share its outcome.
+    Follow(Arc<Flight>),
+    /// This process holds the key, with `left` of validity.
+    Held { left: Duration },
+}
+
+impl HotKeys {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where an attempt on `key` stands. A `waiting` attempt marks the lock where it is
+    /// held, so a waiting attempt arriving during a plain one's flight sends its own.
+    pub(super) fn enter(&self, key: &Arc<str>, waiting: bool) -> Entry<'_> {
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.slots.get(key) {
+            Some(Slot::Held(holder)) if holder.valid_until > now => {
+                return Entry::Held {
+                    left: holder.valid_until - now,
+                };
+            }
+            Some(Slot::Acquiring(flight)) if flight.waiting || !waiting => {
+                return Entry::Follow(flight.clone());
+            }
+            _ => {}
+        }
+        if state.slots.len() >= state.sweep_at.max(MIN_SWEEP) {
+            state.slots.retain(|_, slot| match slot {
+                Slot::Held(holder) => holder.valid_until > now,
+                Slot::Acquiring(_) => true,
+            });
+            state.sweep_at = state.slots.len().saturating_mul(2);
+        }
+        let flight = Arc::new(Flight {
+            waiting,
+            outcome: Mutex::new(None),
+            done: Notify::new(),
+        });
+        // Replaces a holder whose validity ended, or a plain attempt in flight (which
+        // then finds its slot taken and leaves it alone).
+        state
+            .slots
+            .insert(key.clone(), Slot::Acquiring(flight.clone()));
+        Entry::Lead(FlightGuard {
+            hot: self,
+            key: key.clone(),
+            flight,
+            finished: false,
+        })
+    }
+
+    /// The end of the validity of this process's holder of `key`, if there is one.
+    pub(super) fn holder(&self, key: &str) -> Option<Instant> {
+        let now = Instant::now();
+        match self.state().slots.get(key) {
+            Some(Slot::Held(holder)) if holder.valid_until > now => Some(holder.valid_until),
+            _ => None,
+        }
+    }
+
+    /// Whether `key` is in the table at all (held, even past its validity, or in flight).
+    #[cfg(test)]
+    pub(super) fn contains(&self, key: &str) -> bool {
+        self.state().slots.contains_key(key)
+    }
+
+    /// Removes the holder of `key` with `token`; records its hold time when `released`
+    /// (not for a lease found lost). Returns whether it was there.
+    fn remove(&self, key: &str, token: Token, released: Option<&str>) -> bool {
+        let mut state = self.state();
+        let Some(Slot::Held(holder)) = state.slots.get(key) else {
+            return false;
+        };
+        if holder.token != token {
+            return false;
+        }
+        let since = holder.since;
+        state.slots.remove(key);
+        drop(state);
+        if let Some(prefix) = released {
+            self.holds.record(key, prefix, since.elapsed());
+        }
+        true
+    }
+
+    /// The lease is being released: it leaves the table now, and its hold time is
+    /// recorded under its scope.
+    pub(super) fn released(&self, key: &str, token: Token, prefix: &str) -> bool {
+        self.remove(key, token, Some(prefix))
+    }
+
+    /// The lease is lost (a renewal found its token gone): it leaves the table now.
+    pub(super) fn lost(&self, key: &str, token: Token) {
+        self.remove(key, token, None);
+    }
+
+    /// A renewal moved the lease's validity to `valid_until`.
+    pub(super) fn renewed(&self, key: &str, token: Token, valid_until: Instant) {
+        if let Some(Slot::Held(holder)) = self.state().slots.get_mut(key) {
+            if holder.token == token {
+                holder.valid_until = valid_until;
+            }
+        }
+    }
+
+    /// Enters a lease acquired without [`enter`](Self::enter) (the idempotency layer's
+    /// first step), unless the key is already in the table.
+    #[cfg(feature = "idempotency")]
+    pub(super) fn hold(&self, lease: &Lease) {
+        let mut state = self.state();
+        state
+            .slots
+            .entry(lease.key.clone())
+            .or_insert_with(|| Slot::Held(Holder::of(lease)));
+    }
+}
+
+impl Holder {
+    fn of(lease: &Lease) -> Self {
+        Self {
+            token: lease.token,
+            valid_until: lease.valid_until,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Flight {
+    /// Waits for the attempt's outcome.
+    pub(super) async fn outcome(&self) -> Outcome {
+        loop {
+            let notified = self.done.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(outcome) = self.lock().clone() {
+                return outcome;
+            }
+            notified.await;
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Outcome>> {
+        self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The attempt in flight on a key: reports its outcome to the table and to the attempts
+/// that wait for it; dropped before that (the attempt was cancelled), it leaves the slot
+/// and lets them send their own.
+pub(super) struct FlightGuard<'a> {
+    hot: &'a HotKeys,
+    key: Arc<str>,
+    flight: Arc<Flight>,
+    finished: bool,
+}
+
+impl FlightGuard<'_> {
+    /// Reports the attempt's result: a lease enters the table as held.
+    pub(super) fn finish(mut self, result: &Result<Lease, LockError>) {
+        let outcome = match result {
+            Ok(_) => Outcome::Won,
+            Err(LockError::Taken { retry_after }) => Outcome::Taken(*retry_after),
+            Err(e) => Outcome::Failed(e.clone()),
+        };
+        self.end(outcome, result.as_ref().ok());
+    }
+
+    fn end(&mut self, outcome: Outcome, lease: Option<&Lease>) {
+        self.finished = true;
+        {
+            let mut state = self.hot.state();
+            let ours = matches!(
+                state.slots.get(&self.key),
+                Some(Slot::Acquiring(flight)) if Arc::ptr_eq(flight, &self.flight)
+            );
+            match lease {
+                // A lease is this process's holder, whoever is in the slot now.
+                Some(lease) => {
+                    state
+                        .slots
+                        .insert(self.key.clone(), Slot::Held(Holder::of(lease)));
+                }
+                None if ours => {
+                    state.slots.remove(&self.key);
+                }
+                None => {}
+            }
+        }
+        *self.flight.lock() = Some(outcome);
+        self.flight.done.notify_waiters();
+    }
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.end(Outcome::Abandoned, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(key: &Arc<str>, valid_for: Duration) -> Lease {
+        Lease {
+            key: key.clone(),
+            set: None,
+            token: Token::random(),
+            ttl: valid_for,
+            valid_until: Instant::now() + valid_for,
+            fencing_token: None,
+            backend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn attempts_during_a_flight_share_its_outcome_and_then_see_the_holder() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let Entry::Lead(guard) = hot.enter(&key, false) else {
+            panic!("the first attempt leads");
+        };
+        let Entry::Follow(flight) = hot.enter(&key, false) else {
+            panic!("the second follows");
+        };
+        let waiting = tokio::spawn({
+            let flight = flight.clone();
+            async move { flight.outcome().await }
+        });
+        let held = lease(&key, Duration::from_secs(10));
+        guard.finish(&Ok(held.clone()));
+        assert!(matches!(waiting.await.unwrap(), Outcome::Won));
+        assert!(matches!(hot.enter(&key, false), Entry::Held { .. }));
+        assert!(hot.holder(&key).is_some());
+        // Released: gone at once, and a free key leads again.
+        assert!(hot.released(&key, held.token, "p:"));
+        assert!(!hot.contains(&key));
+        assert!(matches!(hot.enter(&key, false), Entry::Lead(_)));
+    }
+
+    #[test]
+    fn a_waiting_attempt_does_not_follow_a_plain_one() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let _plain = hot.enter(&key, false);
+        let waiting = hot.enter(&key, true);
+        assert!(matches!(waiting, Entry::Lead(_)));
+        // A plain attempt follows the waiting one.
+        assert!(matches!(hot.enter(&key, false), Entry::Follow(_)));
+    }
+
+    #[test]
+    fn a_cancelled_flight_frees_the_slot() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let guard = hot.enter(&key, false);
+        let Entry::Follow(flight) = hot.enter(&key, false) else {
+            panic!("follows");
+        };
+        drop(guard);
+        assert!(!hot.contains(&key));
+        assert!(matches!(*flight.lock(), Some(Outcome::Abandoned)));
+    }
+
+    #[test]
+    fn a_holder_leaves_when_lost_or_expired_and_moves_when_renewed() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let Entry::Lead(guard) = hot.enter(&key, false) else {
+            panic!("leads");
+        };
+        let held = lease(&key, Duration::from_millis(1));
+        guard.finish(&Ok(held.clone()));
+        // Another token does not touch it.
+        hot.lost(&key, Token::random());
+        assert!(hot.contains(&key));
+        hot.renewed(&key, held.token, Instant::now() + Duration::from_secs(5));
+        assert!(hot.holder(&key).is_some(), "renewed");
+        hot.lost(&key, held.token);
+        assert!(hot.holder(&key).is_none(), "lost");
+
+        let Entry::Lead(guard) = hot.enter(&key, false) else {
+            panic!("leads");
+        };
+        guard.finish(&Ok(lease(&key, Duration::ZERO)));
+        assert!(hot.holder(&key).is_none(), "expired");
+        assert!(matches!(hot.enter(&key, false), Entry::Lead(_)));
+    }
+}
