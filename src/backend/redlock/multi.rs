@@ -14,9 +14,10 @@
 //! every key still holds our token, and released key by key where it does (another
 //! holder's key is never touched).
 //!
-//! Keys on one plain Redis node need no common hash slot. A Redis Cluster would refuse a
-//! script over keys of several slots (`CROSSSLOT`): there the keys of one set must share a
-//! slot (a common hash tag in the resource names).
+//! Keys on one plain Redis node need no common hash slot. A Redis Cluster refuses a script
+//! over keys of several slots (`CROSSSLOT`), and the keys of a set hash to different slots
+//! (braces in resource names are percent-encoded, so no hash tag joins them): sets are for
+//! independent nodes.
 
 mod scripts;
 
@@ -48,9 +49,9 @@ impl Redlock {
     /// one fencing token for the set: greater than every earlier token of each of its
     /// keys, and written back to each key's counter.
     ///
-    /// On a Redis Cluster node the keys of one set must share a hash slot (Redis refuses
-    /// a script over several slots with `CROSSSLOT`, which this reports as a node
-    /// failure); on independent plain nodes, as here, any keys go together.
+    /// On independent plain nodes any keys go together. A Redis Cluster node refuses the
+    /// set's script (its keys hash to several slots: `CROSSSLOT`, reported as a node
+    /// failure), so take sets on independent nodes.
     ///
     /// # Errors
     ///
