@@ -80,13 +80,17 @@ async fn a_cluster_is_one_redlock_node_with_keys_on_every_shard_and_locks_surviv
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
     let cluster = Cluster::start(3);
-    let redlock = Redlock::from_nodes([Node::cluster(cluster.urls())])
-        // A long TTL: only a release (or the 1 s fallback) frees the lock in time.
-        .ttl(Duration::from_secs(30))
-        .build()
-        .await
-        .unwrap();
-    let held = redlock.lock("report").await.unwrap();
+    let client = || {
+        Redlock::from_nodes([Node::cluster(cluster.urls())])
+            // A long TTL: only a release (or the 1 s fallback) frees the lock in time.
+            .ttl(Duration::from_secs(30))
+            .build()
+    };
+    let redlock = client().await.unwrap();
+    // The holder is another client (another replica): a waiter behind a holder of its
+    // own process queues in process and never touches Redis.
+    let holder = client().await.unwrap();
+    let held = holder.lock("report").await.unwrap();
     let waiter = {
         let redlock = redlock.clone();
         tokio::spawn(async move {
@@ -121,7 +125,7 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
         "the waiter subscribed on one node and marked the lock"
     );
     let released_at = Instant::now();
-    redlock.unlock(held).await.unwrap();
+    holder.unlock(held).await.unwrap();
     let (lease, acquired_at) = waiter.await.unwrap();
     let lease = lease.unwrap();
     // The fallback timer would take 1 s: the release's PUBLISH crossed the cluster.

@@ -453,7 +453,13 @@ async fn backend_spans_sit_under_the_request_span_with_scope_quorum_and_verdict(
         );
         assert_eq!(span.fields["quorum"], "2", "{span:?}");
         let answered: usize = span.fields["nodes_answered"].parse().unwrap();
-        assert!(answered >= 2, "{span:?}");
+        // A request refused while this process holds the key is answered in process,
+        // without asking a node.
+        if span.fields["verdict"] == "taken" {
+            assert!(answered == 0 || answered >= 2, "{span:?}");
+        } else {
+            assert!(answered >= 2, "{span:?}");
+        }
         let elapsed: f64 = span.fields["elapsed_ms"].parse().unwrap();
         assert!(elapsed > 0.0, "{span:?}");
     }

@@ -314,15 +314,29 @@ impl Cluster {
     /// and takes over), and waits until the cluster agrees. Returns the new primary's port.
     pub fn failover(&self, key: &str) -> u16 {
         let (primary, replica) = self.shard_of(key);
+        let promoted = || {
+            cli(replica, &["ROLE"]).starts_with("master")
+                && cli(primary, &["ROLE"]).starts_with("slave")
+        };
         let answer = cli(replica, &["CLUSTER", "FAILOVER"]);
         assert!(answer.contains("OK"), "CLUSTER FAILOVER answered {answer}");
+        // The coordinated failover waits for the primary's handshake, which a loaded
+        // machine can delay past its own timeout; FORCE promotes without it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !promoted() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !promoted() {
+            let answer = cli(replica, &["CLUSTER", "FAILOVER", "FORCE"]);
+            assert!(
+                answer.contains("OK"),
+                "CLUSTER FAILOVER FORCE answered {answer}"
+            );
+        }
         wait_until(
             "the replica to be promoted",
             Duration::from_secs(20),
-            || {
-                cli(replica, &["ROLE"]).starts_with("master")
-                    && cli(primary, &["ROLE"]).starts_with("slave")
-            },
+            promoted,
         );
         self.wait_stable();
         wait_until(

@@ -28,6 +28,8 @@ impl Redlock {
         loop {
             match self.inner.hot.enter(&key, waiting) {
                 Entry::Held { left } => {
+                    // Answered in process: no node was asked.
+                    crate::observe::nodes_answered(0);
                     // The keys outlive the validity by up to the drift allowance.
                     return Err(LockError::Taken {
                         retry_after: left.saturating_add(self.inner.drift),

@@ -116,12 +116,10 @@ impl Redlock {
             // Released in the background by the guard.
             Verdict::NoQuorum => return Err(self.no_quorum(round)),
             Verdict::Lost => {
-                // The nodes that refused set nothing; the guard releases the others (and
-                // those not heard from) in the background, so the answer costs one round.
-                guard.armed = !round
-                    .answers
-                    .iter()
-                    .all(|answer| matches!(answer, Some(Ok(Attempt::Held { .. }))));
+                // The nodes that refused set nothing; the others (and those not heard
+                // from) are released in the background, so the answer costs one round.
+                guard.armed = false;
+                self.clean_up_set(&keys, token, &round);
                 return Err(LockError::Taken {
                     retry_after: self.set_retry_after(&round),
                 });
@@ -253,6 +251,30 @@ impl Redlock {
             }),
             Verdict::NoQuorum => Err(self.no_quorum(round)),
         }
+    }
+
+    /// Deletes a refused attempt's keys, in the background, on the nodes that may have
+    /// set them: every node but those that answered "held".
+    fn clean_up_set(&self, keys: &Arc<[Arc<str>]>, token: Token, round: &Answers<Attempt>) {
+        let nodes: Vec<_> = self
+            .inner
+            .nodes
+            .iter()
+            .zip(&round.answers)
+            .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempt::Held { .. }))))
+            .map(|(node, _)| node.conn.clone())
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let timeout = self.inner.node_timeout;
+        let keys = keys.clone();
+        handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
+            move |conn| tokio::time::timeout(timeout, release_on(conn, keys.clone(), token, false)),
+        )));
     }
 
     /// Releases a set in the background (see
