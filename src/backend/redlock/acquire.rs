@@ -9,6 +9,7 @@ use super::hot::{Entry, Outcome};
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{Rule, Verdict, Vote};
+use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -130,12 +131,33 @@ impl Redlock {
     /// Deletes our key, in the background, on every node of a lost attempt that did not
     /// answer "held": where it was set, and where it may have been (no answer in time).
     fn clean_up(&self, key: &Arc<str>, token: Token, round: &Answers<Attempted>) {
+        let key = key.clone();
+        self.release_where(
+            round,
+            |attempted| matches!(attempted, Attempted::Held { .. }),
+            move |conn| scripts::release(conn, key.clone(), token, false),
+        );
+    }
+
+    /// Runs `release` in the background, each bounded by the node timeout, on the nodes
+    /// of `round` whose answer is not `held`: where an attempt set something, or may have
+    /// (no answer in time).
+    pub(super) fn release_where<T, F, Fut>(
+        &self,
+        round: &Answers<T>,
+        held: fn(&T) -> bool,
+        release: F,
+    ) where
+        F: Fn(Connection) -> Fut + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
         let nodes: Vec<_> = self
             .inner
             .nodes
             .iter()
             .zip(&round.answers)
-            .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempted::Held { .. }))))
+            .filter(|(_, answer)| !matches!(answer, Some(Ok(value)) if held(value)))
             .map(|(node, _)| node.conn.clone())
             .collect();
         if nodes.is_empty() {
@@ -145,12 +167,11 @@ impl Redlock {
             return;
         };
         let timeout = self.inner.node_timeout;
-        let key = key.clone();
-        handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
-            move |conn| {
-                tokio::time::timeout(timeout, scripts::release(conn, key.clone(), token, false))
-            },
-        )));
+        handle.spawn(futures_util::future::join_all(
+            nodes
+                .into_iter()
+                .map(move |conn| tokio::time::timeout(timeout, release(conn))),
+        ));
     }
 
     /// The second round of a fenced acquisition: the token is one above the highest

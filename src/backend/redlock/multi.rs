@@ -256,25 +256,12 @@ impl Redlock {
     /// Deletes a refused attempt's keys, in the background, on the nodes that may have
     /// set them: every node but those that answered "held".
     fn clean_up_set(&self, keys: &Arc<[Arc<str>]>, token: Token, round: &Answers<Attempt>) {
-        let nodes: Vec<_> = self
-            .inner
-            .nodes
-            .iter()
-            .zip(&round.answers)
-            .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempt::Held { .. }))))
-            .map(|(node, _)| node.conn.clone())
-            .collect();
-        if nodes.is_empty() {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let timeout = self.inner.node_timeout;
         let keys = keys.clone();
-        handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
-            move |conn| tokio::time::timeout(timeout, release_on(conn, keys.clone(), token, false)),
-        )));
+        self.release_where(
+            round,
+            |attempt| matches!(attempt, Attempt::Held { .. }),
+            move |conn| release_on(conn, keys.clone(), token, false),
+        );
     }
 
     /// Releases a set in the background (see
