@@ -199,8 +199,9 @@ impl Redlock {
     /// While this client holds the key, the answer is [`LockError::Taken`] at once,
     /// without Redis; while another attempt of this client on the key is in flight, this
     /// one waits for it and shares its outcome (a burst on one key costs Redis one
-    /// attempt). Otherwise one round trip per node, `SET NX PX` and the holder's `PTTL`
-    /// pipelined, and no cleanup where nothing was set.
+    /// attempt). Otherwise one round trip per node, one script that sets the key when it is
+    /// free and otherwise answers the holder's `PTTL`, and no cleanup where nothing was
+    /// set.
     ///
     /// # Errors
     ///

@@ -7,7 +7,6 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
-    Value,
 };
 
 use crate::backend::connection::Connection;
@@ -117,14 +116,13 @@ return -1
     ))
 });
 
-/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
+/// An attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
 /// holder's remaining TTL (`PTTL`) when it is not, in one script and one round trip: a
 /// loser needs nothing else (no cleanup where nothing was set, no second command for
 /// `Retry-After`). `PTTL` comes first, so that a loser costs the node the script and
 /// that one command. When the lock is held and ARGV[3] is not `0`, also sets the
 /// waiters' mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes. The
-/// holder's value is left as it is, whoever wrote it. (A plain attempt sends the same
-/// `SET NX PX` and `PTTL` pipelined instead: the winner is spared a script.)
+/// holder's value is left as it is, whoever wrote it.
 ///
 /// Returns 0 when set, and `-3 - pttl` when held (`pttl` -1: no expiry).
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -317,9 +315,8 @@ impl Attempted {
     }
 }
 
-/// An acquisition attempt on one node, in one round trip: a waiter's or a fenced attempt
-/// in one script ([`ACQUIRE`], [`ACQUIRE_FENCED`]), a plain one as `SET NX PX` and `PTTL`
-/// pipelined.
+/// An acquisition attempt on one node, in one round trip: one script ([`ACQUIRE`], or
+/// [`ACQUIRE_FENCED`] with fencing tokens).
 pub(super) async fn acquire(
     mut conn: Connection,
     key: Arc<str>,
@@ -341,7 +338,9 @@ pub(super) async fn acquire(
             return Err(invalid_counter(&key));
         }
         reply
-    } else if attempt.mark_ms.is_some() {
+    } else {
+        // Plain and waiting attempts alike: one script, which also answers a loser the
+        // holder's remaining TTL.
         let mut cmd = evalsha(&ACQUIRE, 2);
         cmd.arg(&*key)
             .arg(Aux::waiters(&key))
@@ -349,25 +348,6 @@ pub(super) async fn acquire(
             .arg(attempt.ttl_ms)
             .arg(mark_ms);
         run(&mut conn, &ACQUIRE, &cmd).await?
-    } else {
-        // A plain attempt: `SET NX PX` and `PTTL`, pipelined in one round trip, which
-        // spares the winner a script (see [`ACQUIRE`] for the rest).
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&*key)
-            .arg(token.as_bytes())
-            .arg("NX")
-            .arg("PX")
-            .arg(attempt.ttl_ms)
-            .cmd("PTTL")
-            .arg(&*key);
-        let (set, pttl): (Value, i64) = pipe.query_async(&mut conn).await?;
-        return Ok(match set {
-            Value::Okay => Attempted::Set(0),
-            // Gone between the two commands: free now.
-            _ if pttl == -2 => Attempted::Held { pttl_ms: 0 },
-            _ => Attempted::Held { pttl_ms: pttl },
-        });
     };
     Ok(Attempted::of(reply))
 }
