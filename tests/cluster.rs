@@ -188,3 +188,72 @@ async fn the_rate_limit_on_a_cluster_counts_across_shards_and_a_failover() {
     let over = limiter.hit("ip:0", quota).await.unwrap();
     assert!(over.remaining() == 0 && over.count() > quota.limit());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_limit_on_a_cluster_admits_at_most_the_limit_per_key_across_shards() {
+    use axum::routing::post;
+    use tokio::sync::Semaphore;
+    use tower_redlock::{ConcurrencyLimitLayer, RedisConcurrencyLimiter};
+
+    let cluster = Cluster::start(3);
+    let limiter = RedisConcurrencyLimiter::from_node(Node::cluster(cluster.urls()))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    // Every admitted request waits at the gate until the test opens it.
+    let gate = std::sync::Arc::new(Semaphore::new(0));
+    let handler = {
+        let gate = gate.clone();
+        move || async move {
+            gate.acquire().await.unwrap().forget();
+            "done"
+        }
+    };
+    let app = axum::Router::new().route(
+        "/work",
+        post(handler).layer(ConcurrencyLimitLayer::by_header("x-tenant", 1).backend(limiter)),
+    );
+    let base = support::serve(app).await;
+    let client = reqwest::Client::new();
+    let tenants: Vec<String> = (0..6).map(|i| format!("tenant-{i}")).collect();
+    let send = |tenant: String| {
+        let (client, url) = (client.clone(), format!("{base}/work"));
+        tokio::spawn(async move {
+            let resp = client.post(url).header("x-tenant", tenant).send().await;
+            resp.unwrap().status().as_u16()
+        })
+    };
+    // One request per tenant is admitted and waits: its permit is held on its key's shard.
+    let first: Vec<_> = tenants.iter().map(|t| send(t.clone())).collect();
+    let held = support::eventually(Duration::from_secs(10), || async {
+        // Distinct names: a replica holds its primary's keys too.
+        let mut keys = HashSet::new();
+        for server in &cluster.servers {
+            let found = server.cli(&["KEYS", "tower-redlock-concurrency:*"]);
+            keys.extend(
+                found
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        keys.len() == tenants.len()
+    })
+    .await;
+    assert!(held, "each tenant's permit set is on the cluster");
+    // A second request of each tenant is over its limit of 1: 503, whichever shard.
+    for tenant in &tenants {
+        assert_eq!(send(tenant.clone()).await.unwrap(), 503, "{tenant}");
+    }
+    gate.add_permits(tenants.len());
+    for request in first {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    // Released: each tenant gets in again.
+    gate.add_permits(tenants.len());
+    for tenant in &tenants {
+        assert_eq!(send(tenant.clone()).await.unwrap(), 200, "{tenant}");
+    }
+}
