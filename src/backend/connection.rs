@@ -97,6 +97,22 @@ fn connect(connector: &Connector, config: &AsyncConnectionConfig) -> Connecting 
 }
 
 impl Connection {
+    /// The connection of a store on one node (the rate limiter's, the concurrency
+    /// limiter's) whose calls are bounded by `timeout`: connecting is bounded by
+    /// `timeout`, at least 500 ms. Returns the node's label (host:port) with it.
+    #[cfg(any(feature = "rate-limit", feature = "concurrency-limit"))]
+    pub(crate) fn for_store(
+        node: crate::backend::node::Node,
+        timeout: Duration,
+    ) -> Result<(String, Self), crate::error::ConfigError> {
+        let connect_timeout = timeout.max(Duration::from_millis(500));
+        let connector = node
+            .connector(connect_timeout)
+            .map_err(|source| crate::error::ConfigError::InvalidUrl { index: 0, source })?;
+        let label = connector.label.clone();
+        Ok((label, Self::new(connector, connect_timeout)))
+    }
+
     /// A connection to `connector`'s node, opened by the first command (not here). Each
     /// attempt, handshake included, is bounded by `connect_timeout` (the connector's
     /// own); commands have no bound of their own (the callers bound them).

@@ -358,13 +358,7 @@ impl RedisConcurrencyLimiterBuilder {
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
         crate::backend::settings::check_prefix(&self.prefix)?;
-        let connect_timeout = self.timeout.max(Duration::from_millis(500));
-        let connector = self
-            .node
-            .connector(connect_timeout)
-            .map_err(|source| ConfigError::InvalidUrl { index: 0, source })?;
-        let label = connector.label.clone();
-        let conn = Connection::new(connector, connect_timeout);
+        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
         let limiter = RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
                 label,
