@@ -19,7 +19,8 @@
 //!
 //! Spans (`DEBUG`): `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`,
 //! `.idempotency.lookup`, `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`,
-//! `verdict` and `elapsed_ms` ([`op_span!`], [`traced`]).
+//! `verdict` and `elapsed_ms` ([`op_span!`], [`traced`]), once a `tracing` subscriber is
+//! set (globally or as a scoped default); without one they cost one check.
 
 // Each layer and backend uses its part: with some of them left out, the rest goes unused.
 #![cfg_attr(
@@ -35,8 +36,6 @@
 
 use std::future::Future;
 use std::time::{Duration, Instant};
-
-use tracing::Instrument as _;
 
 /// `tower_redlock_lock_requests_total{result}`: the outcome of every lock a
 /// [`LockLayer`](crate::LockLayer) or a [`Locked`](crate::Locked) extractor asked for.
@@ -223,39 +222,83 @@ pub(crate) fn scope<'k>(key: &'k str, prefix: &str) -> &'k str {
 /// A span for one backend operation: `tower_redlock.<op>`, at the `DEBUG` level, with the
 /// key's scope and the quorum; [`traced`] fills in the verdict and the elapsed time, and
 /// a Redlock round the number of nodes that answered.
+///
+/// Made only once a `tracing` dispatcher has been set (globally, or as a scoped default):
+/// without one, `tracing` would still compute the fields for the `log` crate's sake
+/// (its `log` feature, which axum turns on), on every operation.
 macro_rules! op_span {
     ($name:literal, $key:expr, $prefix:expr, $quorum:expr) => {
-        ::tracing::debug_span!(
-            $name,
-            scope = $crate::observe::scope($key, $prefix),
-            quorum = $quorum,
-            nodes_answered = ::tracing::field::Empty,
-            verdict = ::tracing::field::Empty,
-            elapsed_ms = ::tracing::field::Empty,
-        )
+        if ::tracing::dispatcher::has_been_set() {
+            ::tracing::debug_span!(
+                $name,
+                scope = $crate::observe::scope($key, $prefix),
+                quorum = $quorum,
+                nodes_answered = ::tracing::field::Empty,
+                verdict = ::tracing::field::Empty,
+                elapsed_ms = ::tracing::field::Empty,
+            )
+        } else {
+            ::tracing::Span::none()
+        }
     };
 }
 pub(crate) use op_span;
 
 /// Runs `future` in `span` (a child of the span current where it was made, such as
 /// tower-http's request span), and records its verdict and elapsed time there. A
-/// disabled span costs one check.
-pub(crate) async fn traced<T, E, F>(
+/// disabled span costs one check per poll.
+pub(crate) fn traced<F, T, E>(
     span: tracing::Span,
     future: F,
     verdict: fn(&Result<T, E>) -> &'static str,
-) -> Result<T, E>
+) -> Traced<F, T, E>
 where
     F: Future<Output = Result<T, E>>,
 {
-    if span.is_disabled() {
-        return future.await;
+    Traced {
+        future,
+        span,
+        start: None,
+        verdict,
     }
-    let start = Instant::now();
-    let out = future.instrument(span.clone()).await;
-    span.record("verdict", verdict(&out));
-    span.record("elapsed_ms", start.elapsed().as_secs_f64() * 1e3);
-    out
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`traced`]: the operation's own future, held once (an `async fn`
+    /// wrapper would hold it twice, as its argument and as the future it awaits).
+    pub(crate) struct Traced<F, T, E> {
+        #[pin]
+        future: F,
+        span: tracing::Span,
+        start: Option<Instant>,
+        verdict: fn(&Result<T, E>) -> &'static str,
+    }
+}
+
+impl<F, T, E> Future for Traced<F, T, E>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if this.span.is_disabled() {
+            return this.future.poll(cx);
+        }
+        let start = *this.start.get_or_insert_with(Instant::now);
+        let out = {
+            let _entered = this.span.enter();
+            std::task::ready!(this.future.poll(cx))
+        };
+        this.span.record("verdict", (this.verdict)(&out));
+        this.span
+            .record("elapsed_ms", start.elapsed().as_secs_f64() * 1e3);
+        std::task::Poll::Ready(out)
+    }
 }
 
 /// [`traced`] for an operation that does not wait (an in-process backend).

@@ -178,7 +178,7 @@ impl Connection {
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.run(move |mut conn| async move { conn.req_packed_command(cmd).await }))
+        Box::pin(self.run(move |mut conn| async move { conn.send(cmd).await }))
     }
 
     fn req_packed_commands<'a>(
@@ -187,9 +187,11 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.run(move |mut conn| async move {
-            conn.req_packed_commands(pipeline, offset, count).await
-        }))
+        Box::pin(
+            self.run(
+                move |mut conn| async move { conn.send_pipeline(pipeline, offset, count).await },
+            ),
+        )
     }
 
     fn get_db(&self) -> i64 {
@@ -253,7 +255,7 @@ impl Inner {
             let replies = inner.replies.load(Ordering::Acquire);
             let ping = async {
                 let mut conn = connecting.await?;
-                conn.req_packed_command(&redis::cmd("PING")).await
+                conn.send(&redis::cmd("PING")).await
             };
             match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
                 Ok(Err(e)) if !is_reply(&e) => inner.failed(generation, &e),

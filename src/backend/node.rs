@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+#[cfg(feature = "cluster-async")]
+use redis::aio::ConnectionLike;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
 
 /// One of the crate's Redis nodes: a Redlock node ([`Redlock::from_nodes`]) or the rate
 /// limiter's store ([`RedisRateLimiter::from_node`]), whatever its topology.
@@ -448,33 +450,28 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Conn {
+    /// Sends one command and reads its reply: straight on a single server's multiplexed
+    /// connection (no boxed future), routed by the cluster client on a cluster.
+    pub(crate) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Single(conn) => conn.send_packed_command(cmd).await,
             #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd).await,
         }
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
+    /// Sends a pipeline and reads `count` replies from `offset` on.
+    pub(crate) async fn send_pipeline(
+        &mut self,
+        pipeline: &Pipeline,
         offset: usize,
         count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
+    ) -> RedisResult<Vec<Value>> {
         match self {
-            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Single(conn) => conn.send_packed_commands(pipeline, offset, count).await,
             #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(conn) => conn.get_db(),
-            #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count).await,
         }
     }
 }

@@ -45,6 +45,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
+use futures_util::future::Either;
 use redis::Client;
 
 use crate::backend::connection::Connection;
@@ -481,53 +483,61 @@ impl Redlock {
     /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked the key: a
     /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
     /// (see the RELEASE script).
-    async fn release_all(
+    fn release_all(
         &self,
         key: &Arc<str>,
         token: Token,
         publish: bool,
         vote: fn(&Release) -> Vote,
         stragglers: Stragglers,
-    ) -> Answers<Release> {
+    ) -> impl Future<Output = Answers<Release>> {
         self.on_nodes(
-            |conn| shared::release(conn, key.clone(), token, publish),
+            move |conn| shared::release(conn, key.clone(), token, publish),
             vote,
             Rule::Proof,
             stragglers,
         )
-        .await
     }
 
-    /// Runs `op` on every node at once: one [`round`] under the node timeout.
-    async fn on_nodes<F, Fut, T>(
+    /// Runs `op` on every node at once: one [`round`] under the node timeout. The node
+    /// operations are made here, before the returned future is first polled (it holds
+    /// each once, and borrows nothing).
+    fn on_nodes<F, Fut, T>(
         &self,
         op: F,
         vote: fn(&T) -> Vote,
         rule: Rule,
         stragglers: Stragglers,
-    ) -> Answers<T>
+    ) -> impl Future<Output = Answers<T>>
     where
         F: Fn(Connection) -> Fut,
         Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
         T: Send + 'static,
     {
         let deadline = Instant::now() + self.inner.node_timeout;
-        let ops = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
-        let round = round::run(
-            ops,
-            self.inner.node_timeout,
-            self.inner.quorum,
-            vote,
-            rule,
-            stragglers,
-        )
-        .await;
-        observe::nodes_answered(round.values().count());
-        round
+        let (timeout, quorum) = (self.inner.node_timeout, self.inner.quorum);
+        let counted =
+            |node: &Node| round::counted(op(node.conn.clone()), node.label.clone(), deadline);
+        // Dispatched here rather than by `round::run`, whose future would keep the type
+        // of the iterator over the nodes (and with it a borrow of `op`).
+        let round = match self.inner.nodes.as_slice() {
+            [node] => Either::Left(round::run_one(counted(node), timeout, quorum, vote, rule)),
+            nodes => Either::Right(round::run_many(
+                nodes
+                    .iter()
+                    .map(|node| Some(Box::pin(counted(node))))
+                    .collect(),
+                timeout,
+                quorum,
+                vote,
+                rule,
+                stragglers,
+            )),
+        };
+        round.map(|round| {
+            observe::nodes_answered(round.values().count());
+            round
+        })
     }
 
     /// Takes a lease being released out of the table of this process's holders, and

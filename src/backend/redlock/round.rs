@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+use futures_util::future::Either;
+
 use super::tally::{Rule, Tally, Verdict, Vote};
 use crate::error::NodeFailureReason;
 
@@ -56,14 +59,14 @@ where
         deadline,
         done: false,
     };
-    async move {
-        let answer = op.await;
+    // A combinator rather than an `async` block, which would hold `op` twice.
+    op.map(move |answer| {
         watch.done = true;
         if answer.is_err() {
             crate::observe::node_error(&watch.label);
         }
         answer
-    }
+    })
 }
 
 struct NodeWatch {
@@ -103,40 +106,41 @@ where
     T: Send + 'static,
 {
     let mut ops = ops.into_iter();
-    let nodes = ops.len();
     // One node: nothing to tally against, no boxing.
-    let single = if nodes == 1 { ops.next() } else { None };
-    let pending: Vec<_> = ops.map(|op| Some(Box::pin(op))).collect();
-    async move {
-        match single {
-            Some(op) => run_one(op, timeout, quorum, vote, rule).await,
-            None => run_many(pending, timeout, quorum, vote, rule, stragglers).await,
+    if ops.len() == 1 {
+        if let Some(op) = ops.next() {
+            return Either::Left(run_one(op, timeout, quorum, vote, rule));
         }
     }
+    let pending = ops.map(|op| Some(Box::pin(op))).collect();
+    Either::Right(run_many(pending, timeout, quorum, vote, rule, stragglers))
 }
 
-async fn run_one<Fut, T>(
+/// One node's operation under `timeout`, and its verdict: a combinator, so that the
+/// operation is held once.
+pub(super) fn run_one<Fut, T>(
     op: Fut,
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
     rule: Rule,
-) -> Answers<T>
+) -> impl Future<Output = Answers<T>>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>>,
 {
-    let answer = tokio::time::timeout(timeout, op)
-        .await
-        .unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
-    let mut tally = Tally::new(1);
-    tally.record(answer.as_ref().ok().map(vote));
-    Answers {
-        verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
-        answers: vec![Some(answer)],
-    }
+    tokio::time::timeout(timeout, op).map(move |answer| {
+        let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
+        let mut tally = Tally::new(1);
+        tally.record(answer.as_ref().ok().map(vote));
+        Answers {
+            verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
+            answers: vec![Some(answer)],
+        }
+    })
 }
 
-async fn run_many<Fut, T>(
+/// [`run`] on more than one node; each operation boxed, so that they are polled in place.
+pub(super) async fn run_many<Fut, T>(
     pending: Vec<Option<Pin<Box<Fut>>>>,
     timeout: Duration,
     quorum: usize,
