@@ -14,9 +14,10 @@
 //! 10 s left on the holder's lease. Without any observation for the scope, it is the
 //! holder's remaining TTL, an upper bound.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use crate::backend::KeyMap;
 
 /// How far one observation moves the estimate: by 1/2^WEIGHT_SHIFT of the difference.
 const WEIGHT_SHIFT: u32 = 2;
@@ -30,11 +31,11 @@ const MAX_SCOPES: usize = 1024;
 #[derive(Debug, Default)]
 pub(crate) struct HoldTimes {
     /// Per scope, the estimate in microseconds.
-    scopes: Mutex<HashMap<Box<str>, u64>>,
+    scopes: Mutex<KeyMap<Box<str>, u64>>,
 }
 
 impl HoldTimes {
-    fn scopes(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+    fn scopes(&self) -> std::sync::MutexGuard<'_, KeyMap<Box<str>, u64>> {
         self.scopes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -15,6 +15,12 @@
 //!   (the topologies: one server, a cluster, a Sentinel service) and [`connection`] (a
 //!   node's connection, replaced after failures).
 
+/// The hash map of this crate's per-key tables (holders, attempts in flight, waiters,
+/// counters, hold times): foldhash's fast hasher, seeded at random per map (keys come
+/// from clients, so a fixed seed would let them aim collisions), which costs a fraction
+/// of the standard library's SipHash on the keys of every request.
+pub(crate) type KeyMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 #[cfg(feature = "concurrency-limit")]
 pub(crate) mod concurrency;
 #[cfg(feature = "redis")]

@@ -14,12 +14,13 @@
 //! a renewal moves its validity. A holder of another process, or of another client
 //! object in this one, is never in it.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry as SlotEntry;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 use crate::error::LockError;
 use crate::lease::{Lease, Token};
@@ -36,15 +37,28 @@ pub(super) struct HotKeys {
 
 #[derive(Default)]
 struct State {
-    slots: HashMap<Arc<str>, Slot>,
+    slots: KeyMap<Arc<str>, Slot>,
     sweep_at: usize,
+    /// Numbers the attempts, so that an attempt knows whether the slot is still its own.
+    attempts: u64,
 }
 
 enum Slot {
     /// An attempt of this process is in flight.
-    Acquiring(Arc<Flight>),
+    Acquiring(InFlight),
     /// This process holds the key.
     Held(Holder),
+}
+
+/// The slot of an attempt in flight.
+struct InFlight {
+    /// Which attempt (see [`State::attempts`]).
+    attempt: u64,
+    /// A waiter's attempt, which marks the lock where it is held.
+    waiting: bool,
+    /// Where the attempts that arrive meanwhile wait for its outcome; made by the first of
+    /// them, so that an attempt nobody follows costs no allocation.
+    followers: Option<Arc<Flight>>,
 }
 
 struct Holder {
@@ -53,10 +67,8 @@ struct Holder {
     since: Instant,
 }
 
-/// One attempt in flight, whose outcome the attempts that arrive meanwhile share.
+/// The outcome of one attempt in flight, which the attempts that arrive meanwhile share.
 pub(super) struct Flight {
-    /// A waiter's attempt, which marks the lock where it is held.
-    pub(super) waiting: bool,
     outcome: Mutex<Option<Outcome>>,
     done: Notify,
 }
@@ -70,7 +82,8 @@ pub(super) enum Outcome {
     Taken(Duration),
     /// The nodes could not decide (no quorum, too slow).
     Failed(LockError),
-    /// The attempt was dropped before its verdict.
+    /// The attempt was dropped before its verdict, or another one took its slot: nobody
+    /// asked Redis on the follower's behalf.
     Abandoned,
 }
 
@@ -90,21 +103,11 @@ impl HotKeys {
     }
 
     /// Where an attempt on `key` stands. A `waiting` attempt marks the lock where it is
-    /// held, so a waiting attempt arriving during a plain one's flight sends its own.
+    /// held, so a waiting attempt arriving during a plain one's flight sends its own (and
+    /// the plain one's followers follow it instead).
     pub(super) fn enter(&self, key: &Arc<str>, waiting: bool) -> Entry<'_> {
         let now = Instant::now();
         let mut state = self.state();
-        match state.slots.get(key) {
-            Some(Slot::Held(holder)) if holder.valid_until > now => {
-                return Entry::Held {
-                    left: holder.valid_until - now,
-                };
-            }
-            Some(Slot::Acquiring(flight)) if flight.waiting || !waiting => {
-                return Entry::Follow(flight.clone());
-            }
-            _ => {}
-        }
         if state.slots.len() >= state.sweep_at.max(MIN_SWEEP) {
             state.slots.retain(|_, slot| match slot {
                 Slot::Held(holder) => holder.valid_until > now,
@@ -112,20 +115,44 @@ impl HotKeys {
             });
             state.sweep_at = state.slots.len().saturating_mul(2);
         }
-        let flight = Arc::new(Flight {
+        state.attempts = state.attempts.wrapping_add(1);
+        let ours = InFlight {
+            attempt: state.attempts,
             waiting,
-            outcome: Mutex::new(None),
-            done: Notify::new(),
-        });
-        // Replaces a holder whose validity ended, or a plain attempt in flight (which
-        // then finds its slot taken and leaves it alone).
-        state
-            .slots
-            .insert(key.clone(), Slot::Acquiring(flight.clone()));
+            followers: None,
+        };
+        let attempt = ours.attempt;
+        let displaced = match state.slots.entry(key.clone()) {
+            SlotEntry::Vacant(vacant) => {
+                vacant.insert(Slot::Acquiring(ours));
+                None
+            }
+            SlotEntry::Occupied(mut occupied) => match occupied.get_mut() {
+                Slot::Held(holder) if holder.valid_until > now => {
+                    return Entry::Held {
+                        left: holder.valid_until - now,
+                    };
+                }
+                Slot::Acquiring(flight) if flight.waiting || !waiting => {
+                    let followers = flight.followers.get_or_insert_with(Flight::new);
+                    return Entry::Follow(followers.clone());
+                }
+                // A holder whose validity ended, or a plain attempt in flight (which then
+                // finds its slot taken and leaves it alone).
+                slot => match std::mem::replace(slot, Slot::Acquiring(ours)) {
+                    Slot::Acquiring(plain) => plain.followers,
+                    Slot::Held(_) => None,
+                },
+            },
+        };
+        drop(state);
+        if let Some(followers) = displaced {
+            followers.report(Outcome::Abandoned);
+        }
         Entry::Lead(FlightGuard {
             hot: self,
             key: key.clone(),
-            flight,
+            attempt,
             finished: false,
         })
     }
@@ -149,14 +176,15 @@ impl HotKeys {
     /// (not for a lease found lost). Returns whether it was there.
     fn remove(&self, key: &str, token: Token, released: Option<&str>) -> bool {
         let mut state = self.state();
-        let Some(Slot::Held(holder)) = state.slots.get(key) else {
-            return false;
+        // One lookup: taken out, and put back in the rare case it is not this lease.
+        let since = match state.slots.remove_entry(key) {
+            Some((_, Slot::Held(holder))) if holder.token == token => holder.since,
+            Some((key, slot)) => {
+                state.slots.insert(key, slot);
+                return false;
+            }
+            None => return false,
         };
-        if holder.token != token {
-            return false;
-        }
-        let since = holder.since;
-        state.slots.remove(key);
         drop(state);
         if let Some(prefix) = released {
             self.holds.record(key, prefix, since.elapsed());
@@ -207,6 +235,13 @@ impl Holder {
 }
 
 impl Flight {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            outcome: Mutex::new(None),
+            done: Notify::new(),
+        })
+    }
+
     /// Waits for the attempt's outcome.
     pub(super) async fn outcome(&self) -> Outcome {
         loop {
@@ -220,6 +255,12 @@ impl Flight {
         }
     }
 
+    /// Hands `outcome` to the followers.
+    fn report(&self, outcome: Outcome) {
+        *self.lock() = Some(outcome);
+        self.done.notify_waiters();
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<Outcome>> {
         self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -231,51 +272,66 @@ impl Flight {
 pub(super) struct FlightGuard<'a> {
     hot: &'a HotKeys,
     key: Arc<str>,
-    flight: Arc<Flight>,
+    attempt: u64,
     finished: bool,
 }
 
 impl FlightGuard<'_> {
     /// Reports the attempt's result: a lease enters the table as held.
     pub(super) fn finish(mut self, result: &Result<Lease, LockError>) {
-        let outcome = match result {
-            Ok(_) => Outcome::Won,
-            Err(LockError::Taken { retry_after }) => Outcome::Taken(*retry_after),
-            Err(e) => Outcome::Failed(e.clone()),
-        };
-        self.end(outcome, result.as_ref().ok());
+        self.end(Some(result));
     }
 
-    fn end(&mut self, outcome: Outcome, lease: Option<&Lease>) {
+    /// Ends the attempt (`None`: dropped before its verdict).
+    fn end(&mut self, result: Option<&Result<Lease, LockError>>) {
         self.finished = true;
-        {
+        let lease = result.and_then(|result| result.as_ref().ok());
+        // Followers to tell: this attempt's own, or those of an attempt whose slot a lease
+        // of this one takes (they find the holder when they look again).
+        let followers = {
             let mut state = self.hot.state();
-            let ours = matches!(
-                state.slots.get(&self.key),
-                Some(Slot::Acquiring(flight)) if Arc::ptr_eq(flight, &self.flight)
-            );
-            match lease {
-                // A lease is this process's holder, whoever is in the slot now.
-                Some(lease) => {
+            match (state.slots.get_mut(&self.key), lease) {
+                (Some(slot), Some(lease)) => {
+                    // A lease is this process's holder, whoever is in the slot now.
+                    match std::mem::replace(slot, Slot::Held(Holder::of(lease))) {
+                        Slot::Acquiring(flight) => flight.followers.map(|f| (f, Outcome::Won)),
+                        Slot::Held(_) => None,
+                    }
+                }
+                (None, Some(lease)) => {
                     state
                         .slots
                         .insert(self.key.clone(), Slot::Held(Holder::of(lease)));
+                    None
                 }
-                None if ours => {
+                (Some(Slot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
+                    let followers = flight.followers.take();
                     state.slots.remove(&self.key);
+                    followers.map(|f| (f, outcome_of(result)))
                 }
-                None => {}
+                (_, None) => None,
             }
+        };
+        if let Some((followers, outcome)) = followers {
+            followers.report(outcome);
         }
-        *self.flight.lock() = Some(outcome);
-        self.flight.done.notify_waiters();
+    }
+}
+
+/// What the followers of an attempt learn from its `result` (`None`: abandoned).
+fn outcome_of(result: Option<&Result<Lease, LockError>>) -> Outcome {
+    match result {
+        Some(Ok(_)) => Outcome::Won,
+        Some(Err(LockError::Taken { retry_after })) => Outcome::Taken(*retry_after),
+        Some(Err(e)) => Outcome::Failed(e.clone()),
+        None => Outcome::Abandoned,
     }
 }
 
 impl Drop for FlightGuard<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            self.end(Outcome::Abandoned, None);
+            self.end(None);
         }
     }
 }
