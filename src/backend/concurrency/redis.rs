@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Script};
+use redis::Script;
 
 use super::ConcurrencyError;
-use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
-use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+use crate::backend::store::NodeStore;
+use crate::error::{ConfigError, NodeFailureReason};
 
 /// Default key prefix of [`RedisConcurrencyLimiter`]: `"tower-redlock-concurrency:"`.
 ///
@@ -128,20 +128,17 @@ pub struct RedisConcurrencyLimiter {
 }
 
 struct RedisInner {
-    label: String,
-    conn: Connection,
-    timeout: Duration,
+    store: NodeStore,
     ttl: Duration,
-    prefix: Arc<str>,
 }
 
 impl fmt::Debug for RedisConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConcurrencyLimiter")
-            .field("node", &self.inner.label)
-            .field("timeout", &self.inner.timeout)
+            .field("node", &self.inner.store.label)
+            .field("timeout", &self.inner.store.timeout)
             .field("permit_ttl", &self.inner.ttl)
-            .field("prefix", &self.inner.prefix)
+            .field("prefix", &self.inner.store.prefix)
             .finish()
     }
 }
@@ -182,30 +179,15 @@ fn validity(start: Instant, ttl: Duration) -> Instant {
 }
 
 impl RedisConcurrencyLimiter {
-    /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
-    pub fn builder(url: impl AsRef<str>) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(Node::url(url))
+    crate::backend::store::node_store_methods! {
+        RedisConcurrencyLimiterBuilder,
+        /// Starts a builder from a [`Node`]: one server, a Redis Cluster (each key's set is
+        /// one key, in its own hash slot) or a Sentinel service.
     }
 
-    /// Starts a builder from a ready redis-rs client.
-    pub fn from_client(client: Client) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(Node::client(client))
-    }
-
-    /// Starts a builder from a [`Node`]: one server, a Redis Cluster (each key's set is
-    /// one key, in its own hash slot) or a Sentinel service.
-    pub fn from_node(node: Node) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(node)
-    }
-
-    /// The prefix put before every key.
-    pub fn prefix(&self) -> &str {
-        &self.inner.prefix
-    }
-
-    /// The bound on one call.
-    pub fn timeout(&self) -> Duration {
-        self.inner.timeout
+    /// The store's connection and settings.
+    fn store(&self) -> &NodeStore {
+        &self.inner.store
     }
 
     /// How long a permit lives without renewal.
@@ -213,23 +195,16 @@ impl RedisConcurrencyLimiter {
         self.inner.ttl
     }
 
-    fn failure(&self, reason: NodeFailureReason) -> ConcurrencyError {
-        ConcurrencyError::Unavailable(NodeFailure {
-            node: self.inner.label.clone(),
-            reason,
-        })
-    }
-
-    /// Runs `call` bounded by the timeout.
+    /// Runs `call` bounded by the timeout; a failure makes the store unavailable.
     async fn bounded<T>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, ConcurrencyError> {
-        match tokio::time::timeout(self.inner.timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(self.failure(NodeFailureReason::Redis(e))),
-            Err(_) => Err(self.failure(NodeFailureReason::Timeout(self.inner.timeout))),
-        }
+        self.inner
+            .store
+            .bounded(call)
+            .await
+            .map_err(ConcurrencyError::Unavailable)
     }
 
     /// Takes a permit on `resource` if fewer than `limit` are live: one round trip.
@@ -240,13 +215,13 @@ impl RedisConcurrencyLimiter {
     ) -> Result<RedisSlot, ConcurrencyError> {
         check_resource(resource)?;
         let inner = &*self.inner;
-        let mut key = String::with_capacity(inner.prefix.len() + resource.len() + 2);
-        key.push_str(&inner.prefix);
+        let mut key = String::with_capacity(inner.store.prefix.len() + resource.len() + 2);
+        key.push_str(&inner.store.prefix);
         key.push('{');
         key.push_str(resource);
         key.push('}');
         let token = token();
-        let mut conn = inner.conn.clone();
+        let mut conn = inner.store.conn();
         let mut invocation = ACQUIRE.key(&key);
         invocation
             .arg(limit)
@@ -285,7 +260,7 @@ impl RedisConcurrencyLimiter {
     /// Moves the expiry of the permit `token` on `key` one TTL on, if it is still held:
     /// the new end of its validity.
     pub(crate) async fn renew(&self, key: &str, token: &str) -> Result<Instant, ConcurrencyError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.store.conn();
         let mut invocation = RENEW.key(key);
         invocation.arg(token).arg(self.inner.ttl.as_millis() as u64);
         let start = Instant::now();
@@ -302,7 +277,7 @@ impl RedisConcurrencyLimiter {
 
     /// Gives back the permit `token` on `key`: one `ZREM`.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.store.conn();
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key).arg(token);
         self.bounded(cmd.query_async::<i64>(&mut conn)).await?;
@@ -357,22 +332,12 @@ impl RedisConcurrencyLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
-        crate::backend::settings::check_prefix(&self.prefix)?;
-        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
-        let limiter = RedisConcurrencyLimiter {
+        let store = NodeStore::connect(self.node, self.timeout, self.prefix).await?;
+        Ok(RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
-                label,
-                conn,
-                timeout: self.timeout,
+                store,
                 ttl: self.ttl,
-                prefix: Arc::from(self.prefix),
             }),
-        };
-        let mut conn = limiter.inner.conn.clone();
-        let ping_cmd = redis::cmd("PING");
-        if let Err(e) = limiter.bounded(ping_cmd.query_async::<()>(&mut conn)).await {
-            tracing::warn!(node = %limiter.inner.label, error = %e, "Redis not reachable yet; it will be retried");
-        }
-        Ok(limiter)
+        })
     }
 }
