@@ -1,7 +1,7 @@
 //! [`NodeStore`]: what the stores on one Redis node share, the rate limiter's counters and
 //! the concurrency limiter's permits: the node's connection, the bound on every call, and
-//! the key prefix; and [`node_store_methods!`], the constructors and accessors they
-//! both have.
+//! the key prefix ([`StoreSettings`] in their builders); and the public methods they all
+//! have, [`node_store_methods!`] and [`node_store_setters!`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,9 +24,37 @@ pub(crate) struct NodeStore {
     pub(crate) prefix: Arc<str>,
 }
 
-impl NodeStore {
-    /// Checks `prefix`, sets up the connection to `node` and pings it, bounded by
-    /// `timeout`. A node that does not answer now is not an error, only a warning: every
+/// What a store's builder collects for its [`NodeStore`]: the node, the bound on one
+/// call, the key prefix.
+#[derive(Debug)]
+pub(crate) struct StoreSettings {
+    node: Node,
+    timeout: Duration,
+    prefix: String,
+}
+
+impl StoreSettings {
+    /// The store's defaults for `node`.
+    pub(crate) fn new(node: Node, timeout: Duration, prefix: &str) -> Self {
+        Self {
+            node,
+            timeout,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// Sets the key prefix (checked by [`connect`](Self::connect)).
+    pub(crate) fn set_prefix(&mut self, prefix: String) {
+        self.prefix = prefix;
+    }
+
+    /// Sets the bound on one call, at least 1 ms (shorter ones are raised to it).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout.max(Duration::from_millis(1));
+    }
+
+    /// Checks the prefix, sets up the connection to the node and pings it, bounded by the
+    /// timeout. A node that does not answer now is not an error, only a warning: every
     /// later call tries it again.
     ///
     /// # Errors
@@ -34,18 +62,14 @@ impl NodeStore {
     /// [`ConfigError::InvalidUrl`] for a node redis-rs cannot use,
     /// [`ConfigError::InvalidPrefix`] or [`ConfigError::BraceInPrefix`] for a prefix that
     /// [`check_prefix`] refuses.
-    pub(crate) async fn connect(
-        node: Node,
-        timeout: Duration,
-        prefix: String,
-    ) -> Result<Self, ConfigError> {
-        check_prefix(&prefix)?;
-        let (label, conn) = Connection::for_store(node, timeout)?;
-        let store = Self {
+    pub(crate) async fn connect(self) -> Result<NodeStore, ConfigError> {
+        check_prefix(&self.prefix)?;
+        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
+        let store = NodeStore {
             label,
             conn,
-            timeout,
-            prefix: Arc::from(prefix),
+            timeout: self.timeout,
+            prefix: Arc::from(self.prefix),
         };
         let mut conn = store.conn();
         let ping = redis::cmd("PING");
@@ -54,7 +78,9 @@ impl NodeStore {
         }
         Ok(store)
     }
+}
 
+impl NodeStore {
     /// A handle to the connection, for one call (clones share the connection).
     pub(crate) fn conn(&self) -> Connection {
         self.conn.clone()
@@ -113,3 +139,27 @@ macro_rules! node_store_methods {
     };
 }
 pub(crate) use node_store_methods;
+
+/// The builder methods every store on one node has, over the builder's
+/// `settings: StoreSettings`, each with the doc comment the call gives it: `prefix` and
+/// `timeout` set the key prefix and the bound on one call
+/// ([`StoreSettings::set_prefix`], [`StoreSettings::set_timeout`]).
+macro_rules! node_store_setters {
+    (
+        $(#[$prefix:meta])* prefix;
+        $(#[$timeout:meta])* timeout;
+    ) => {
+        $(#[$prefix])*
+        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.settings.set_prefix(prefix.into());
+            self
+        }
+
+        $(#[$timeout])*
+        pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.settings.set_timeout(timeout);
+            self
+        }
+    };
+}
+pub(crate) use node_store_setters;

@@ -9,7 +9,7 @@ use redis::Script;
 use super::ConcurrencyError;
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
-use crate::backend::store::NodeStore;
+use crate::backend::store::{NodeStore, StoreSettings};
 use crate::error::{ConfigError, NodeFailureReason};
 
 /// Default key prefix of [`RedisConcurrencyLimiter`]: `"tower-redlock-concurrency:"`.
@@ -147,10 +147,8 @@ impl fmt::Debug for RedisConcurrencyLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisConcurrencyLimiterBuilder {
-    node: Node,
-    timeout: Duration,
+    settings: StoreSettings,
     ttl: Duration,
-    prefix: String,
 }
 
 /// A permit held on Redis: our token in the key's set.
@@ -287,29 +285,24 @@ impl RedisConcurrencyLimiter {
 
 impl RedisConcurrencyLimiterBuilder {
     fn new(node: Node) -> Self {
+        let (timeout, prefix) = (DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_CONCURRENCY_PREFIX);
         Self {
-            node,
-            timeout: DEFAULT_CONCURRENCY_TIMEOUT,
+            settings: StoreSettings::new(node, timeout, prefix),
             ttl: DEFAULT_PERMIT_TTL,
-            prefix: DEFAULT_CONCURRENCY_PREFIX.to_owned(),
         }
     }
 
-    /// The prefix put before every key, so that several applications can share Redis.
-    /// Default `"tower-redlock-concurrency:"` ([`DEFAULT_CONCURRENCY_PREFIX`]); at most
-    /// 128 bytes, no control characters, no `{` or `}` (the key itself is the hash tag).
-    /// Keep it apart from the lock backends' and the rate limiter's prefixes.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
+    crate::backend::store::node_store_setters! {
+        /// The prefix put before every key, so that several applications can share Redis.
+        /// Default `"tower-redlock-concurrency:"` ([`DEFAULT_CONCURRENCY_PREFIX`]); at most
+        /// 128 bytes, no control characters, no `{` or `}` (the key itself is the hash
+        /// tag). Keep it apart from the lock backends' and the rate limiter's prefixes.
+        prefix;
 
-    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
-    /// 1 ms are raised to 1 ms. When it passes, the request is answered 503, or let
-    /// through when the layer fails open.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
+        /// The bound on one call to Redis, connecting included. Default 100 ms; values
+        /// under 1 ms are raised to 1 ms. When it passes, the request is answered 503, or
+        /// let through when the layer fails open.
+        timeout;
     }
 
     /// How long a permit lives without renewal: the longest a dead replica's permits stay
@@ -332,7 +325,7 @@ impl RedisConcurrencyLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
-        let store = NodeStore::connect(self.node, self.timeout, self.prefix).await?;
+        let store = self.settings.connect().await?;
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
                 store,

@@ -10,7 +10,7 @@ use super::quota::{Quota, Usage};
 use super::{RateLimitError, rate_verdict};
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
-use crate::backend::store::NodeStore;
+use crate::backend::store::{NodeStore, StoreSettings};
 use crate::error::ConfigError;
 
 /// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock-rate:"`.
@@ -97,9 +97,7 @@ impl fmt::Debug for RedisRateLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisRateLimiterBuilder {
-    node: Node,
-    timeout: Duration,
-    prefix: String,
+    settings: StoreSettings,
 }
 
 impl RedisRateLimiter {
@@ -156,28 +154,22 @@ impl RedisRateLimiter {
 impl RedisRateLimiterBuilder {
     fn new(node: Node) -> Self {
         Self {
-            node,
-            timeout: DEFAULT_RATE_TIMEOUT,
-            prefix: DEFAULT_RATE_PREFIX.to_owned(),
+            settings: StoreSettings::new(node, DEFAULT_RATE_TIMEOUT, DEFAULT_RATE_PREFIX),
         }
     }
 
-    /// The prefix put before every key, so that several applications can share Redis.
-    /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
-    /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
-    /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal a
-    /// counter's key.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
+    crate::backend::store::node_store_setters! {
+        /// The prefix put before every key, so that several applications can share Redis.
+        /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
+        /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
+        /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal
+        /// a counter's key.
+        prefix;
 
-    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
-    /// 1 ms are raised to 1 ms. When it passes, the request is let through or answered
-    /// 503, as the layer is configured.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
+        /// The bound on one call to Redis, connecting included. Default 100 ms; values
+        /// under 1 ms are raised to 1 ms. When it passes, the request is let through or
+        /// answered 503, as the layer is configured.
+        timeout;
     }
 
     /// Checks the configuration and connects, bounded by the timeout. A node that cannot
@@ -192,7 +184,7 @@ impl RedisRateLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
-        let store = NodeStore::connect(self.node, self.timeout, self.prefix).await?;
+        let store = self.settings.connect().await?;
         Ok(RedisRateLimiter {
             store: Arc::new(store),
         })
