@@ -9,6 +9,30 @@ use crate::backend::redlock::Redlock;
 use crate::error::LockError;
 use crate::lease::Lease;
 
+/// One call on whichever backend a [`Locks`] holds, written once: `b` is bound to the
+/// [`Redlock`] or the [`MemoryLocks`], and `$call` is the same method call on either
+/// (they share the method's name and arguments).
+///
+/// - `on_backend!(locks, b => b.lock(resource).await)`: the call as written, on both.
+/// - `on_backend!(locks, b => b.try_lock(resource), awaited on Redlock)`: the in-process
+///   backend answers at once, so only the Redlock's call is awaited.
+macro_rules! on_backend {
+    ($locks:expr, $b:ident => $call:expr) => {
+        match &$locks.backend {
+            #[cfg(feature = "redis")]
+            $crate::backend::handle::Backend::Redlock($b) => $call,
+            $crate::backend::handle::Backend::Memory($b) => $call,
+        }
+    };
+    ($locks:expr, $b:ident => $call:expr, awaited on Redlock) => {
+        match &$locks.backend {
+            #[cfg(feature = "redis")]
+            $crate::backend::handle::Backend::Redlock($b) => $call.await,
+            $crate::backend::handle::Backend::Memory($b) => $call,
+        }
+    };
+}
+
 mod modes;
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
@@ -63,11 +87,7 @@ impl Locks {
 
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.ttl(),
-            Backend::Memory(m) => m.ttl(),
-        }
+        on_backend!(self, b => b.ttl())
     }
 
     /// One acquisition attempt; see [`Redlock::try_lock`] and [`MemoryLocks::try_lock`].
@@ -77,11 +97,7 @@ impl Locks {
     /// [`LockError::Taken`], [`LockError::NoQuorum`], [`LockError::TooSlow`] or
     /// [`LockError::InvalidKey`].
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.try_lock(resource).await,
-            Backend::Memory(m) => m.try_lock(resource),
-        }
+        on_backend!(self, b => b.try_lock(resource), awaited on Redlock)
     }
 
     /// Acquisition with retries; see [`Redlock::lock`] and [`MemoryLocks::lock`].
@@ -90,11 +106,7 @@ impl Locks {
     ///
     /// The error of the last attempt.
     pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock(resource).await,
-            Backend::Memory(m) => m.lock(resource).await,
-        }
+        on_backend!(self, b => b.lock(resource).await)
     }
 
     /// One attempt on several resources at once, all of them or none, with one token,
@@ -128,11 +140,7 @@ impl Locks {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.try_lock_all(resources).await,
-            Backend::Memory(m) => m.try_lock_all(resources),
-        }
+        on_backend!(self, b => b.try_lock_all(resources), awaited on Redlock)
     }
 
     /// [`try_lock_all`](Self::try_lock_all) with retries; see [`Redlock::lock_all`] and
@@ -146,11 +154,7 @@ impl Locks {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_all(resources).await,
-            Backend::Memory(m) => m.lock_all(resources).await,
-        }
+        on_backend!(self, b => b.lock_all(resources).await)
     }
 
     /// One attempt on keys that already have the prefix, sorted and distinct.
@@ -177,11 +181,7 @@ impl Locks {
         resource: &str,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_within(resource, max_wait).await,
-            Backend::Memory(m) => m.lock_within(resource, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_within(resource, max_wait).await)
     }
 
     /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
@@ -190,20 +190,12 @@ impl Locks {
         key: std::sync::Arc<str>,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_key_within(key, max_wait).await,
-            Backend::Memory(m) => m.lock_key_within(key, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_key_within(key, max_wait).await)
     }
 
     /// The prefix the backend puts before every key.
     pub fn prefix(&self) -> &str {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.prefix(),
-            Backend::Memory(m) => m.prefix(),
-        }
+        on_backend!(self, b => b.prefix())
     }
 
     /// Extends the lease to a full TTL from now; see [`Redlock::extend`].
@@ -212,11 +204,7 @@ impl Locks {
     ///
     /// [`LockError::Expired`], [`LockError::NoQuorum`] or [`LockError::TooSlow`].
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.extend(lease).await,
-            Backend::Memory(m) => m.extend(lease),
-        }
+        on_backend!(self, b => b.extend(lease), awaited on Redlock)
     }
 
     /// Releases the lease; see [`Redlock::unlock`].
@@ -226,11 +214,7 @@ impl Locks {
     /// [`LockError::Expired`] when it had already run out, [`LockError::NoQuorum`] when
     /// too few nodes answered.
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.unlock(lease).await,
-            Backend::Memory(m) => m.unlock(lease),
-        }
+        on_backend!(self, b => b.unlock(lease), awaited on Redlock)
     }
 
     /// Looks for the idempotency record of `key` and, when there is none, acquires `key`;
@@ -279,11 +263,7 @@ impl Locks {
     /// backend observed for the key's scope, bounded by `holder_left`; `holder_left`
     /// without an observation (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.retry_estimate(key, holder_left),
-            Backend::Memory(m) => m.retry_estimate(key, holder_left),
-        }
+        on_backend!(self, b => b.retry_estimate(key, holder_left))
     }
 
     /// A lock error with the `Retry-After` of a contended `key` estimated from the hold
@@ -302,7 +282,6 @@ impl Locks {
         match &self.backend {
             Backend::Memory(m) => Some(m),
             #[cfg(feature = "redis")]
-            #[cfg(feature = "redis")]
             Backend::Redlock(_) => None,
         }
     }
@@ -311,11 +290,7 @@ impl Locks {
     /// [`lock`](Self::lock) would take for it (prefixed, escaped).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
-        let id = match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.id(),
-            Backend::Memory(m) => m.id(),
-        };
+        let id = on_backend!(self, b => b.id());
         lease.backend == id
             && crate::key::with_scratch(|key| {
                 key.push_str(self.prefix());

@@ -12,8 +12,9 @@
 //!   concurrency permit);
 //! - what they share: [`settings`] (TTL, retries, prefix), [`wait`] (this process's
 //!   waiters) and [`hold`] (the hold times behind `Retry-After`); and for Redis, [`node`]
-//!   (the topologies: one server, a cluster, a Sentinel service) and [`connection`] (a
-//!   node's connection, replaced after failures).
+//!   (the topologies: one server, a cluster, a Sentinel service), [`connection`] (a
+//!   node's connection, replaced after failures) and `store` (the connection, timeout
+//!   and prefix of the limiters' stores on one node).
 
 /// The hash map of this crate's per-key tables (holders, attempts in flight, waiters,
 /// counters, hold times): foldhash's fast hasher, seeded at random per map (keys come
@@ -44,6 +45,11 @@ pub(crate) mod renewal;
 pub(crate) mod settings;
 #[cfg(feature = "lock")]
 pub(crate) mod status;
+#[cfg(all(
+    feature = "redis",
+    any(feature = "rate-limit", feature = "concurrency-limit")
+))]
+pub(crate) mod store;
 #[cfg(feature = "lock")]
 pub(crate) mod wait;
 #[cfg(feature = "lock")]

@@ -7,7 +7,6 @@ use super::policy::ConcurrencyPolicy;
 use crate::backend::concurrency::ConcurrencyLimiter;
 use crate::backend::renewal::Renewal;
 use crate::key::{FnKey, GlobalKey, HeaderKey, KeyExtractor};
-use crate::keyed::layer::header_name;
 use crate::keyed::{Keyed, KeyedLayer};
 
 /// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
@@ -61,14 +60,7 @@ impl ConcurrencyLimitLayer<HeaderKey> {
         N: TryInto<HeaderName>,
         N::Error: std::fmt::Display,
     {
-        let (name, mistake) = header_name(name, "ConcurrencyLimitLayer::by_header");
-        let detail = format!("This endpoint requires a non-empty {name} header.");
-        KeyedLayer::from_parts(
-            HeaderKey::new(name),
-            ConcurrencyPolicy::new(limit),
-            Cow::Owned(detail),
-        )
-        .misconfigured_by(mistake)
+        KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit))
     }
 }
 
@@ -80,16 +72,11 @@ impl ConcurrencyLimitLayer<crate::key::PathParamKey> {
     /// `Router::route_layer` or `MethodRouter::layer` so that the router has found the
     /// parameter; misplaced, it answers 500 and logs the fix once.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, limit: u32) -> Self {
-        let key = crate::key::PathParamKey::new(name);
-        let mistake = key.name().is_empty().then(|| {
-            "ConcurrencyLimitLayer::by_path_param: the parameter name is empty".to_owned()
-        });
-        KeyedLayer::from_parts(
-            key,
+        KeyedLayer::from_path_param(
+            name,
             ConcurrencyPolicy::new(limit),
-            Cow::Borrowed("The request has no path parameter to limit on."),
+            "The request has no path parameter to limit on.",
         )
-        .misconfigured_by(mistake)
     }
 }
 
@@ -121,40 +108,31 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
 }
 
 impl<K> ConcurrencyLimitLayer<K> {
-    /// The store of the permits: a
-    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) to share one limit
-    /// across replicas, a [`MemoryConcurrencyLimiter`](crate::MemoryConcurrencyLimiter),
-    /// or a [`ConcurrencyLimiter`]. Default: the process-wide in-process store
-    /// ([`ConcurrencyLimiter::default`]), which limits per process.
-    pub fn backend(mut self, limiter: impl Into<ConcurrencyLimiter>) -> Self {
-        self.policy_mut().limiter = limiter.into();
-        self
-    }
+    crate::keyed::policy_setters! {
+        /// The store of the permits: a
+        /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) to share one limit
+        /// across replicas, a
+        /// [`MemoryConcurrencyLimiter`](crate::MemoryConcurrencyLimiter), or a
+        /// [`ConcurrencyLimiter`]. Default: the process-wide in-process store
+        /// ([`ConcurrencyLimiter::default`]), which limits per process.
+        fn backend(limiter: impl Into<ConcurrencyLimiter>) => limiter;
 
-    /// How long a request over the limit waits for a permit before it is answered 503.
-    /// Default zero: answered at once. While it waits it tries again after 5 ms, then
-    /// after twice as long each time up to 100 ms, with jitter; it never waits past
-    /// `max_wait`. The inner service is not called while it waits.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.policy_mut().max_wait = max_wait;
-        self
-    }
+        /// How long a request over the limit waits for a permit before it is answered 503.
+        /// Default zero: answered at once. While it waits it tries again after 5 ms, then
+        /// after twice as long each time up to 100 ms, with jitter; it never waits past
+        /// `max_wait`. The inner service is not called while it waits.
+        fn max_wait(max_wait: Duration) => max_wait;
 
-    /// How a Redis permit is renewed while its request runs. Default: every TTL/3, for at
-    /// most 10 × TTL in all ([`Renewal::default`]); a request that runs longer keeps
-    /// running, but its permit then expires and stops counting. In-process permits never
-    /// expire and need no renewal.
-    pub fn renewal(mut self, renewal: Renewal) -> Self {
-        self.policy_mut().renewal = renewal;
-        self
-    }
+        /// How a Redis permit is renewed while its request runs. Default: every TTL/3, for
+        /// at most 10 × TTL in all ([`Renewal::default`]); a request that runs longer keeps
+        /// running, but its permit then expires and stops counting. In-process permits
+        /// never expire and need no renewal.
+        fn renewal(renewal: Renewal) => renewal;
 
-    /// The `Retry-After` of the 503 over the limit, in whole seconds rounded up (at least
-    /// 1). Default 1 s: a permit frees when any request in flight ends, which the layer
-    /// cannot foresee.
-    pub fn retry_after(mut self, after: Duration) -> Self {
-        self.policy_mut().retry_after = after;
-        self
+        /// The `Retry-After` of the 503 over the limit, in whole seconds rounded up (at
+        /// least 1). Default 1 s: a permit frees when any request in flight ends, which the
+        /// layer cannot foresee.
+        fn retry_after(after: Duration) => retry_after;
     }
 
     /// The limit: at most this many requests in flight per key.

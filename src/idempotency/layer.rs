@@ -107,25 +107,41 @@ impl IdempotencyLayer {
         }
     }
 
-    fn policy(&mut self) -> &mut IdempotencyPolicy {
+    /// The policy's settings, to change.
+    fn policy_mut(&mut self) -> &mut IdempotencyPolicy {
         self.keyed.policy_mut()
     }
 
-    /// The lock backend, which also keeps the records: on Redis ([`Redlock`](crate::Redlock))
-    /// they live on the lock's nodes and are shared by every replica; in process, beside
-    /// the locks, in bounded memory
-    /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
-    pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
-        self.policy().locks = locks.into();
-        self
-    }
+    crate::keyed::policy_setters! {
+        /// The lock backend, which also keeps the records: on Redis
+        /// ([`Redlock`](crate::Redlock)) they live on the lock's nodes and are shared by
+        /// every replica; in process, beside the locks, in bounded memory
+        /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
+        fn backend(locks: impl Into<Locks>) => locks;
 
-    /// How long a record is kept, from the end of its first request. Default 24 hours
-    /// ([`DEFAULT_RECORD_TTL`]); a retry after that runs again. Publish it to your clients,
-    /// as the draft asks.
-    pub fn record_ttl(mut self, ttl: Duration) -> Self {
-        self.policy().record_ttl = ttl;
-        self
+        /// How long a record is kept, from the end of its first request. Default 24 hours
+        /// ([`DEFAULT_RECORD_TTL`]); a retry after that runs again. Publish it to your
+        /// clients, as the draft asks.
+        fn record_ttl(ttl: Duration) => record_ttl;
+
+        /// The largest response body stored, in bytes. Default 1 MiB
+        /// ([`DEFAULT_MAX_RESPONSE_BODY`]). A longer body (or one that does not end within
+        /// the lease) is sent in full but not stored: retries within the record TTL get a
+        /// problem saying that the result cannot be replayed, and the request never runs
+        /// twice.
+        fn max_response_body(bytes: usize) => max_response_body;
+
+        /// Which statuses are stored; default [`default_storable`].
+        fn storable(storable: fn(StatusCode) -> bool) => storable;
+
+        /// How long a retry that arrives while the first request runs waits for it to
+        /// finish (and then gets its response). Default zero: 409 Conflict with
+        /// `Retry-After` at once.
+        fn max_wait(max_wait: Duration) => max_wait;
+
+        /// How the lease of a running first request is renewed; default
+        /// [`Renewal::default`].
+        fn renewal(renewal: Renewal) => renewal;
     }
 
     /// The largest request body read, in bytes; a longer one is answered 413 Content Too
@@ -136,26 +152,11 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The largest response body stored, in bytes. Default 1 MiB
-    /// ([`DEFAULT_MAX_RESPONSE_BODY`]). A longer body (or one that does not end within
-    /// the lease) is sent in full but not stored: retries within the record TTL get a
-    /// problem saying that the result cannot be replayed, and the request never runs twice.
-    pub fn max_response_body(mut self, bytes: usize) -> Self {
-        self.policy().max_response_body = bytes;
-        self
-    }
-
     /// The response headers stored and replayed; default [`DEFAULT_STORED_HEADERS`].
     /// Headers about one transmission (`date`, `content-length`, `set-cookie`, ...) are
     /// left out on purpose.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.policy().stored_headers = names.into_iter().collect();
-        self
-    }
-
-    /// Which statuses are stored; default [`default_storable`].
-    pub fn storable(mut self, storable: fn(StatusCode) -> bool) -> Self {
-        self.policy().storable = storable;
+        self.policy_mut().stored_headers = names.into_iter().collect();
         self
     }
 
@@ -182,19 +183,6 @@ impl IdempotencyLayer {
     {
         let core = self.keyed.core_mut();
         core.extractor = Arc::new(core.extractor.with_tenant(Arc::new(f)));
-        self
-    }
-
-    /// How long a retry that arrives while the first request runs waits for it to finish
-    /// (and then gets its response). Default zero: 409 Conflict with `Retry-After` at once.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.policy().max_wait = max_wait;
-        self
-    }
-
-    /// How the lease of a running first request is renewed; default [`Renewal::default`].
-    pub fn renewal(mut self, renewal: Renewal) -> Self {
-        self.policy().renewal = renewal;
         self
     }
 }

@@ -10,9 +10,11 @@ use tower_layer::Layer;
 
 use super::policy::{Decision, Policy};
 use super::service::Keyed;
+#[cfg(feature = "axum")]
+use crate::key::PathParamKey;
 use crate::key::{
-    KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value, with_scratch,
-    write_key_head,
+    HeaderKey, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value,
+    with_scratch, write_key_head,
 };
 use crate::problem::Problem;
 
@@ -155,6 +157,40 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     }
 }
 
+impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
+    /// The layer of a `by_header` constructor: keys from the header `name`, decided by
+    /// `policy`; a request without the header is answered 400 naming it. When `name` is
+    /// not a header name, the layer answers 500 and logs why once.
+    pub(crate) fn from_header<N>(name: N, policy: P) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Display,
+    {
+        let (name, mistake) = header_name(name, &format!("{}::by_header", P::LAYER));
+        let detail = format!("This endpoint requires a non-empty {name} header.");
+        Self::from_parts(HeaderKey::new(name), policy, Cow::Owned(detail)).misconfigured_by(mistake)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<P: Policy + Clone> KeyedLayer<PathParamKey, P> {
+    /// The layer of a `by_path_param` constructor: keys from the axum path parameter
+    /// `name`, decided by `policy`; `missing` is the 400 detail for a request without the
+    /// parameter. An empty `name` makes the layer answer 500 and log why once.
+    pub(crate) fn from_path_param(
+        name: impl Into<Cow<'static, str>>,
+        policy: P,
+        missing: &'static str,
+    ) -> Self {
+        let key = PathParamKey::new(name);
+        let mistake = key
+            .name()
+            .is_empty()
+            .then(|| format!("{}::by_path_param: the parameter name is empty", P::LAYER));
+        Self::from_parts(key, policy, Cow::Borrowed(missing)).misconfigured_by(mistake)
+    }
+}
+
 impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
     type Service = Keyed<S, K, P>;
 
@@ -203,13 +239,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             return self.step_all(parts);
         }
         let read = with_scratch(|key| {
-            write_key_head(
-                key,
-                self.policy.prefix(),
-                self.scope.as_deref(),
-                &*self.extractor,
-                parts,
-            );
+            self.write_key_head(key, parts);
             let value = match self.extractor.extract(parts) {
                 Ok(Some(value)) => value,
                 Ok(None) => return Err(None),
@@ -226,6 +256,18 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         }
     }
 
+    /// Writes the head of this layer's keys, `{prefix}{scope}:`, in `key`: the policy's
+    /// prefix, then the layer's fixed scope or else the extractor's for this request.
+    fn write_key_head(&self, key: &mut String, parts: &Parts) {
+        write_key_head(
+            key,
+            self.policy.prefix(),
+            self.scope.as_deref(),
+            &*self.extractor,
+            parts,
+        );
+    }
+
     /// [`step`](Self::step) for an extractor of several keys: each value is checked and
     /// written as one key would be, and the policy decides for the set (sorted, distinct).
     fn step_all(&self, parts: &mut Parts) -> Step<P::Permit> {
@@ -240,13 +282,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                 return self.unread(Some(e), parts);
             }
             keys.push(with_scratch(|key| {
-                write_key_head(
-                    key,
-                    self.policy.prefix(),
-                    self.scope.as_deref(),
-                    &*self.extractor,
-                    parts,
-                );
+                self.write_key_head(key, parts);
                 push_escaped(key, value);
                 Arc::<str>::from(key.as_str())
             }));

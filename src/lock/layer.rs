@@ -58,14 +58,7 @@ impl LockLayer<HeaderKey> {
         N: TryInto<HeaderName>,
         N::Error: std::fmt::Display,
     {
-        let (name, mistake) = header_name(name, "LockLayer::by_header");
-        let detail = format!("This endpoint requires a non-empty {name} header.");
-        KeyedLayer::from_parts(
-            HeaderKey::new(name),
-            LockPolicy::new(StatusCode::CONFLICT),
-            Cow::Owned(detail),
-        )
-        .misconfigured_by(mistake)
+        KeyedLayer::from_header(name, LockPolicy::new(StatusCode::CONFLICT))
     }
 }
 
@@ -86,17 +79,11 @@ impl LockLayer<crate::key::PathParamKey> {
     /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
     /// replica locks on its own.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
-        let key = crate::key::PathParamKey::new(name);
-        let mistake = key
-            .name()
-            .is_empty()
-            .then(|| "LockLayer::by_path_param: the parameter name is empty".to_owned());
-        KeyedLayer::from_parts(
-            key,
+        KeyedLayer::from_path_param(
+            name,
             LockPolicy::new(StatusCode::LOCKED),
-            Cow::Borrowed("The request has no path parameter to lock on."),
+            "The request has no path parameter to lock on.",
         )
-        .misconfigured_by(mistake)
     }
 }
 
@@ -171,57 +158,44 @@ impl<K: KeyExtractor> LockLayer<K> {
 }
 
 impl<K> LockLayer<K> {
-    /// The lock backend: a [`Redlock`](crate::Redlock), [`MemoryLocks`](crate::MemoryLocks)
-    /// or [`Locks`]. Default: the process-wide in-process backend ([`Locks::default`]).
-    pub fn backend(mut self, locks: impl Into<Locks>) -> Self {
-        self.policy_mut().locks = locks.into();
-        self
-    }
+    crate::keyed::policy_setters! {
+        /// The lock backend: a [`Redlock`](crate::Redlock),
+        /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the process-wide
+        /// in-process backend ([`Locks::default`]).
+        fn backend(locks: impl Into<Locks>) => locks;
 
-    /// The status sent when the lock is held by another request. Default 409 Conflict for
-    /// `by_header` (a request with that key is in flight), 423 Locked otherwise.
-    pub fn taken_status(mut self, status: StatusCode) -> Self {
-        self.policy_mut().taken_status = status;
-        self
-    }
+        /// The status sent when the lock is held by another request. Default 409 Conflict
+        /// for `by_header` (a request with that key is in flight), 423 Locked otherwise.
+        fn taken_status(status: StatusCode) => taken_status;
 
-    /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
-    /// woken when the holder releases (Redis pub/sub; see
-    /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again. Default
-    /// zero: answer at once. The wait counts against the client's own timeout, so keep it
-    /// short. An acquisition attempt in flight at the deadline runs to its end, so the
-    /// answer can come up to one node timeout after `max_wait`.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.policy_mut().max_wait = max_wait;
-        self
-    }
+        /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
+        /// woken when the holder releases (Redis pub/sub; see
+        /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again.
+        /// Default zero: answer at once. The wait counts against the client's own timeout,
+        /// so keep it short. An acquisition attempt in flight at the deadline runs to its
+        /// end, so the answer can come up to one node timeout after `max_wait`.
+        fn max_wait(max_wait: Duration) => max_wait;
 
-    /// How the lease is renewed while the request runs (its inner future and its response
-    /// body). Default: every TTL/3, for at most 10 × TTL in all ([`Renewal::default`]);
-    /// [`Renewal::disabled`] lets the lease run out after one TTL.
-    pub fn renewal(mut self, renewal: Renewal) -> Self {
-        self.policy_mut().renewal = renewal;
-        self
-    }
+        /// How the lease is renewed while the request runs (its inner future and its
+        /// response body). Default: every TTL/3, for at most 10 × TTL in all
+        /// ([`Renewal::default`]); [`Renewal::disabled`] lets the lease run out after one
+        /// TTL.
+        fn renewal(renewal: Renewal) => renewal;
 
-    /// What happens when the lease is lost while the request runs. Default
-    /// [`OnLockLoss::Abort`]: the inner future is dropped, never polled past the lease's
-    /// validity, and the client gets 503; once the response head is out, the body ends
-    /// with an error instead (the client sees a cut response).
-    pub fn on_lock_loss(mut self, on_loss: OnLockLoss) -> Self {
-        self.policy_mut().on_loss = on_loss;
-        self
-    }
+        /// What happens when the lease is lost while the request runs. Default
+        /// [`OnLockLoss::Abort`]: the inner future is dropped, never polled past the
+        /// lease's validity, and the client gets 503; once the response head is out, the
+        /// body ends with an error instead (the client sees a cut response).
+        fn on_lock_loss(on_loss: OnLockLoss) => on_loss;
 
-    /// Whether the lease is released once the response head is ready instead of when the
-    /// response body has ended. Default `false`: the lease covers the whole response, so
-    /// a streamed body is produced under the lock, and it is released as the last frame is
-    /// handed on, before the client can see the end of the response (a client that sends
-    /// its next request after reading the response never meets its own lock). Set `true`
-    /// for long streams that must not hold a lock: the body then runs unlocked.
-    pub fn release_at_head(mut self, release_at_head: bool) -> Self {
-        self.policy_mut().release_at_head = release_at_head;
-        self
+        /// Whether the lease is released once the response head is ready instead of when
+        /// the response body has ended. Default `false`: the lease covers the whole
+        /// response, so a streamed body is produced under the lock, and it is released as
+        /// the last frame is handed on, before the client can see the end of the response
+        /// (a client that sends its next request after reading the response never meets its
+        /// own lock). Set `true` for long streams that must not hold a lock: the body then
+        /// runs unlocked.
+        fn release_at_head(release_at_head: bool) => release_at_head;
     }
 
     /// Sends the lease's fencing token to the inner service in this request header (for

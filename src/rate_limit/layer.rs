@@ -74,14 +74,7 @@ impl RateLimitLayer<HeaderKey> {
         N: TryInto<HeaderName>,
         N::Error: std::fmt::Display,
     {
-        let (name, mistake) = header_name(name, "RateLimitLayer::by_header");
-        let detail = format!("This endpoint requires a non-empty {name} header.");
-        KeyedLayer::from_parts(
-            HeaderKey::new(name),
-            RateLimitPolicy::new(quota),
-            Cow::Owned(detail),
-        )
-        .misconfigured_by(mistake)
+        KeyedLayer::from_header(name, RateLimitPolicy::new(quota))
     }
 }
 
@@ -115,17 +108,11 @@ impl RateLimitLayer<crate::key::PathParamKey> {
     /// `Router::layer` after the routes) so that the router has found the parameter;
     /// misplaced, it answers 500 and logs the fix once.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, quota: Quota) -> Self {
-        let key = crate::key::PathParamKey::new(name);
-        let mistake = key
-            .name()
-            .is_empty()
-            .then(|| "RateLimitLayer::by_path_param: the parameter name is empty".to_owned());
-        KeyedLayer::from_parts(
-            key,
+        KeyedLayer::from_path_param(
+            name,
             RateLimitPolicy::new(quota),
-            Cow::Borrowed("The request has no path parameter to rate limit on."),
+            "The request has no path parameter to rate limit on.",
         )
-        .misconfigured_by(mistake)
     }
 }
 
@@ -167,13 +154,13 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
 }
 
 impl<K> RateLimitLayer<K> {
-    /// The store of the counts: a [`RedisRateLimiter`](crate::RedisRateLimiter) to share
-    /// one limit across replicas, a [`MemoryRateLimiter`](crate::MemoryRateLimiter), or a
-    /// [`RateLimiter`]. Default: the process-wide in-process store
-    /// ([`RateLimiter::default`]), which counts per process.
-    pub fn backend(mut self, limiter: impl Into<RateLimiter>) -> Self {
-        self.policy_mut().limiter = limiter.into();
-        self
+    crate::keyed::policy_setters! {
+        /// The store of the counts: a [`RedisRateLimiter`](crate::RedisRateLimiter) to
+        /// share one limit across replicas, a
+        /// [`MemoryRateLimiter`](crate::MemoryRateLimiter), or a [`RateLimiter`]. Default:
+        /// the process-wide in-process store ([`RateLimiter::default`]), which counts per
+        /// process.
+        fn backend(limiter: impl Into<RateLimiter>) => limiter;
     }
 
     /// Also sends the legacy headers `X-RateLimit-Limit` (the limit),

@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Script};
+use redis::Script;
 
 use super::ConcurrencyError;
-use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
-use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+use crate::backend::store::{NodeStore, StoreSettings};
+use crate::error::{ConfigError, NodeFailureReason};
 
 /// Default key prefix of [`RedisConcurrencyLimiter`]: `"tower-redlock-concurrency:"`.
 ///
@@ -128,20 +128,17 @@ pub struct RedisConcurrencyLimiter {
 }
 
 struct RedisInner {
-    label: String,
-    conn: Connection,
-    timeout: Duration,
+    store: NodeStore,
     ttl: Duration,
-    prefix: Arc<str>,
 }
 
 impl fmt::Debug for RedisConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConcurrencyLimiter")
-            .field("node", &self.inner.label)
-            .field("timeout", &self.inner.timeout)
+            .field("node", &self.inner.store.label)
+            .field("timeout", &self.inner.store.timeout)
             .field("permit_ttl", &self.inner.ttl)
-            .field("prefix", &self.inner.prefix)
+            .field("prefix", &self.inner.store.prefix)
             .finish()
     }
 }
@@ -150,10 +147,8 @@ impl fmt::Debug for RedisConcurrencyLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisConcurrencyLimiterBuilder {
-    node: Node,
-    timeout: Duration,
+    settings: StoreSettings,
     ttl: Duration,
-    prefix: String,
 }
 
 /// A permit held on Redis: our token in the key's set.
@@ -182,30 +177,15 @@ fn validity(start: Instant, ttl: Duration) -> Instant {
 }
 
 impl RedisConcurrencyLimiter {
-    /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
-    pub fn builder(url: impl AsRef<str>) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(Node::url(url))
+    crate::backend::store::node_store_methods! {
+        RedisConcurrencyLimiterBuilder,
+        /// Starts a builder from a [`Node`]: one server, a Redis Cluster (each key's set is
+        /// one key, in its own hash slot) or a Sentinel service.
     }
 
-    /// Starts a builder from a ready redis-rs client.
-    pub fn from_client(client: Client) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(Node::client(client))
-    }
-
-    /// Starts a builder from a [`Node`]: one server, a Redis Cluster (each key's set is
-    /// one key, in its own hash slot) or a Sentinel service.
-    pub fn from_node(node: Node) -> RedisConcurrencyLimiterBuilder {
-        RedisConcurrencyLimiterBuilder::new(node)
-    }
-
-    /// The prefix put before every key.
-    pub fn prefix(&self) -> &str {
-        &self.inner.prefix
-    }
-
-    /// The bound on one call.
-    pub fn timeout(&self) -> Duration {
-        self.inner.timeout
+    /// The store's connection and settings.
+    fn store(&self) -> &NodeStore {
+        &self.inner.store
     }
 
     /// How long a permit lives without renewal.
@@ -213,23 +193,16 @@ impl RedisConcurrencyLimiter {
         self.inner.ttl
     }
 
-    fn failure(&self, reason: NodeFailureReason) -> ConcurrencyError {
-        ConcurrencyError::Unavailable(NodeFailure {
-            node: self.inner.label.clone(),
-            reason,
-        })
-    }
-
-    /// Runs `call` bounded by the timeout.
+    /// Runs `call` bounded by the timeout; a failure makes the store unavailable.
     async fn bounded<T>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, ConcurrencyError> {
-        match tokio::time::timeout(self.inner.timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(self.failure(NodeFailureReason::Redis(e))),
-            Err(_) => Err(self.failure(NodeFailureReason::Timeout(self.inner.timeout))),
-        }
+        self.inner
+            .store
+            .bounded(call)
+            .await
+            .map_err(ConcurrencyError::Unavailable)
     }
 
     /// Takes a permit on `resource` if fewer than `limit` are live: one round trip.
@@ -240,13 +213,13 @@ impl RedisConcurrencyLimiter {
     ) -> Result<RedisSlot, ConcurrencyError> {
         check_resource(resource)?;
         let inner = &*self.inner;
-        let mut key = String::with_capacity(inner.prefix.len() + resource.len() + 2);
-        key.push_str(&inner.prefix);
+        let mut key = String::with_capacity(inner.store.prefix.len() + resource.len() + 2);
+        key.push_str(&inner.store.prefix);
         key.push('{');
         key.push_str(resource);
         key.push('}');
         let token = token();
-        let mut conn = inner.conn.clone();
+        let mut conn = inner.store.conn();
         let mut invocation = ACQUIRE.key(&key);
         invocation
             .arg(limit)
@@ -285,7 +258,7 @@ impl RedisConcurrencyLimiter {
     /// Moves the expiry of the permit `token` on `key` one TTL on, if it is still held:
     /// the new end of its validity.
     pub(crate) async fn renew(&self, key: &str, token: &str) -> Result<Instant, ConcurrencyError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.store.conn();
         let mut invocation = RENEW.key(key);
         invocation.arg(token).arg(self.inner.ttl.as_millis() as u64);
         let start = Instant::now();
@@ -302,7 +275,7 @@ impl RedisConcurrencyLimiter {
 
     /// Gives back the permit `token` on `key`: one `ZREM`.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.store.conn();
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key).arg(token);
         self.bounded(cmd.query_async::<i64>(&mut conn)).await?;
@@ -312,29 +285,24 @@ impl RedisConcurrencyLimiter {
 
 impl RedisConcurrencyLimiterBuilder {
     fn new(node: Node) -> Self {
+        let (timeout, prefix) = (DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_CONCURRENCY_PREFIX);
         Self {
-            node,
-            timeout: DEFAULT_CONCURRENCY_TIMEOUT,
+            settings: StoreSettings::new(node, timeout, prefix),
             ttl: DEFAULT_PERMIT_TTL,
-            prefix: DEFAULT_CONCURRENCY_PREFIX.to_owned(),
         }
     }
 
-    /// The prefix put before every key, so that several applications can share Redis.
-    /// Default `"tower-redlock-concurrency:"` ([`DEFAULT_CONCURRENCY_PREFIX`]); at most
-    /// 128 bytes, no control characters, no `{` or `}` (the key itself is the hash tag).
-    /// Keep it apart from the lock backends' and the rate limiter's prefixes.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
+    crate::backend::store::node_store_setters! {
+        /// The prefix put before every key, so that several applications can share Redis.
+        /// Default `"tower-redlock-concurrency:"` ([`DEFAULT_CONCURRENCY_PREFIX`]); at most
+        /// 128 bytes, no control characters, no `{` or `}` (the key itself is the hash
+        /// tag). Keep it apart from the lock backends' and the rate limiter's prefixes.
+        prefix;
 
-    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
-    /// 1 ms are raised to 1 ms. When it passes, the request is answered 503, or let
-    /// through when the layer fails open.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
+        /// The bound on one call to Redis, connecting included. Default 100 ms; values
+        /// under 1 ms are raised to 1 ms. When it passes, the request is answered 503, or
+        /// let through when the layer fails open.
+        timeout;
     }
 
     /// How long a permit lives without renewal: the longest a dead replica's permits stay
@@ -357,22 +325,12 @@ impl RedisConcurrencyLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
-        crate::backend::settings::check_prefix(&self.prefix)?;
-        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
-        let limiter = RedisConcurrencyLimiter {
+        let store = self.settings.connect().await?;
+        Ok(RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
-                label,
-                conn,
-                timeout: self.timeout,
+                store,
                 ttl: self.ttl,
-                prefix: Arc::from(self.prefix),
             }),
-        };
-        let mut conn = limiter.inner.conn.clone();
-        let ping_cmd = redis::cmd("PING");
-        if let Err(e) = limiter.bounded(ping_cmd.query_async::<()>(&mut conn)).await {
-            tracing::warn!(node = %limiter.inner.label, error = %e, "Redis not reachable yet; it will be retried");
-        }
-        Ok(limiter)
+        })
     }
 }

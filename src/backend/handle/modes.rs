@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Backend, Locks};
+use super::Locks;
 use crate::error::LockError;
 use crate::lease::{Access, Lease};
 
@@ -23,11 +23,7 @@ impl Locks {
         resource: &str,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_shared_within(resource, max_wait).await,
-            Backend::Memory(m) => m.lock_shared_within(resource, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_shared_within(resource, max_wait).await)
     }
 
     /// Takes `resource` exclusively, excluding its readers (and keeping new readers out
@@ -43,11 +39,7 @@ impl Locks {
         resource: &str,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_exclusive_within(resource, max_wait).await,
-            Backend::Memory(m) => m.lock_exclusive_within(resource, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_exclusive_within(resource, max_wait).await)
     }
 
     /// Waits up to `max_wait` in arrival order with the other fair waiters of
@@ -63,11 +55,7 @@ impl Locks {
         resource: &str,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_fair_within(resource, max_wait).await,
-            Backend::Memory(m) => m.lock_fair_within(resource, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_fair_within(resource, max_wait).await)
     }
 
     /// Shared or exclusive access to a prefixed key.
@@ -77,11 +65,7 @@ impl Locks {
         access: Access,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_access_within(key, access, max_wait).await,
-            Backend::Memory(m) => m.lock_access_within(key, access, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_access_within(key, access, max_wait).await)
     }
 
     /// A fair wait on a prefixed key.
@@ -90,10 +74,6 @@ impl Locks {
         key: Arc<str>,
         max_wait: Duration,
     ) -> Result<Lease, LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.lock_fair_key_within(key, max_wait).await,
-            Backend::Memory(m) => m.lock_fair_key_within(key, max_wait).await,
-        }
+        on_backend!(self, b => b.lock_fair_key_within(key, max_wait).await)
     }
 }

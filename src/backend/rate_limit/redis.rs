@@ -4,14 +4,14 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{Client, Script};
+use redis::Script;
 
 use super::quota::{Quota, Usage};
 use super::{RateLimitError, rate_verdict};
-use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
-use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+use crate::backend::store::{NodeStore, StoreSettings};
+use crate::error::ConfigError;
 
 /// Default key prefix of [`RedisRateLimiter`]: `"tower-redlock-rate:"`.
 ///
@@ -80,22 +80,15 @@ return {count, ttl}
 /// ```
 #[derive(Clone)]
 pub struct RedisRateLimiter {
-    inner: Arc<RedisInner>,
-}
-
-struct RedisInner {
-    label: String,
-    conn: Connection,
-    timeout: Duration,
-    prefix: Arc<str>,
+    store: Arc<NodeStore>,
 }
 
 impl fmt::Debug for RedisRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisRateLimiter")
-            .field("node", &self.inner.label)
-            .field("timeout", &self.inner.timeout)
-            .field("prefix", &self.inner.prefix)
+            .field("node", &self.store.label)
+            .field("timeout", &self.store.timeout)
+            .field("prefix", &self.store.prefix)
             .finish()
     }
 }
@@ -104,36 +97,19 @@ impl fmt::Debug for RedisRateLimiter {
 #[derive(Debug)]
 #[must_use]
 pub struct RedisRateLimiterBuilder {
-    node: Node,
-    timeout: Duration,
-    prefix: String,
+    settings: StoreSettings,
 }
 
 impl RedisRateLimiter {
-    /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
-    pub fn builder(url: impl AsRef<str>) -> RedisRateLimiterBuilder {
-        RedisRateLimiterBuilder::new(Node::url(url))
+    crate::backend::store::node_store_methods! {
+        RedisRateLimiterBuilder,
+        /// Starts a builder from a [`Node`]: one server, a Redis Cluster (the counters are
+        /// spread over its shards, each script touching one key) or a Sentinel service.
     }
 
-    /// Starts a builder from a ready redis-rs client.
-    pub fn from_client(client: Client) -> RedisRateLimiterBuilder {
-        RedisRateLimiterBuilder::new(Node::client(client))
-    }
-
-    /// Starts a builder from a [`Node`]: one server, a Redis Cluster (the counters are
-    /// spread over its shards, each script touching one key) or a Sentinel service.
-    pub fn from_node(node: Node) -> RedisRateLimiterBuilder {
-        RedisRateLimiterBuilder::new(node)
-    }
-
-    /// The prefix put before every key.
-    pub fn prefix(&self) -> &str {
-        &self.inner.prefix
-    }
-
-    /// The bound on one call.
-    pub fn timeout(&self) -> Duration {
-        self.inner.timeout
+    /// The store's connection and settings.
+    fn store(&self) -> &NodeStore {
+        &self.store
     }
 
     /// Counts one request on `resource` (stored as `{prefix}{resource}`) under `quota`,
@@ -153,27 +129,19 @@ impl RedisRateLimiter {
 
     async fn hit_untraced(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         check_resource(resource)?;
-        let inner = &*self.inner;
-        let mut key = String::with_capacity(inner.prefix.len() + resource.len());
-        key.push_str(&inner.prefix);
+        let store = &*self.store;
+        let mut key = String::with_capacity(store.prefix.len() + resource.len());
+        key.push_str(&store.prefix);
         key.push_str(resource);
-        let mut conn = inner.conn.clone();
+        let mut conn = store.conn();
         let mut invocation = HIT.key(key);
         invocation.arg(quota.window_ms());
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
-        let failure = |reason| {
-            crate::observe::node_error(&inner.label);
+        let (count, pttl_ms) = store.bounded(call).await.map_err(|failure| {
+            crate::observe::node_error(&failure.node);
             crate::observe::nodes_answered(0);
-            RateLimitError::Unavailable(NodeFailure {
-                node: inner.label.clone(),
-                reason,
-            })
-        };
-        let (count, pttl_ms) = match tokio::time::timeout(inner.timeout, call).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(e)) => return Err(failure(NodeFailureReason::Redis(e))),
-            Err(_) => return Err(failure(NodeFailureReason::Timeout(inner.timeout))),
-        };
+            RateLimitError::Unavailable(failure)
+        })?;
         crate::observe::nodes_answered(1);
         Ok(Usage {
             count: u64::try_from(count).unwrap_or(0),
@@ -186,28 +154,22 @@ impl RedisRateLimiter {
 impl RedisRateLimiterBuilder {
     fn new(node: Node) -> Self {
         Self {
-            node,
-            timeout: DEFAULT_RATE_TIMEOUT,
-            prefix: DEFAULT_RATE_PREFIX.to_owned(),
+            settings: StoreSettings::new(node, DEFAULT_RATE_TIMEOUT, DEFAULT_RATE_PREFIX),
         }
     }
 
-    /// The prefix put before every key, so that several applications can share Redis.
-    /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
-    /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
-    /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal a
-    /// counter's key.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
+    crate::backend::store::node_store_setters! {
+        /// The prefix put before every key, so that several applications can share Redis.
+        /// Default `"tower-redlock-rate:"` ([`DEFAULT_RATE_PREFIX`]); at most 128 bytes, no
+        /// control characters, no `{` or `}` (a Redis Cluster hash tag). Keep it apart from
+        /// the lock backends' prefix: a prefix that starts with theirs lets a lock key equal
+        /// a counter's key.
+        prefix;
 
-    /// The bound on one call to Redis, connecting included. Default 100 ms; values under
-    /// 1 ms are raised to 1 ms. When it passes, the request is let through or answered
-    /// 503, as the layer is configured.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
+        /// The bound on one call to Redis, connecting included. Default 100 ms; values
+        /// under 1 ms are raised to 1 ms. When it passes, the request is let through or
+        /// answered 503, as the layer is configured.
+        timeout;
     }
 
     /// Checks the configuration and connects, bounded by the timeout. A node that cannot
@@ -222,28 +184,9 @@ impl RedisRateLimiterBuilder {
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
-        crate::backend::settings::check_prefix(&self.prefix)?;
-        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
-        let limiter = RedisRateLimiter {
-            inner: Arc::new(RedisInner {
-                label,
-                conn,
-                timeout: self.timeout,
-                prefix: Arc::from(self.prefix),
-            }),
-        };
-        let mut conn = limiter.inner.conn.clone();
-        let ping_cmd = redis::cmd("PING");
-        let ping = ping_cmd.query_async::<()>(&mut conn);
-        match tokio::time::timeout(limiter.inner.timeout, ping).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(node = %limiter.inner.label, error = %e, "Redis not reachable yet; it will be retried")
-            }
-            Err(_) => {
-                tracing::warn!(node = %limiter.inner.label, timeout = ?limiter.inner.timeout, "Redis not reachable yet; it will be retried")
-            }
-        }
-        Ok(limiter)
+        let store = self.settings.connect().await?;
+        Ok(RedisRateLimiter {
+            store: Arc::new(store),
+        })
     }
 }

@@ -1,0 +1,165 @@
+//! [`NodeStore`]: what the stores on one Redis node share, the rate limiter's counters and
+//! the concurrency limiter's permits: the node's connection, the bound on every call, and
+//! the key prefix ([`StoreSettings`] in their builders); and the public methods they all
+//! have, [`node_store_methods!`] and [`node_store_setters!`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::connection::Connection;
+use crate::backend::node::Node;
+use crate::backend::settings::check_prefix;
+use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
+
+/// One node's connection with the settings of the store that uses it. Each store holds
+/// it behind its own `Arc`.
+pub(crate) struct NodeStore {
+    /// The node's address (`host:port`), without credentials.
+    pub(crate) label: String,
+    conn: Connection,
+    /// The bound on one call, connecting included.
+    pub(crate) timeout: Duration,
+    /// The prefix put before every key.
+    pub(crate) prefix: Arc<str>,
+}
+
+/// What a store's builder collects for its [`NodeStore`]: the node, the bound on one
+/// call, the key prefix.
+#[derive(Debug)]
+pub(crate) struct StoreSettings {
+    node: Node,
+    timeout: Duration,
+    prefix: String,
+}
+
+impl StoreSettings {
+    /// The store's defaults for `node`.
+    pub(crate) fn new(node: Node, timeout: Duration, prefix: &str) -> Self {
+        Self {
+            node,
+            timeout,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// Sets the key prefix (checked by [`connect`](Self::connect)).
+    pub(crate) fn set_prefix(&mut self, prefix: String) {
+        self.prefix = prefix;
+    }
+
+    /// Sets the bound on one call, at least 1 ms (shorter ones are raised to it).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout.max(Duration::from_millis(1));
+    }
+
+    /// Checks the prefix, sets up the connection to the node and pings it, bounded by the
+    /// timeout. A node that does not answer now is not an error, only a warning: every
+    /// later call tries it again.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidUrl`] for a node redis-rs cannot use,
+    /// [`ConfigError::InvalidPrefix`] or [`ConfigError::BraceInPrefix`] for a prefix that
+    /// [`check_prefix`] refuses.
+    pub(crate) async fn connect(self) -> Result<NodeStore, ConfigError> {
+        check_prefix(&self.prefix)?;
+        let (label, conn) = Connection::for_store(self.node, self.timeout)?;
+        let store = NodeStore {
+            label,
+            conn,
+            timeout: self.timeout,
+            prefix: Arc::from(self.prefix),
+        };
+        let mut conn = store.conn();
+        let ping = redis::cmd("PING");
+        if let Err(failure) = store.bounded(ping.query_async::<()>(&mut conn)).await {
+            tracing::warn!(%failure, "Redis not reachable yet; it will be retried");
+        }
+        Ok(store)
+    }
+}
+
+impl NodeStore {
+    /// A handle to the connection, for one call (clones share the connection).
+    pub(crate) fn conn(&self) -> Connection {
+        self.conn.clone()
+    }
+
+    /// Runs `call` bounded by the timeout: its reply, or the failure of this node (the
+    /// Redis error, or the timeout).
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, NodeFailure> {
+        let reason = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => return Ok(reply),
+            Ok(Err(e)) => NodeFailureReason::Redis(e),
+            Err(_) => NodeFailureReason::Timeout(self.timeout),
+        };
+        Err(NodeFailure {
+            node: self.label.clone(),
+            reason,
+        })
+    }
+}
+
+/// The public methods every store on one node has, written once (as tower-http's
+/// `define_inner_service_accessors!`): `builder`, `from_client` and `from_node`, which
+/// start a `$builder` with its `new(Node)`, and `prefix` and `timeout`, which read the
+/// [`NodeStore`] that the store's `fn store(&self) -> &NodeStore` returns. The doc
+/// comment of `from_node` comes with the call: it says how the store spreads over a
+/// Redis Cluster.
+macro_rules! node_store_methods {
+    ($builder:ident, $(#[$from_node:meta])*) => {
+        /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
+        pub fn builder(url: impl AsRef<str>) -> $builder {
+            $builder::new($crate::backend::node::Node::url(url))
+        }
+
+        /// Starts a builder from a ready redis-rs client.
+        pub fn from_client(client: ::redis::Client) -> $builder {
+            $builder::new($crate::backend::node::Node::client(client))
+        }
+
+        $(#[$from_node])*
+        pub fn from_node(node: $crate::backend::node::Node) -> $builder {
+            $builder::new(node)
+        }
+
+        /// The prefix put before every key.
+        pub fn prefix(&self) -> &str {
+            &self.store().prefix
+        }
+
+        /// The bound on one call.
+        pub fn timeout(&self) -> std::time::Duration {
+            self.store().timeout
+        }
+    };
+}
+pub(crate) use node_store_methods;
+
+/// The builder methods every store on one node has, over the builder's
+/// `settings: StoreSettings`, each with the doc comment the call gives it: `prefix` and
+/// `timeout` set the key prefix and the bound on one call
+/// ([`StoreSettings::set_prefix`], [`StoreSettings::set_timeout`]).
+macro_rules! node_store_setters {
+    (
+        $(#[$prefix:meta])* prefix;
+        $(#[$timeout:meta])* timeout;
+    ) => {
+        $(#[$prefix])*
+        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.settings.set_prefix(prefix.into());
+            self
+        }
+
+        $(#[$timeout])*
+        pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.settings.set_timeout(timeout);
+            self
+        }
+    };
+}
+pub(crate) use node_store_setters;
