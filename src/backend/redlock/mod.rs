@@ -34,6 +34,7 @@ mod fair;
 mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod keys;
 mod multi;
 mod notify;
 mod round;
@@ -56,6 +57,7 @@ use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
 use hot::HotKeys;
+use keys::Keys;
 use notify::{Notifier, UnsubscribeOnDrop};
 use round::{Answers, Stragglers};
 use scripts::Release;
@@ -371,22 +373,19 @@ impl Redlock {
     }
 
     async fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
-        if let Some(keys) = lease.set.clone() {
-            return self.extend_all(lease, keys).await;
-        }
         let start = Instant::now();
-        let ttl_ms = self.inner.policy.ttl_ms();
+        let keys = Keys::of(lease);
+        let (token, ttl_ms, fence_ms) =
+            (lease.token, self.inner.policy.ttl_ms(), self.inner.fence_ms);
         let round = self
             .on_nodes(
-                |conn| {
-                    let fence_ms = self.inner.fence_ms;
-                    shared::extend(conn, lease.key.clone(), lease.token, ttl_ms, fence_ms)
-                },
+                |conn| keys.clone().extend(conn, token, ttl_ms, fence_ms),
                 |reply| Vote::of(*reply == 1),
                 Rule::Proof,
                 Stragglers::Finish,
             )
             .await;
+        // The table of this process's holders has no sets: for them, these find nothing.
         match round.verdict {
             Verdict::Won => {
                 let elapsed = start.elapsed();
@@ -394,13 +393,11 @@ impl Redlock {
                     .validity(elapsed)
                     .ok_or(LockError::TooSlow { elapsed })?;
                 lease.valid_until = start + validity;
-                self.inner
-                    .hot
-                    .renewed(&lease.key, lease.token, lease.valid_until);
+                self.inner.hot.renewed(&lease.key, token, lease.valid_until);
                 Ok(())
             }
             Verdict::Lost => {
-                self.inner.hot.lost(&lease.key, lease.token);
+                self.inner.hot.lost(&lease.key, token);
                 Err(LockError::Expired {
                     taken_over: round.values().any(|reply| *reply == -1),
                 })
@@ -477,10 +474,7 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    /// Deletes the key on every node where it holds `token`, with the answers counted by
-    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked the key: a
-    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
-    /// (see the RELEASE script).
+    /// [`release_keys`](Self::release_keys) for the key of a lease on one key.
     async fn release_all(
         &self,
         key: &Arc<str>,
@@ -489,13 +483,8 @@ impl Redlock {
         vote: fn(&Release) -> Vote,
         stragglers: Stragglers,
     ) -> Answers<Release> {
-        self.on_nodes(
-            |conn| shared::release(conn, key.clone(), token, publish),
-            vote,
-            Rule::Proof,
-            stragglers,
-        )
-        .await
+        self.release_keys(Keys::one(key.clone()), token, publish, vote, stragglers)
+            .await
     }
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout.

@@ -289,16 +289,27 @@ pub(super) struct Attempt {
     pub(super) mark_ms: Option<u64>,
 }
 
-/// One node's answer to an acquisition attempt.
+/// One node's answer to an acquisition attempt (on one key, or on a set of keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Attempted {
-    /// The key is ours; the fencing counter as it stood (0 without fencing).
+    /// The keys are ours; the fencing counter as it stood, the highest of a set's (0
+    /// without fencing).
     Set(u64),
-    /// Another holder has it, for `pttl_ms` more (-1: no expiry).
+    /// Another holder has a key, for `pttl_ms` more (the longest of a set's holders; -1:
+    /// no expiry; -2: the key is free but not ours to take, as when a fair queue's head
+    /// goes first).
     Held { pttl_ms: i64 },
 }
 
 impl Attempted {
+    /// The fencing counter where the attempt set the keys; `None` where they are held.
+    pub(super) fn counter(&self) -> Option<u64> {
+        match self {
+            Attempted::Set(counter) => Some(*counter),
+            Attempted::Held { .. } => None,
+        }
+    }
+
     /// Decodes a script's reply: a counter when set, `-3 - pttl` when held.
     fn of(reply: i64) -> Self {
         match u64::try_from(reply) {
@@ -347,7 +358,8 @@ pub(super) async fn acquire(
     Ok(Attempted::of(reply))
 }
 
-fn invalid_counter(key: &str) -> NodeFailureReason {
+/// The error of a node whose fencing counter of `key` is not an integer below 2^53.
+pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
         key: Aux::fence(key).to_string(),
     }
