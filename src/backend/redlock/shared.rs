@@ -24,10 +24,8 @@ use redis::{Cmd, Script};
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::Keys;
-use super::notify::UnsubscribeOnDrop;
 use super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, invalid_counter, run};
 use crate::backend::connection::Connection;
-use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key, readers_of};
 
@@ -294,41 +292,6 @@ impl Redlock {
             self.acquire_access(key.clone(), access, waiting)
         })
         .await
-    }
-
-    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
-    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
-    /// channel when notifications are on: a waiting attempt marks the key as waited for
-    /// (and keeps a writer's intent up).
-    pub(super) async fn wait_with<F, Fut>(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        mut attempt: F,
-    ) -> Result<Lease, LockError>
-    where
-        F: FnMut(bool) -> Fut,
-        Fut: Future<Output = Result<Lease, LockError>>,
-    {
-        match attempt(false).await {
-            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
-            first => return first,
-        }
-        let notifier = self.inner.notifier.as_ref();
-        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
-            notifier: notifier.clone(),
-            key: key.clone(),
-        });
-        let no_waiters = Waiters::default();
-        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
-        let subscribe = async {
-            if let Some(notifier) = notifier {
-                notifier.subscribe(&key).await;
-            }
-        };
-        // A waiting attempt marks the key even without notifications: a waiting writer's
-        // intent, and a fair waiter's place, must be kept up either way.
-        bounded_wait(waiters, &key, max_wait, || attempt(true), subscribe).await
     }
 
     async fn acquire_access(
