@@ -30,6 +30,7 @@ use super::scripts::{Attempted, COUNTER_VALID, evalsha, run};
 use super::shared::{NOW, aux, run_attempt};
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -184,32 +185,27 @@ impl Drop for LeaveOnDrop {
 }
 
 impl Redlock {
-    /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across all
-    /// clients, acquire in arrival order: each joins a queue on every node (see the
-    /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
-    /// that gives up leaves the queue at once; one that crashes drops out within 2 s plus
-    /// the node timeout, and no entry outlives its waiter's `max_wait`. With a zero
-    /// `max_wait`, one attempt that succeeds only when nobody waits.
-    ///
-    /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks differ
-    /// by `d` may be served out of order when they arrive less than `d` apart. Plain
-    /// acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
-    /// ignore the queue.
-    ///
-    /// Cost: one round trip (a script on every node) per attempt; a waiter that acquired
-    /// on fewer than all nodes, or gave up, removes its entries with one more, in the
-    /// background.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within).
-    pub async fn lock_fair_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_fair_key_within(key, max_wait).await
+    waits_by_resource! {
+        /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across
+        /// all clients, acquire in arrival order: each joins a queue on every node (see the
+        /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
+        /// that gives up leaves the queue at once; one that crashes drops out within 2 s
+        /// plus the node timeout, and no entry outlives its waiter's `max_wait`. With a
+        /// zero `max_wait`, one attempt that succeeds only when nobody waits.
+        ///
+        /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks
+        /// differ by `d` may be served out of order when they arrive less than `d` apart.
+        /// Plain acquisitions ([`try_lock`](Self::try_lock),
+        /// [`lock_within`](Self::lock_within)) ignore the queue.
+        ///
+        /// Cost: one round trip (a script on every node) per attempt; a waiter that
+        /// acquired on fewer than all nodes, or gave up, removes its entries with one more,
+        /// in the background.
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within).
+        lock_fair_within => lock_fair_key_within();
     }
 
     /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.

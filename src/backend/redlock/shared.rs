@@ -26,6 +26,7 @@ use super::acquire::{Acquisition, CleanUp};
 use super::keys::Keys;
 use super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, invalid_counter, run};
 use crate::backend::connection::Connection;
+use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key, readers_of};
 
@@ -233,51 +234,40 @@ pub(super) async fn release_reader(
 }
 
 impl Redlock {
-    /// Takes `resource` shared: many readers hold it together, none while an exclusive
-    /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or waits
-    /// for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does (woken
-    /// when the writer releases). The lease's key is the readers' set
-    /// `{<lock key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease.
-    /// A reader that crashes drops out at its TTL. Shared leases carry no fencing token.
-    ///
-    /// Cost: one round trip (a script on every node at once) when admitted; two when
-    /// refused (the attempt, and the cleanup of the nodes that admitted it).
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds or
-    /// waits for the key at the deadline.
-    pub async fn lock_shared_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Shared, max_wait).await
-    }
+    waits_by_resource! {
+        /// Takes `resource` shared: many readers hold it together, none while an exclusive
+        /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or
+        /// waits for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does
+        /// (woken when the writer releases). The lease's key is the readers' set `{<lock
+        /// key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease. A
+        /// reader that crashes drops out at its TTL. Shared leases carry no fencing token.
+        ///
+        /// Cost: one round trip (a script on every node at once) when admitted; two when
+        /// refused (the attempt, and the cleanup of the nodes that admitted it).
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds
+        /// or waits for the key at the deadline.
+        lock_shared_within => lock_access_within(Access::Shared);
 
-    /// Takes `resource` exclusively, excluding the readers of
-    /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`) for
-    /// the readers to leave or expire, and, while it waits, keeps new readers out (the
-    /// writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot starve
-    /// it. The lease is a plain lease on the lock key (fenced when the client is).
-    ///
-    /// Plain acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
-    /// do not look at readers: every writer of a key that has readers must use this.
-    ///
-    /// Cost: one round trip when granted (two with fencing tokens); two when refused.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within).
-    pub async fn lock_exclusive_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Exclusive, max_wait)
-            .await
+        /// Takes `resource` exclusively, excluding the readers of
+        /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`)
+        /// for the readers to leave or expire, and, while it waits, keeps new readers out
+        /// (the writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot
+        /// starve it. The lease is a plain lease on the lock key (fenced when the client
+        /// is).
+        ///
+        /// Plain acquisitions ([`try_lock`](Self::try_lock),
+        /// [`lock_within`](Self::lock_within)) do not look at readers: every writer of a
+        /// key that has readers must use this.
+        ///
+        /// Cost: one round trip when granted (two with fencing tokens); two when refused.
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within).
+        lock_exclusive_within => lock_access_within(Access::Exclusive);
     }
 
     /// [`lock_shared_within`](Self::lock_shared_within) or
