@@ -286,8 +286,11 @@ impl<'a> Acquisition<'a> {
         let redlock = self.redlock;
         let fencing_token = match fence_ms {
             Some(fence_ms) => {
-                let highest = round.values().filter_map(Attempted::counter).max();
-                let highest = highest.unwrap_or(0);
+                let highest = round
+                    .values()
+                    .filter_map(Attempted::counter)
+                    .max()
+                    .unwrap_or(0);
                 let raised =
                     redlock.raise_fence(&self.keys, self.token, highest, fence_ms, self.start);
                 Some(raised.await?)

@@ -15,6 +15,9 @@
 //! lock: the same vote ([`Rule::Contest`]), the same `ttl - elapsed - drift`. Release and
 //! extension of a shared lease are token-checked scripts on the readers' set, counted
 //! under [`Rule::Proof`]; the last reader's release wakes the waiters that marked `K`.
+//!
+//! [`Rule::Contest`]: super::tally::Rule::Contest
+//! [`Rule::Proof`]: super::tally::Rule::Proof
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
