@@ -15,7 +15,7 @@ use crate::backend::records::{
     Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
 };
 use crate::backend::settings::{Policy, policy_setters};
-use crate::backend::wait::{Waiters, bounded_wait};
+use crate::backend::wait::{Waiters, bounded_wait, waits_by_resource};
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
@@ -297,20 +297,15 @@ impl MemoryLocks {
             .await
     }
 
-    /// Waits up to `max_wait` for the lock when it is held: woken at once when the holder
-    /// releases, or when its lease expires. A zero `max_wait` is one attempt.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when it is still held at the deadline, or
-    /// [`LockError::InvalidKey`].
-    pub async fn lock_within(
-        &self,
-        resource: &str,
-        max_wait: std::time::Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_key_within(key, max_wait).await
+    waits_by_resource! {
+        /// Waits up to `max_wait` for the lock when it is held: woken at once when the
+        /// holder releases, or when its lease expires. A zero `max_wait` is one attempt.
+        ///
+        /// # Errors
+        ///
+        /// [`LockError::Taken`] when it is still held at the deadline, or
+        /// [`LockError::InvalidKey`].
+        lock_within => lock_key_within();
     }
 
     /// [`lock_within`](Self::lock_within) for a key that already has the prefix.

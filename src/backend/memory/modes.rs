@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, State};
-use crate::backend::wait::bounded_wait;
+use crate::backend::wait::{bounded_wait, waits_by_resource};
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Token, readers_key, readers_of};
 
@@ -72,49 +72,33 @@ impl State {
 }
 
 impl MemoryLocks {
-    /// Takes `resource` shared; see [`Redlock::lock_shared_within`](crate::Redlock::lock_shared_within).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when a writer holds or waits for it at the deadline, or
-    /// [`LockError::InvalidKey`].
-    pub async fn lock_shared_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Shared, max_wait).await
-    }
+    waits_by_resource! {
+        /// Takes `resource` shared; see
+        /// [`Redlock::lock_shared_within`](crate::Redlock::lock_shared_within).
+        ///
+        /// # Errors
+        ///
+        /// [`LockError::Taken`] when a writer holds or waits for it at the deadline, or
+        /// [`LockError::InvalidKey`].
+        lock_shared_within => lock_access_within(Access::Shared);
 
-    /// Takes `resource` exclusively, excluding its readers; see
-    /// [`Redlock::lock_exclusive_within`](crate::Redlock::lock_exclusive_within).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when still held at the deadline, or [`LockError::InvalidKey`].
-    pub async fn lock_exclusive_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Exclusive, max_wait)
-            .await
-    }
+        /// Takes `resource` exclusively, excluding its readers; see
+        /// [`Redlock::lock_exclusive_within`](crate::Redlock::lock_exclusive_within).
+        ///
+        /// # Errors
+        ///
+        /// [`LockError::Taken`] when still held at the deadline, or
+        /// [`LockError::InvalidKey`].
+        lock_exclusive_within => lock_access_within(Access::Exclusive);
 
-    /// Waits in arrival order; see [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when still held at the deadline, or [`LockError::InvalidKey`].
-    pub async fn lock_fair_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_fair_key_within(key, max_wait).await
+        /// Waits in arrival order; see
+        /// [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
+        ///
+        /// # Errors
+        ///
+        /// [`LockError::Taken`] when still held at the deadline, or
+        /// [`LockError::InvalidKey`].
+        lock_fair_within => lock_fair_key_within();
     }
 
     /// One attempt at shared or exclusive access, at once.

@@ -1,11 +1,14 @@
 //! An acquisition: the `SET NX` round, the fencing round, and the cleanup of an attempt
-//! that fell short.
+//! that fell short. [`Acquisition`] holds these steps for every kind of attempt (a plain
+//! one, a shared or exclusive one, a fair one, one on a set of keys): each sends its own
+//! script and gets its answers as [`Attempted`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
 use super::hot::{Entry, Outcome};
+use super::keys::Keys;
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{Rule, Verdict, Vote};
@@ -54,110 +57,37 @@ impl Redlock {
 
     /// One acquisition attempt on the nodes.
     async fn attempt(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
-        let token = Token::random();
-        let start = Instant::now();
         // Releases whatever was set if this future is dropped before the verdict.
-        let mut guard = AcquireGuard {
-            redlock: self,
-            key: &key,
-            token,
-            armed: true,
-            quorum: false,
-        };
+        let mut acquisition = Acquisition::new(self, Keys::Lock(key.clone()));
+        let token = acquisition.token;
         let attempt = Attempt {
             ttl_ms: self.inner.policy.ttl_ms(),
             fenced: self.inner.fence_ms.is_some(),
             mark_ms: waiting.then_some(self.inner.mark_ms),
         };
-        let round = self
-            .on_nodes(
+        // Taken: our key is deleted where it may have been set (every node but those that
+        // answered "held"), in the background; usually nowhere.
+        let round = acquisition
+            .round(
                 |conn| scripts::acquire(conn, key.clone(), token, attempt),
-                |attempted| Vote::of(matches!(attempted, Attempted::Set(_))),
-                Rule::Contest,
-                Stragglers::Drop,
+                CleanUp::Background,
+                None,
             )
-            .await;
-        match round.verdict {
-            Verdict::Won => {}
-            // Released in the background by the guard: nothing to wait for.
-            Verdict::NoQuorum => return Err(self.no_quorum(round)),
-            Verdict::Lost => {
-                // Taken: the answers tell how long the holders have left. Our key is
-                // deleted where it may have been set (every node but those that answered
-                // "held"), in the background; usually nowhere.
-                self.clean_up(&key, token, &round);
-                guard.armed = false;
-                return Err(LockError::Taken {
-                    retry_after: self.retry_after(&round),
-                });
-            }
-        }
-        // From here a failure gives up a lock that waiters may be marking: its release
-        // wakes them.
-        guard.quorum = true;
-        let fencing_token = match self.inner.fence_ms {
-            Some(fence_ms) => {
-                warn_invalid_counters(&round);
-                let highest = round
-                    .values()
-                    .filter_map(|attempted| match attempted {
-                        Attempted::Set(counter) => Some(*counter),
-                        Attempted::Held { .. } => None,
-                    })
-                    .max()
-                    .unwrap_or(0);
-                let raised = self.raise_fence(&key, token, highest, fence_ms, start);
-                Some(raised.await?)
-            }
-            None => None,
-        };
-        let elapsed = start.elapsed();
-        // Without validity left, the guard, still armed, releases in the background.
-        let validity = self
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
-        guard.armed = false;
-        Ok(Lease {
-            key: key.clone(),
-            set: None,
-            token,
-            ttl: self.inner.policy.ttl,
-            valid_until: start + validity,
-            fencing_token,
-            backend: self.inner.id,
-        })
+            .await?;
+        warn_invalid_counters(&round);
+        acquisition.won(&round, self.inner.fence_ms).await
     }
 
-    /// Deletes our key, in the background, on every node of a lost attempt that did not
-    /// answer "held": where it was set, and where it may have been (no answer in time).
-    fn clean_up(&self, key: &Arc<str>, token: Token, round: &Answers<Attempted>) {
-        let key = key.clone();
-        self.release_where(
-            round,
-            |attempted| matches!(attempted, Attempted::Held { .. }),
-            move |conn| scripts::release(conn, key.clone(), token, false),
-        );
-    }
-
-    /// Runs `release` in the background, each bounded by the node timeout, on the nodes
-    /// of `round` whose answer is not `held`: where an attempt set something, or may have
-    /// (no answer in time).
-    pub(super) fn release_where<T, F, Fut>(
-        &self,
-        round: &Answers<T>,
-        held: fn(&T) -> bool,
-        release: F,
-    ) where
-        F: Fn(Connection) -> Fut + Send + 'static,
-        Fut: Future + Send + 'static,
-        Fut::Output: Send + 'static,
-    {
+    /// Deletes `keys` where they hold `token`, in the background, each bounded by the
+    /// node timeout, on the nodes of `round` that did not answer "held": where the attempt
+    /// set them, and where it may have (no answer in time).
+    fn release_unless_held(&self, round: &Answers<Attempted>, keys: &Keys, token: Token) {
         let nodes: Vec<_> = self
             .inner
             .nodes
             .iter()
             .zip(&round.answers)
-            .filter(|(_, answer)| !matches!(answer, Some(Ok(value)) if held(value)))
+            .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempted::Held { .. }))))
             .map(|(node, _)| node.conn.clone())
             .collect();
         if nodes.is_empty() {
@@ -167,19 +97,18 @@ impl Redlock {
             return;
         };
         let timeout = self.inner.node_timeout;
-        handle.spawn(futures_util::future::join_all(
-            nodes
-                .into_iter()
-                .map(move |conn| tokio::time::timeout(timeout, release(conn))),
-        ));
+        let keys = keys.clone();
+        handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
+            move |conn| tokio::time::timeout(timeout, keys.clone().release(conn, token, false)),
+        )));
     }
 
     /// The second round of a fenced acquisition: the token is one above the highest
     /// counter the acquiring nodes returned, written back to every node where we hold the
-    /// key, with the counter's expiry set to `fence_ms`. Succeeds with a quorum of writes.
-    pub(super) async fn raise_fence(
+    /// keys, with the counters' expiry set to `fence_ms`. Succeeds with a quorum of writes.
+    async fn raise_fence(
         &self,
-        key: &Arc<str>,
+        keys: &Keys,
         token: Token,
         highest_counter: u64,
         fence_ms: u64,
@@ -188,7 +117,10 @@ impl Redlock {
         let fencing_token = highest_counter.saturating_add(1);
         let round = self
             .on_nodes(
-                |conn| scripts::raise_fence(conn, key.clone(), token, fencing_token, fence_ms),
+                |conn| {
+                    keys.clone()
+                        .raise_fence(conn, token, fencing_token, fence_ms)
+                },
                 |written| Vote::of(*written == 1),
                 Rule::Proof,
                 Stragglers::Finish,
@@ -203,25 +135,29 @@ impl Redlock {
         }
     }
 
-    /// How long until enough holders' keys expire for a quorum to be free, from the
-    /// answers of a lost attempt (nodes where it set the key count as free: it is
-    /// deleted there).
-    fn retry_after(&self, round: &Answers<Attempted>) -> Duration {
+    /// How long until enough holders' keys expire for a quorum of nodes to be free, from
+    /// the answers of a lost attempt: nodes where it set the keys count as free (they are
+    /// deleted there); `turn` is how long a node that is free but not ours to take (a fair
+    /// queue's head goes first) counts as held, and without it such a node counts as free.
+    fn retry_after(&self, round: &Answers<Attempted>, turn: Option<Duration>) -> Duration {
         let ttl = self.inner.policy.ttl;
         let mut held: Vec<Duration> = Vec::with_capacity(round.answers.len());
         let mut free = 0usize;
         for attempted in round.values() {
-            match attempted {
+            match *attempted {
                 Attempted::Set(_) => free += 1,
-                Attempted::Held { pttl_ms } => match u64::try_from(*pttl_ms) {
-                    Ok(ms) => held.push(Duration::from_millis(ms)),
-                    // -1: no expiry set (not one of ours).
-                    Err(_) => held.push(ttl),
+                Attempted::Held { pttl_ms: -2 } => match turn {
+                    Some(turn) => held.push(turn),
+                    None => free += 1,
                 },
+                // -1: no expiry set (not one of ours): a full TTL.
+                Attempted::Held { pttl_ms } => {
+                    held.push(u64::try_from(pttl_ms).map_or(ttl, Duration::from_millis));
+                }
             }
         }
         let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
-            return Duration::ZERO;
+            return turn.unwrap_or(Duration::ZERO);
         };
         held.sort_unstable();
         held.get(needed - 1).copied().unwrap_or(ttl)
@@ -241,20 +177,163 @@ fn warn_invalid_counters(round: &Answers<Attempted>) {
     }
 }
 
-struct AcquireGuard<'a> {
+/// How a refused attempt deletes what it may have set.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CleanUp {
+    /// In the background, on every node that did not answer "held" (where it set the
+    /// keys, and where it may have: no answer in time), so that the refusal costs one
+    /// round.
+    Background,
+    /// Before the refusal is answered, on every node, unless every node answered that it
+    /// set nothing.
+    Awaited,
+}
+
+/// One acquisition attempt, with a fresh token, on `keys`: its round ([`round`]), and the
+/// lease a won round gives ([`won`]). Dropped armed (before its verdict, as when the
+/// caller's future is dropped, or failing after it), it releases whatever it set, in the
+/// background.
+///
+/// [`round`]: Acquisition::round
+/// [`won`]: Acquisition::won
+pub(super) struct Acquisition<'a> {
     redlock: &'a Redlock,
-    key: &'a Arc<str>,
-    token: Token,
+    keys: Keys,
+    pub(super) token: Token,
+    /// When the attempt started: the lease's validity counts from here.
+    pub(super) start: Instant,
     armed: bool,
     /// Whether a quorum of nodes was acquired (the release then wakes marked waiters).
     quorum: bool,
 }
 
-impl Drop for AcquireGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.redlock
-                .release_detached(self.key.clone(), self.token, self.quorum);
+impl<'a> Acquisition<'a> {
+    pub(super) fn new(redlock: &'a Redlock, keys: Keys) -> Self {
+        Self {
+            redlock,
+            keys,
+            token: Token::random(),
+            start: Instant::now(),
+            armed: true,
+            quorum: false,
         }
     }
+
+    /// Runs `op` (the attempt's script on one node) on every node at once, each node
+    /// voting for where it set the keys, under [`Rule::Contest`], and stops waiting for
+    /// the rest at the verdict (this attempt, if dropped, releases what they set).
+    ///
+    /// Returns the answers of a won round. A lost round is [`LockError::Taken`], with how
+    /// long until a quorum may be free ([`retry_after`](Redlock::retry_after) with
+    /// `turn`), once what the attempt may have set is deleted as `clean_up` says; an
+    /// undecided one is [`LockError::NoQuorum`], and the caller drops the attempt.
+    pub(super) async fn round<F, Fut>(
+        &mut self,
+        op: F,
+        clean_up: CleanUp,
+        turn: Option<Duration>,
+    ) -> Result<Answers<Attempted>, LockError>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: Future<Output = Result<Attempted, NodeFailureReason>> + Send + 'static,
+    {
+        let redlock = self.redlock;
+        let round = redlock
+            .on_nodes(
+                op,
+                |attempted| Vote::of(attempted.counter().is_some()),
+                Rule::Contest,
+                Stragglers::Drop,
+            )
+            .await;
+        match round.verdict {
+            Verdict::Won => return Ok(round),
+            Verdict::NoQuorum => return Err(redlock.no_quorum(round)),
+            Verdict::Lost => {}
+        }
+        // Taken: the answers tell how long the holders have left.
+        let retry_after = redlock.retry_after(&round, turn);
+        match clean_up {
+            CleanUp::Background => redlock.release_unless_held(&round, &self.keys, self.token),
+            CleanUp::Awaited if may_have_set(&round) => {
+                let keys = self.keys.clone();
+                redlock
+                    .release_keys(keys, self.token, false, |_| Vote::For, Stragglers::Finish)
+                    .await;
+            }
+            CleanUp::Awaited => {}
+        }
+        self.armed = false;
+        Err(LockError::Taken { retry_after })
+    }
+
+    /// The lease of the won `round`: with `fence_ms`, fenced one above the highest
+    /// counter its nodes returned ([`raise_fence`](Redlock::raise_fence)); valid for the
+    /// TTL less the time the attempt took and the drift allowance.
+    ///
+    /// # Errors
+    ///
+    /// Those of the fencing round, and [`LockError::TooSlow`] when no validity is left:
+    /// the lock, held by a quorum, is then released in the background.
+    pub(super) async fn won(
+        mut self,
+        round: &Answers<Attempted>,
+        fence_ms: Option<u64>,
+    ) -> Result<Lease, LockError> {
+        // From here a failure gives up a lock that waiters may be marking: its release
+        // wakes them.
+        self.quorum = true;
+        let redlock = self.redlock;
+        let fencing_token = match fence_ms {
+            Some(fence_ms) => {
+                let highest = round
+                    .values()
+                    .filter_map(Attempted::counter)
+                    .max()
+                    .unwrap_or(0);
+                let raised =
+                    redlock.raise_fence(&self.keys, self.token, highest, fence_ms, self.start);
+                Some(raised.await?)
+            }
+            None => None,
+        };
+        let elapsed = self.start.elapsed();
+        let validity = redlock
+            .validity(elapsed)
+            .ok_or(LockError::TooSlow { elapsed })?;
+        self.armed = false;
+        Ok(Lease {
+            key: self.keys.lease_key(),
+            set: self.keys.set(),
+            token: self.token,
+            ttl: redlock.inner.policy.ttl,
+            valid_until: self.start + validity,
+            fencing_token,
+            backend: redlock.inner.id,
+        })
+    }
+}
+
+impl Drop for Acquisition<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (redlock, token, publish) = (self.redlock, self.token, self.quorum);
+        match &self.keys {
+            Keys::Lock(key) | Keys::Readers(key) => {
+                redlock.release_detached(key.clone(), token, publish);
+            }
+            Keys::Set(keys) => redlock.release_all_detached(keys.clone(), token, publish),
+        }
+    }
+}
+
+/// Whether a refused attempt may have set something on a node: unless every node
+/// answered that it set nothing, it may have.
+fn may_have_set(round: &Answers<Attempted>) -> bool {
+    !round
+        .answers
+        .iter()
+        .all(|answer| matches!(answer, Some(Ok(Attempted::Held { .. }))))
 }

@@ -23,11 +23,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::Script;
 
 use super::Redlock;
+use super::acquire::{Acquisition, CleanUp};
+use super::keys::Keys;
 use super::round::Stragglers;
-use super::scripts::{COUNTER_VALID, evalsha, run};
-use super::shared::{Cleanup, NOW, aux, decode, may_have_set};
-use super::tally::{Rule, Verdict, Vote};
+use super::scripts::{Attempted, COUNTER_VALID, evalsha, run};
+use super::shared::{NOW, aux, run_attempt};
+use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -122,7 +125,7 @@ async fn attempt(
     mut conn: Connection,
     key: Arc<str>,
     a: FairAttempt,
-) -> Result<i64, NodeFailureReason> {
+) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
     cmd.arg(&*key)
         .arg(aux(&key, "queue"))
@@ -136,13 +139,7 @@ async fn attempt(
         .arg(a.waiter.arrival_us)
         .arg(a.entry_ms)
         .arg(if a.fenced { "1" } else { "0" });
-    let code: i64 = run(&mut conn, &FAIR_ACQUIRE, &cmd).await?;
-    if code == -2 {
-        return Err(NodeFailureReason::InvalidFencingCounter {
-            key: aux(&key, "fence"),
-        });
-    }
-    Ok(code)
+    run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, &key).await
 }
 
 async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {
@@ -188,32 +185,27 @@ impl Drop for LeaveOnDrop {
 }
 
 impl Redlock {
-    /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across all
-    /// clients, acquire in arrival order: each joins a queue on every node (see the
-    /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
-    /// that gives up leaves the queue at once; one that crashes drops out within 2 s plus
-    /// the node timeout, and no entry outlives its waiter's `max_wait`. With a zero
-    /// `max_wait`, one attempt that succeeds only when nobody waits.
-    ///
-    /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks differ
-    /// by `d` may be served out of order when they arrive less than `d` apart. Plain
-    /// acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
-    /// ignore the queue.
-    ///
-    /// Cost: one round trip (a script on every node) per attempt; a waiter that acquired
-    /// on fewer than all nodes, or gave up, removes its entries with one more, in the
-    /// background.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within).
-    pub async fn lock_fair_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_fair_key_within(key, max_wait).await
+    waits_by_resource! {
+        /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across
+        /// all clients, acquire in arrival order: each joins a queue on every node (see the
+        /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
+        /// that gives up leaves the queue at once; one that crashes drops out within 2 s
+        /// plus the node timeout, and no entry outlives its waiter's `max_wait`. With a
+        /// zero `max_wait`, one attempt that succeeds only when nobody waits.
+        ///
+        /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks
+        /// differ by `d` may be served out of order when they arrive less than `d` apart.
+        /// Plain acquisitions ([`try_lock`](Self::try_lock),
+        /// [`lock_within`](Self::lock_within)) ignore the queue.
+        ///
+        /// Cost: one round trip (a script on every node) per attempt; a waiter that
+        /// acquired on fewer than all nodes, or gave up, removes its entries with one more,
+        /// in the background.
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within).
+        lock_fair_within => lock_fair_key_within();
     }
 
     /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.
@@ -264,15 +256,8 @@ impl Redlock {
         queued: bool,
         waiting: bool,
     ) -> Result<(Lease, bool), LockError> {
-        let token = Token::random();
-        let start = Instant::now();
-        let mut guard = Cleanup {
-            redlock: self,
-            key: &key,
-            token,
-            armed: true,
-            quorum: false,
-        };
+        let mut acquisition = Acquisition::new(self, Keys::Lock(key.clone()));
+        let (token, start) = (acquisition.token, acquisition.start);
         let entry_ms = if queued {
             let left = waiter
                 .deadline
@@ -290,62 +275,18 @@ impl Redlock {
             entry_ms,
             fenced: self.inner.fence_ms.is_some(),
         };
-        let round = self
-            .on_nodes(
+        let round = acquisition
+            .round(
                 |conn| attempt(conn, key.clone(), a),
-                |code| Vote::of(*code >= 0),
-                Rule::Contest,
-                Stragglers::Drop,
+                CleanUp::Awaited,
+                Some(TURN),
             )
-            .await;
-        match round.verdict {
-            Verdict::Won => {}
-            Verdict::NoQuorum => return Err(self.no_quorum(round)),
-            Verdict::Lost => {
-                let retry_after = self.held_for(&round, Some(TURN));
-                if may_have_set(&round) {
-                    self.release_all(&key, token, false, |_| Vote::For, Stragglers::Finish)
-                        .await;
-                }
-                guard.armed = false;
-                return Err(LockError::Taken { retry_after });
-            }
-        }
-        guard.quorum = true;
+            .await?;
         let everywhere = round
             .answers
             .iter()
-            .all(|a| matches!(a, Some(Ok(code)) if *code >= 0));
-        let fencing_token = match self.inner.fence_ms {
-            Some(fence_ms) => {
-                let highest = round
-                    .values()
-                    .filter_map(|code| decode(*code).ok())
-                    .max()
-                    .unwrap_or(0);
-                Some(
-                    self.raise_fence(&key, token, highest, fence_ms, start)
-                        .await?,
-                )
-            }
-            None => None,
-        };
-        let elapsed = start.elapsed();
-        let validity = self
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
-        guard.armed = false;
-        Ok((
-            Lease {
-                key: key.clone(),
-                token,
-                ttl: self.inner.policy.ttl,
-                valid_until: start + validity,
-                fencing_token,
-                backend: self.inner.id,
-                set: None,
-            },
-            everywhere,
-        ))
+            .all(|a| matches!(a, Some(Ok(Attempted::Set(_)))));
+        let lease = acquisition.won(&round, self.inner.fence_ms).await?;
+        Ok((lease, everywhere))
     }
 }

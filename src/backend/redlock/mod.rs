@@ -23,10 +23,13 @@
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
 //! failed nodes could swing is `NoQuorum`, which callers retry.
 //!
-//! The parts: this file is the client; [`acquire`] the acquisition, [`hot`] the keys this
-//! process holds or is acquiring (answered without Redis), [`round`] the quorum round,
-//! [`tally`] the count of its answers and the verdict, [`scripts`] the Lua scripts and
-//! their node calls, [`notify`] the release notifications, [`builder`] the configuration.
+//! The parts: this file is the client; [`acquire`] the acquisition, [`keys`] what a lease
+//! holds on each node (one key, a readers' set, a set of keys) and its node calls,
+//! [`hot`] the keys this process holds or is acquiring (answered without Redis),
+//! [`waiting`] the waits for a held lock, [`round`] the quorum round, [`tally`] the count
+//! of its answers and the verdict, [`scripts`] the Lua scripts and their node calls,
+//! [`notify`] the release notifications, [`builder`] the configuration; the lock modes:
+//! [`shared`] (readers and writers), [`fair`] (arrival order), [`multi`] (several keys).
 
 mod acquire;
 mod builder;
@@ -34,12 +37,14 @@ mod fair;
 mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod keys;
 mod multi;
 mod notify;
 mod round;
 mod scripts;
 mod shared;
 mod tally;
+mod waiting;
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,13 +57,14 @@ use redis::Client;
 use crate::backend::connection::Connection;
 use crate::backend::node::Node as Target;
 use crate::backend::settings::Policy;
-use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait};
+use crate::backend::wait::Waiters;
 use crate::error::{LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
 use hot::HotKeys;
-use notify::{Notifier, UnsubscribeOnDrop};
+use keys::Keys;
+use notify::Notifier;
 use round::{Answers, Stragglers};
 use scripts::Release;
 use tally::{Rule, Verdict, Vote};
@@ -234,69 +240,6 @@ impl Redlock {
             .await
     }
 
-    /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when the
-    /// holder releases (waiters subscribe to the channel `{<key>}:released` on every node
-    /// and set a short-lived mark `{<key>}:waiters` beside the lock, leaving the holder's
-    /// value alone; the release of a marked lock publishes on that channel), and re-tries
-    /// on a jittered fallback timer (the holder's remaining TTL, at most 1 s) in case a
-    /// notification is missed, the holder is another client that does not publish, or the
-    /// lease simply expires. Behind a holder of this client, the waiter queues in process
-    /// (woken by its release, or at the end of its validity) without touching Redis. A
-    /// zero `max_wait` is one attempt, like [`try_lock`](Self::try_lock). An attempt in
-    /// flight at the deadline runs to its end (bounded by the node timeout) rather than
-    /// being cut off.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when the lock is still held at the deadline; the other errors
-    /// of [`try_lock`](Self::try_lock) at once.
-    pub async fn lock_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_key_within(key, max_wait).await
-    }
-
-    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
-    pub(crate) async fn lock_key_within(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        match self.acquire(key.clone(), false).await {
-            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
-            first => return first,
-        }
-        let deadline = Instant::now().checked_add(max_wait);
-        // Behind a holder of this process: queue here, without Redis, until it releases.
-        if let Some(result) = self.queue_locally(&key, deadline).await {
-            return result;
-        }
-        let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
-        let notifier = self.inner.notifier.as_ref();
-        // Also when this future is dropped mid-wait.
-        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
-            notifier: notifier.clone(),
-            key: key.clone(),
-        });
-        let subscribe = async {
-            if let Some(notifier) = notifier {
-                notifier.subscribe(&key).await;
-            }
-        };
-        bounded_wait(
-            &self.inner.waiters,
-            &key,
-            left,
-            // Subscribed by now: mark the lock as waited for, so that its release publishes.
-            || self.acquire(key.clone(), notifier.is_some()),
-            subscribe,
-        )
-        .await
-    }
-
     /// One acquisition attempt, in a `tower_redlock.acquire` span.
     async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), self.quorum());
@@ -306,48 +249,6 @@ impl Redlock {
             observe::lock_verdict,
         )
         .await
-    }
-
-    /// Waits while this process holds `key`: woken by its release (or, should that wake-up
-    /// be lost, at least every second, which costs no Redis call while the holder stays),
-    /// and tries again, in process first. `None` once the holder is another process's
-    /// (the caller then waits on Redis); otherwise `Some` with the outcome of the first
-    /// attempt that is not refused for contention, or `Taken` at the deadline.
-    async fn queue_locally(
-        &self,
-        key: &Arc<str>,
-        deadline: Option<Instant>,
-    ) -> Option<Result<Lease, LockError>> {
-        let mut valid_until = self.inner.hot.holder(key)?;
-        let ticket = self.inner.waiters.register(key);
-        loop {
-            let notified = ticket.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            let now = Instant::now();
-            if deadline.is_some_and(|d| d <= now) {
-                return Some(Err(LockError::Taken {
-                    retry_after: valid_until.saturating_duration_since(now),
-                }));
-            }
-            if self.inner.hot.holder(key).is_some() {
-                let wake_at = now
-                    .checked_add(MAX_FALLBACK)
-                    .map_or(valid_until, |fallback| fallback.min(valid_until));
-                let wake_at = deadline.map_or(wake_at, |d| d.min(wake_at));
-                tokio::select! {
-                    () = notified => {}
-                    () = tokio::time::sleep_until(wake_at.into()) => {}
-                }
-            }
-            match self.acquire(key.clone(), false).await {
-                Err(LockError::Taken { .. }) => match self.inner.hot.holder(key) {
-                    Some(next) => valid_until = next,
-                    None => return None,
-                },
-                other => return Some(other),
-            }
-        }
     }
 
     /// Extends the lease to a full TTL from now on every node where it still holds the
@@ -373,22 +274,19 @@ impl Redlock {
     }
 
     async fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
-        if let Some(keys) = lease.set.clone() {
-            return self.extend_all(lease, keys).await;
-        }
         let start = Instant::now();
-        let ttl_ms = self.inner.policy.ttl_ms();
+        let keys = Keys::of(lease);
+        let (token, ttl_ms, fence_ms) =
+            (lease.token, self.inner.policy.ttl_ms(), self.inner.fence_ms);
         let round = self
             .on_nodes(
-                |conn| {
-                    let fence_ms = self.inner.fence_ms;
-                    shared::extend(conn, lease.key.clone(), lease.token, ttl_ms, fence_ms)
-                },
+                |conn| keys.clone().extend(conn, token, ttl_ms, fence_ms),
                 |reply| Vote::of(*reply == 1),
                 Rule::Proof,
                 Stragglers::Finish,
             )
             .await;
+        // The table of this process's holders has no sets: for them, these find nothing.
         match round.verdict {
             Verdict::Won => {
                 let elapsed = start.elapsed();
@@ -396,13 +294,11 @@ impl Redlock {
                     .validity(elapsed)
                     .ok_or(LockError::TooSlow { elapsed })?;
                 lease.valid_until = start + validity;
-                self.inner
-                    .hot
-                    .renewed(&lease.key, lease.token, lease.valid_until);
+                self.inner.hot.renewed(&lease.key, token, lease.valid_until);
                 Ok(())
             }
             Verdict::Lost => {
-                self.inner.hot.lost(&lease.key, lease.token);
+                self.inner.hot.lost(&lease.key, token);
                 Err(LockError::Expired {
                     taken_over: round.values().any(|reply| *reply == -1),
                 })
@@ -479,10 +375,7 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    /// Deletes the key on every node where it holds `token`, with the answers counted by
-    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked the key: a
-    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
-    /// (see the RELEASE script).
+    /// [`release_keys`](Self::release_keys) for the key of a lease on one key.
     fn release_all(
         &self,
         key: &Arc<str>,
@@ -491,12 +384,7 @@ impl Redlock {
         vote: fn(&Release) -> Vote,
         stragglers: Stragglers,
     ) -> impl Future<Output = Answers<Release>> {
-        self.on_nodes(
-            move |conn| shared::release(conn, key.clone(), token, publish),
-            vote,
-            Rule::Proof,
-            stragglers,
-        )
+        self.release_keys(Keys::one(key.clone()), token, publish, vote, stragglers)
     }
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout. The node

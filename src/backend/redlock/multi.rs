@@ -19,18 +19,19 @@
 //! (braces in resource names are percent-encoded, so no hash tag joins them): sets are for
 //! independent nodes.
 
-mod scripts;
+pub(super) mod scripts;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use super::Redlock;
-use super::round::{Answers, Stragglers};
+use super::acquire::{Acquisition, CleanUp};
+use super::keys::Keys;
+use super::round::Stragglers;
 use super::scripts::Release;
-use super::tally::{Rule, Verdict, Vote};
+use super::tally::Verdict;
 use crate::error::LockError;
 use crate::lease::{Lease, Token};
-use scripts::{Attempt, acquire_on, extend_on, fence_on, release_on};
+use scripts::acquire_on;
 
 impl Redlock {
     /// One acquisition attempt on every resource in `resources` at once (each stored as
@@ -92,142 +93,20 @@ impl Redlock {
         if let [key] = &keys[..] {
             return self.acquire(key.clone(), false).await;
         }
-        let token = Token::random();
-        let start = Instant::now();
-        let mut guard = SetGuard {
-            redlock: self,
-            keys: &keys,
-            token,
-            armed: true,
-            quorum: false,
-        };
+        let mut acquisition = Acquisition::new(self, Keys::Set(keys.clone()));
+        let token = acquisition.token;
         let ttl_ms = self.inner.policy.ttl_ms();
         let fenced = self.inner.fence_ms.is_some();
-        let round = self
-            .on_nodes(
+        // The nodes that refused set nothing; the others (and those not heard from) are
+        // released in the background, so the answer costs one round.
+        let round = acquisition
+            .round(
                 |conn| acquire_on(conn, keys.clone(), token, ttl_ms, fenced),
-                |attempt| Vote::of(matches!(attempt, Attempt::Set(_))),
-                Rule::Contest,
-                Stragglers::Drop,
+                CleanUp::Background,
+                None,
             )
-            .await;
-        match round.verdict {
-            Verdict::Won => {}
-            // Released in the background by the guard.
-            Verdict::NoQuorum => return Err(self.no_quorum(round)),
-            Verdict::Lost => {
-                // The nodes that refused set nothing; the others (and those not heard
-                // from) are released in the background, so the answer costs one round.
-                guard.armed = false;
-                self.clean_up_set(&keys, token, &round);
-                return Err(LockError::Taken {
-                    retry_after: self.set_retry_after(&round),
-                });
-            }
-        }
-        guard.quorum = true;
-        let fencing_token = match self.inner.fence_ms {
-            Some(fence_ms) => {
-                let highest = round
-                    .values()
-                    .filter_map(|a| match a {
-                        Attempt::Set(c) => Some(*c),
-                        Attempt::Held { .. } => None,
-                    })
-                    .max()
-                    .unwrap_or(0);
-                let fencing_token = highest.saturating_add(1);
-                let raised = self
-                    .on_nodes(
-                        |conn| fence_on(conn, keys.clone(), token, fencing_token, fence_ms),
-                        |written| Vote::of(*written == 1),
-                        Rule::Proof,
-                        Stragglers::Finish,
-                    )
-                    .await;
-                match raised.verdict {
-                    Verdict::Won => Some(fencing_token),
-                    Verdict::Lost => {
-                        return Err(LockError::TooSlow {
-                            elapsed: start.elapsed(),
-                        });
-                    }
-                    Verdict::NoQuorum => return Err(self.no_quorum(raised)),
-                }
-            }
-            None => None,
-        };
-        let elapsed = start.elapsed();
-        let validity = self
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
-        guard.armed = false;
-        Ok(Lease {
-            key: keys[0].clone(),
-            set: Some(keys.clone()),
-            token,
-            ttl: self.inner.policy.ttl,
-            valid_until: start + validity,
-            fencing_token,
-            backend: self.inner.id,
-        })
-    }
-
-    /// How long until enough nodes are free of every holder of the set for a quorum:
-    /// nodes where we set the set count as free (it is released), the others free once
-    /// their longest holder's key expires.
-    fn set_retry_after(&self, round: &Answers<Attempt>) -> Duration {
-        let ttl = self.inner.policy.ttl;
-        let mut held = Vec::with_capacity(round.answers.len());
-        let mut free = 0usize;
-        for attempt in round.values() {
-            match attempt {
-                Attempt::Set(_) => free += 1,
-                Attempt::Held { pttl_ms } => {
-                    // -1: a key without expiry (not one of ours): count a full TTL.
-                    held.push(u64::try_from(*pttl_ms).map_or(ttl, Duration::from_millis));
-                }
-            }
-        }
-        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
-            return Duration::ZERO;
-        };
-        held.sort_unstable();
-        held.get(needed - 1).copied().unwrap_or(ttl)
-    }
-
-    /// [`extend`](Self::extend) for a lease on several keys.
-    pub(super) async fn extend_all(
-        &self,
-        lease: &mut Lease,
-        keys: Arc<[Arc<str>]>,
-    ) -> Result<(), LockError> {
-        let start = Instant::now();
-        let ttl_ms = self.inner.policy.ttl_ms();
-        let fence_ms = self.inner.fence_ms;
-        let token = lease.token;
-        let round = self
-            .on_nodes(
-                |conn| extend_on(conn, keys.clone(), token, ttl_ms, fence_ms),
-                |reply| Vote::of(*reply == 1),
-                Rule::Proof,
-                Stragglers::Finish,
-            )
-            .await;
-        match round.verdict {
-            Verdict::Won => {
-                let elapsed = start.elapsed();
-                let validity = self
-                    .validity(elapsed)
-                    .ok_or(LockError::TooSlow { elapsed })?;
-                lease.valid_until = start + validity;
-                Ok(())
-            }
-            Verdict::Lost => Err(LockError::Expired {
-                taken_over: round.values().any(|reply| *reply == -1),
-            }),
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
-        }
+            .await?;
+        acquisition.won(&round, self.inner.fence_ms).await
     }
 
     /// [`unlock`](Self::unlock) for a lease on several keys.
@@ -237,10 +116,11 @@ impl Redlock {
         token: Token,
     ) -> Result<(), LockError> {
         let round = self
-            .on_nodes(
-                |conn| release_on(conn, keys.clone(), token, true),
+            .release_keys(
+                Keys::Set(keys),
+                token,
+                true,
                 super::deleted,
-                Rule::Proof,
                 Stragglers::Finish,
             )
             .await;
@@ -253,17 +133,6 @@ impl Redlock {
         }
     }
 
-    /// Deletes a refused attempt's keys, in the background, on the nodes that may have
-    /// set them: every node but those that answered "held".
-    fn clean_up_set(&self, keys: &Arc<[Arc<str>]>, token: Token, round: &Answers<Attempt>) {
-        let keys = keys.clone();
-        self.release_where(
-            round,
-            |attempt| matches!(attempt, Attempt::Held { .. }),
-            move |conn| release_on(conn, keys.clone(), token, false),
-        );
-    }
-
     /// Releases a set in the background (see
     /// [`release_detached`](Self::release_detached)).
     pub(crate) fn release_all_detached(&self, keys: Arc<[Arc<str>]>, token: Token, publish: bool) {
@@ -272,10 +141,11 @@ impl Redlock {
                 let redlock = self.clone();
                 handle.spawn(async move {
                     redlock
-                        .on_nodes(
-                            |conn| release_on(conn, keys.clone(), token, publish),
+                        .release_keys(
+                            Keys::Set(keys),
+                            token,
+                            publish,
                             super::deleted,
-                            Rule::Proof,
                             Stragglers::Await,
                         )
                         .await;
@@ -286,26 +156,6 @@ impl Redlock {
                 keys = keys.len(),
                 "no Tokio runtime to release the locks on; they expire by their TTL"
             ),
-        }
-    }
-}
-
-/// Releases an attempt's keys in the background if dropped armed: before the verdict
-/// (the caller's future was dropped), after a refusal, or without validity left.
-struct SetGuard<'a> {
-    redlock: &'a Redlock,
-    keys: &'a Arc<[Arc<str>]>,
-    token: Token,
-    armed: bool,
-    /// Whether a quorum was acquired (the release then wakes marked waiters).
-    quorum: bool,
-}
-
-impl Drop for SetGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.redlock
-                .release_all_detached(self.keys.clone(), self.token, self.quorum);
         }
     }
 }

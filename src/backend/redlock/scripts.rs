@@ -73,21 +73,13 @@ pub(super) async fn run<T: FromRedisValue>(
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else
 /// (another token, or a value of another type).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&if_ours(
         r"
-local v = redis.pcall('GET', KEYS[1])
-if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
     redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
-  end
-  return 1
-elseif not v then
-  return 0
-end
-return -1
-",
-    )
+  end",
+    ))
 });
 
 /// Sets a new TTL (ARGV[2], ms) on the lock key KEYS[1] only if it holds our token
@@ -96,25 +88,34 @@ return -1
 ///
 /// Returns 1 when extended, 0 when the key is gone, -1 when it holds anything else.
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+    Script::new(&if_ours(&format!(
         r"
-local v = redis.pcall('GET', KEYS[1])
-if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if KEYS[2] then
     {READ_COUNTER}
     if c and {COUNTER_VALID} then
       redis.call('PEXPIRE', KEYS[2], ARGV[3])
     end
-  end
+  end"
+    )))
+});
+
+/// A script that runs `action` while the lock key KEYS[1] holds our token ARGV[1], and
+/// then returns 1; it returns 0 when the key is gone, and -1 when it holds anything else
+/// (another token, or a value of another type).
+fn if_ours(action: &str) -> String {
+    format!(
+        r"
+local v = redis.pcall('GET', KEYS[1])
+if v == ARGV[1] then{action}
   return 1
 elseif not v then
   return 0
 end
 return -1
 "
-    ))
-});
+    )
+}
 
 /// An attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
 /// holder's remaining TTL (`PTTL`) when it is not, in one script and one round trip: a
@@ -125,24 +126,8 @@ return -1
 /// holder's value is left as it is, whoever wrote it.
 ///
 /// Returns 0 when set, and `-3 - pttl` when held (`pttl` -1: no expiry).
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local t = redis.call('PTTL', KEYS[1])
-if t == -2 then
-  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  return 0
-end
-if ARGV[3] ~= '0' then
-  {MARK}
-end
-return -3 - t
-"
-    ))
-});
-
-/// Sets the waiters' mark KEYS[2] (or KEYS[3] in [`ACQUIRE_FENCED`]) for ARGV[3] ms.
-const MARK: &str = "redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])";
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
 /// Reads the fencing counter KEYS[2] into `c`: `false` when unset, and `COUNTER_VALID`
 /// holds when it is unset or a decimal integer below 2^53 (exact as a Lua number).
@@ -161,19 +146,29 @@ static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
 {READ_COUNTER}
 if not {COUNTER_VALID} then
   return -1
-end
+end{}",
+        set_or_pttl("tonumber(c or '0')", "ARGV[4] == '1'")
+    ))
+});
+
+/// The body of both acquisition scripts: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and return
+/// `on_set` when the key is free; otherwise return `-3 - pttl` (the holder's `PTTL`),
+/// first setting the waiters' mark, the last key, for ARGV[3] ms when `waiting` holds.
+fn set_or_pttl(on_set: &str, waiting: &str) -> String {
+    format!(
+        r"
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  return tonumber(c or '0')
+  return {on_set}
 end
-if ARGV[4] == '1' then
-  {MARK}
+if {waiting} then
+  redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])
 end
 return -3 - t
 "
-    ))
-});
+    )
+}
 
 /// Raises the fencing counter KEYS[2] to ARGV[2] while the lock key KEYS[1] holds our
 /// token ARGV[1], and sets the counter's expiry to ARGV[3] ms.
@@ -294,16 +289,27 @@ pub(super) struct Attempt {
     pub(super) mark_ms: Option<u64>,
 }
 
-/// One node's answer to an acquisition attempt.
+/// One node's answer to an acquisition attempt (on one key, or on a set of keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Attempted {
-    /// The key is ours; the fencing counter as it stood (0 without fencing).
+    /// The keys are ours; the fencing counter as it stood, the highest of a set's (0
+    /// without fencing).
     Set(u64),
-    /// Another holder has it, for `pttl_ms` more (-1: no expiry).
+    /// Another holder has a key, for `pttl_ms` more (the longest of a set's holders; -1:
+    /// no expiry; -2: the key is free but not ours to take, as when a fair queue's head
+    /// goes first).
     Held { pttl_ms: i64 },
 }
 
 impl Attempted {
+    /// The fencing counter where the attempt set the keys; `None` where they are held.
+    pub(super) fn counter(&self) -> Option<u64> {
+        match self {
+            Attempted::Set(counter) => Some(*counter),
+            Attempted::Held { .. } => None,
+        }
+    }
+
     /// Decodes a script's reply: a counter when set, `-3 - pttl` when held.
     fn of(reply: i64) -> Self {
         match u64::try_from(reply) {
@@ -352,7 +358,8 @@ pub(super) async fn acquire(
     Ok(Attempted::of(reply))
 }
 
-fn invalid_counter(key: &str) -> NodeFailureReason {
+/// The error of a node whose fencing counter of `key` is not an integer below 2^53.
+pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
         key: Aux::fence(key).to_string(),
     }

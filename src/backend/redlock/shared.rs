@@ -15,19 +15,21 @@
 //! lock: the same vote ([`Rule::Contest`]), the same `ttl - elapsed - drift`. Release and
 //! extension of a shared lease are token-checked scripts on the readers' set, counted
 //! under [`Rule::Proof`]; the last reader's release wakes the waiters that marked `K`.
+//!
+//! [`Rule::Contest`]: super::tally::Rule::Contest
+//! [`Rule::Proof`]: super::tally::Rule::Proof
 
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redis::Script;
+use redis::{Cmd, Script};
 
 use super::Redlock;
-use super::notify::UnsubscribeOnDrop;
-use super::round::{Answers, Stragglers};
-use super::scripts::{self, COUNTER_VALID, Release, evalsha, run};
-use super::tally::{Rule, Verdict, Vote};
+use super::acquire::{Acquisition, CleanUp};
+use super::keys::Keys;
+use super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, invalid_counter, run};
 use crate::backend::connection::Connection;
-use crate::backend::wait::{Waiters, bounded_wait};
+use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key, readers_of};
 
@@ -157,7 +159,7 @@ async fn attempt(
     ttl_ms: u64,
     mark_ms: Option<u64>,
     fenced: bool,
-) -> Result<i64, NodeFailureReason> {
+) -> Result<Attempted, NodeFailureReason> {
     let (script, numkeys) = match access {
         Access::Shared => (&*SHARED_ACQUIRE, 4),
         Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
@@ -176,43 +178,50 @@ async fn attempt(
     if access == Access::Exclusive {
         cmd.arg(if fenced { "1" } else { "0" });
     }
-    let code: i64 = run(&mut conn, script, &cmd).await?;
-    if code == -2 {
-        return Err(NodeFailureReason::InvalidFencingCounter {
-            key: aux(&key, "fence"),
-        });
-    }
-    Ok(code)
+    run_attempt(&mut conn, script, &cmd, &key).await
 }
 
-/// Extends a lease on one node: the readers' script for a shared lease, the plain one
-/// otherwise. 1 when extended, 0 when gone, -1 when another holds it.
-pub(super) async fn extend(
+/// Runs a mode script's attempt (on `key`, with `cmd`) and decodes its answer
+/// ([`decode`]); -2 says the fencing counter is not an integer below 2^53.
+pub(super) async fn run_attempt(
+    conn: &mut Connection,
+    script: &Script,
+    cmd: &Cmd,
+    key: &str,
+) -> Result<Attempted, NodeFailureReason> {
+    let code: i64 = run(conn, script, cmd).await?;
+    if code == -2 {
+        return Err(invalid_counter(key));
+    }
+    Ok(match decode(code) {
+        Ok(counter) => Attempted::Set(counter),
+        Err(pttl_ms) => Attempted::Held { pttl_ms },
+    })
+}
+
+/// Extends a reader on one node (`key` is the readers' set): 1 when extended, 0 when
+/// gone.
+pub(super) async fn extend_reader(
     mut conn: Connection,
     key: Arc<str>,
     token: Token,
     ttl_ms: u64,
-    fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    if readers_of(&key).is_none() {
-        return scripts::extend(conn, key, token, ttl_ms, fence_ms).await;
-    }
     let mut cmd = evalsha(&SHARED_EXTEND, 1);
     cmd.arg(&*key).arg(token.as_bytes()).arg(ttl_ms);
     Ok(run(&mut conn, &SHARED_EXTEND, &cmd).await?)
 }
 
-/// Releases a lease on one node: the readers' script for a shared lease, the plain one
-/// otherwise.
-pub(super) async fn release(
+/// Releases a reader on one node (`key` is the readers' set); `publish` wakes the
+/// waiters that marked the lock when the last reader leaves.
+pub(super) async fn release_reader(
     mut conn: Connection,
     key: Arc<str>,
     token: Token,
     publish: bool,
 ) -> Result<Release, NodeFailureReason> {
-    let Some(lock_key) = readers_of(&key) else {
-        return scripts::release(conn, key, token, publish).await;
-    };
+    // A readers' set always names its lock key.
+    let lock_key = readers_of(&key).unwrap_or(&key);
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
         .arg(aux(lock_key, "waiters"))
@@ -228,51 +237,40 @@ pub(super) async fn release(
 }
 
 impl Redlock {
-    /// Takes `resource` shared: many readers hold it together, none while an exclusive
-    /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or waits
-    /// for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does (woken
-    /// when the writer releases). The lease's key is the readers' set
-    /// `{<lock key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease.
-    /// A reader that crashes drops out at its TTL. Shared leases carry no fencing token.
-    ///
-    /// Cost: one round trip (a script on every node at once) when admitted; two when
-    /// refused (the attempt, and the cleanup of the nodes that admitted it).
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds or
-    /// waits for the key at the deadline.
-    pub async fn lock_shared_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Shared, max_wait).await
-    }
+    waits_by_resource! {
+        /// Takes `resource` shared: many readers hold it together, none while an exclusive
+        /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or
+        /// waits for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does
+        /// (woken when the writer releases). The lease's key is the readers' set `{<lock
+        /// key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease. A
+        /// reader that crashes drops out at its TTL. Shared leases carry no fencing token.
+        ///
+        /// Cost: one round trip (a script on every node at once) when admitted; two when
+        /// refused (the attempt, and the cleanup of the nodes that admitted it).
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds
+        /// or waits for the key at the deadline.
+        lock_shared_within => lock_access_within(Access::Shared);
 
-    /// Takes `resource` exclusively, excluding the readers of
-    /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`) for
-    /// the readers to leave or expire, and, while it waits, keeps new readers out (the
-    /// writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot starve
-    /// it. The lease is a plain lease on the lock key (fenced when the client is).
-    ///
-    /// Plain acquisitions ([`try_lock`](Self::try_lock), [`lock_within`](Self::lock_within))
-    /// do not look at readers: every writer of a key that has readers must use this.
-    ///
-    /// Cost: one round trip when granted (two with fencing tokens); two when refused.
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_within`](Self::lock_within).
-    pub async fn lock_exclusive_within(
-        &self,
-        resource: &str,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.lock_access_within(key, Access::Exclusive, max_wait)
-            .await
+        /// Takes `resource` exclusively, excluding the readers of
+        /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`)
+        /// for the readers to leave or expire, and, while it waits, keeps new readers out
+        /// (the writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot
+        /// starve it. The lease is a plain lease on the lock key (fenced when the client
+        /// is).
+        ///
+        /// Plain acquisitions ([`try_lock`](Self::try_lock),
+        /// [`lock_within`](Self::lock_within)) do not look at readers: every writer of a
+        /// key that has readers must use this.
+        ///
+        /// Cost: one round trip when granted (two with fencing tokens); two when refused.
+        ///
+        /// # Errors
+        ///
+        /// As [`lock_within`](Self::lock_within).
+        lock_exclusive_within => lock_access_within(Access::Exclusive);
     }
 
     /// [`lock_shared_within`](Self::lock_shared_within) or
@@ -289,168 +287,30 @@ impl Redlock {
         .await
     }
 
-    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
-    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
-    /// channel when notifications are on: a waiting attempt marks the key as waited for
-    /// (and keeps a writer's intent up).
-    pub(super) async fn wait_with<F, Fut>(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        mut attempt: F,
-    ) -> Result<Lease, LockError>
-    where
-        F: FnMut(bool) -> Fut,
-        Fut: Future<Output = Result<Lease, LockError>>,
-    {
-        match attempt(false).await {
-            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
-            first => return first,
-        }
-        let notifier = self.inner.notifier.as_ref();
-        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
-            notifier: notifier.clone(),
-            key: key.clone(),
-        });
-        let no_waiters = Waiters::default();
-        let waiters = notifier.map_or(&no_waiters, |n| &*n.waiters);
-        let subscribe = async {
-            if let Some(notifier) = notifier {
-                notifier.subscribe(&key).await;
-            }
-        };
-        // A waiting attempt marks the key even without notifications: a waiting writer's
-        // intent, and a fair waiter's place, must be kept up either way.
-        bounded_wait(waiters, &key, max_wait, || attempt(true), subscribe).await
-    }
-
     async fn acquire_access(
         &self,
         key: Arc<str>,
         access: Access,
         waiting: bool,
     ) -> Result<Lease, LockError> {
-        let token = Token::random();
-        let start = Instant::now();
-        let lease_key = match access {
-            Access::Shared => readers_key(&key),
-            Access::Exclusive => key.clone(),
+        let lease_keys = match access {
+            Access::Shared => Keys::Readers(readers_key(&key)),
+            Access::Exclusive => Keys::Lock(key.clone()),
         };
-        let mut guard = Cleanup {
-            redlock: self,
-            key: &lease_key,
-            token,
-            armed: true,
-            quorum: false,
-        };
+        let mut acquisition = Acquisition::new(self, lease_keys);
+        let token = acquisition.token;
         let ttl_ms = self.inner.policy.ttl_ms();
         let mark_ms = waiting.then_some(self.inner.mark_ms);
-        let fenced = access == Access::Exclusive && self.inner.fence_ms.is_some();
-        let round = self
-            .on_nodes(
+        let fence_ms = self.inner.fence_ms.filter(|_| access == Access::Exclusive);
+        let fenced = fence_ms.is_some();
+        let round = acquisition
+            .round(
                 |conn| attempt(conn, key.clone(), token, access, ttl_ms, mark_ms, fenced),
-                |code| Vote::of(*code >= 0),
-                Rule::Contest,
-                Stragglers::Drop,
+                CleanUp::Awaited,
+                None,
             )
-            .await;
-        match round.verdict {
-            Verdict::Won => {}
-            Verdict::NoQuorum => return Err(self.no_quorum(round)),
-            Verdict::Lost => {
-                let retry_after = self.held_for(&round, None);
-                if may_have_set(&round) {
-                    self.release_all(&lease_key, token, false, |_| Vote::For, Stragglers::Finish)
-                        .await;
-                }
-                guard.armed = false;
-                return Err(LockError::Taken { retry_after });
-            }
-        }
-        guard.quorum = true;
-        let fencing_token = match self.inner.fence_ms.filter(|_| fenced) {
-            Some(fence_ms) => {
-                let highest = round
-                    .values()
-                    .filter_map(|code| decode(*code).ok())
-                    .max()
-                    .unwrap_or(0);
-                Some(
-                    self.raise_fence(&key, token, highest, fence_ms, start)
-                        .await?,
-                )
-            }
-            None => None,
-        };
-        let elapsed = start.elapsed();
-        let validity = self
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
-        guard.armed = false;
-        Ok(Lease {
-            key: lease_key.clone(),
-            token,
-            ttl: self.inner.policy.ttl,
-            valid_until: start + validity,
-            fencing_token,
-            backend: self.inner.id,
-            set: None,
-        })
-    }
-
-    /// How long until enough holders' keys expire for a quorum to be free, from the
-    /// attempts' answers; `turn` is how long a node that is free but not ours (a fair
-    /// queue's head goes first) counts as held.
-    pub(super) fn held_for(&self, round: &Answers<i64>, turn: Option<Duration>) -> Duration {
-        let ttl = self.inner.policy.ttl;
-        let mut held = Vec::with_capacity(round.answers.len());
-        let mut free = 0usize;
-        for code in round.values() {
-            match decode(*code) {
-                Ok(_) => free += 1,
-                Err(ms) => match u64::try_from(ms) {
-                    Ok(ms) => held.push(Duration::from_millis(ms)),
-                    Err(_) if ms == -2 => match turn {
-                        Some(turn) => held.push(turn),
-                        None => free += 1,
-                    },
-                    Err(_) => held.push(ttl),
-                },
-            }
-        }
-        let Some(needed) = self.inner.quorum.checked_sub(free).filter(|n| *n > 0) else {
-            return turn.unwrap_or(Duration::ZERO);
-        };
-        held.sort_unstable();
-        held.get(needed - 1).copied().unwrap_or(ttl)
-    }
-}
-
-/// Whether a refused attempt may have set something on a node: unless every node
-/// answered that it set nothing, the attempt is cleaned up on every node.
-pub(super) fn may_have_set(round: &Answers<i64>) -> bool {
-    !round
-        .answers
-        .iter()
-        .all(|answer| matches!(answer, Some(Ok(code)) if *code < 0))
-}
-
-/// Releases what an attempt set if it is dropped before its verdict, or fails after it.
-pub(super) struct Cleanup<'a> {
-    pub(super) redlock: &'a Redlock,
-    pub(super) key: &'a Arc<str>,
-    pub(super) token: Token,
-    pub(super) armed: bool,
-    /// Whether a quorum was acquired (the release then wakes marked waiters).
-    pub(super) quorum: bool,
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.redlock
-                .release_detached(self.key.clone(), self.token, self.quorum);
-        }
+            .await?;
+        acquisition.won(&round, fence_ms).await
     }
 }
 

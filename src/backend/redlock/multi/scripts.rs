@@ -4,7 +4,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
-use super::super::scripts::{Aux, COUNTER_VALID, Release, evalsha, run};
+use super::super::scripts::{Attempted, Aux, COUNTER_VALID, Release, evalsha, run};
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
@@ -153,14 +153,6 @@ return 0
     )
 });
 
-/// One node's answer to an attempt on a set.
-pub(super) enum Attempt {
-    /// Every key is ours; the highest fencing counter of the set (0 unfenced).
-    Set(u64),
-    /// A key is held; the longest remaining TTL among the holders, in ms (-1: no expiry).
-    Held { pttl_ms: i64 },
-}
-
 /// Which auxiliary key of each lock key a script also gets.
 #[derive(Clone, Copy)]
 enum Beside {
@@ -184,13 +176,13 @@ fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> re
     cmd
 }
 
-pub(super) async fn acquire_on(
+pub(in crate::backend::redlock) async fn acquire_on(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
     ttl_ms: u64,
     fenced: bool,
-) -> Result<Attempt, NodeFailureReason> {
+) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = set_command(&ACQUIRE_ALL, &keys, fenced.then_some(Beside::Fence));
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
@@ -198,8 +190,8 @@ pub(super) async fn acquire_on(
         .arg(if fenced { "1" } else { "0" });
     let reply: (i64, i64) = run(&mut conn, &ACQUIRE_ALL, &cmd).await?;
     match reply {
-        (1, counter) => Ok(Attempt::Set(u64::try_from(counter).unwrap_or(0))),
-        (0, pttl_ms) => Ok(Attempt::Held { pttl_ms }),
+        (1, counter) => Ok(Attempted::Set(u64::try_from(counter).unwrap_or(0))),
+        (0, pttl_ms) => Ok(Attempted::Held { pttl_ms }),
         (_, index) => {
             let key = usize::try_from(index - 1)
                 .ok()
@@ -212,7 +204,7 @@ pub(super) async fn acquire_on(
     }
 }
 
-pub(super) async fn fence_on(
+pub(in crate::backend::redlock) async fn fence_on(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -233,7 +225,7 @@ pub(super) async fn fence_on(
     Ok(reply)
 }
 
-pub(super) async fn extend_on(
+pub(in crate::backend::redlock) async fn extend_on(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -249,7 +241,7 @@ pub(super) async fn extend_on(
     Ok(run(&mut conn, &EXTEND_ALL, &cmd).await?)
 }
 
-pub(super) async fn release_on(
+pub(in crate::backend::redlock) async fn release_on(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,

@@ -1,0 +1,134 @@
+//! What a lease holds on each node, and the node calls that act on it whatever it is:
+//! one lock key, a shared lease's readers' set, or a set of lock keys taken together.
+//! Each call is one script on the node.
+
+use std::sync::Arc;
+
+use super::Redlock;
+use super::multi::scripts::{extend_on, fence_on, release_on};
+use super::round::{Answers, Stragglers};
+use super::scripts::{self, Release};
+use super::shared;
+use super::tally::{Rule, Vote};
+use crate::backend::connection::Connection;
+use crate::error::NodeFailureReason;
+use crate::lease::{Lease, Token, readers_of};
+
+/// The keys of a lease (or of an attempt at one) on each node.
+#[derive(Debug, Clone)]
+pub(super) enum Keys {
+    /// One lock key.
+    Lock(Arc<str>),
+    /// A shared lease's readers' set, `{<lock key>}:readers`.
+    Readers(Arc<str>),
+    /// Several lock keys, sorted and distinct, held together
+    /// ([`try_lock_all`](Redlock::try_lock_all)).
+    Set(Arc<[Arc<str>]>),
+}
+
+impl Keys {
+    /// One key of a lease: a readers' set or a lock key, told apart by its name.
+    pub(super) fn one(key: Arc<str>) -> Self {
+        if readers_of(&key).is_some() {
+            Keys::Readers(key)
+        } else {
+            Keys::Lock(key)
+        }
+    }
+
+    /// The keys `lease` holds.
+    pub(super) fn of(lease: &Lease) -> Self {
+        match &lease.set {
+            Some(keys) => Keys::Set(keys.clone()),
+            None => Self::one(lease.key.clone()),
+        }
+    }
+
+    /// The lease's [`key`](Lease::key): the first of a set.
+    pub(super) fn lease_key(&self) -> Arc<str> {
+        match self {
+            Keys::Lock(key) | Keys::Readers(key) => key.clone(),
+            Keys::Set(keys) => keys[0].clone(),
+        }
+    }
+
+    /// Every key of a set; `None` for one key.
+    pub(super) fn set(&self) -> Option<Arc<[Arc<str>]>> {
+        match self {
+            Keys::Set(keys) => Some(keys.clone()),
+            Keys::Lock(_) | Keys::Readers(_) => None,
+        }
+    }
+
+    /// Extends the keys' TTL to `ttl_ms` on one node where they hold `token` (a set only
+    /// where every key does), and with `fence_ms` the expiry of their fencing counters: 1
+    /// when done, 0 when gone, -1 when something else holds them.
+    pub(super) async fn extend(
+        self,
+        conn: Connection,
+        token: Token,
+        ttl_ms: u64,
+        fence_ms: Option<u64>,
+    ) -> Result<i64, NodeFailureReason> {
+        match self {
+            Keys::Lock(key) => scripts::extend(conn, key, token, ttl_ms, fence_ms).await,
+            Keys::Readers(key) => shared::extend_reader(conn, key, token, ttl_ms).await,
+            Keys::Set(keys) => extend_on(conn, keys, token, ttl_ms, fence_ms).await,
+        }
+    }
+
+    /// Deletes the keys on one node where they hold `token` (a set key by key);
+    /// `publish` wakes the waiters that marked them.
+    pub(super) async fn release(
+        self,
+        conn: Connection,
+        token: Token,
+        publish: bool,
+    ) -> Result<Release, NodeFailureReason> {
+        match self {
+            Keys::Lock(key) => scripts::release(conn, key, token, publish).await,
+            Keys::Readers(key) => shared::release_reader(conn, key, token, publish).await,
+            Keys::Set(keys) => release_on(conn, keys, token, publish).await,
+        }
+    }
+
+    /// Raises the keys' fencing counters to `fencing_token` on one node where they hold
+    /// `token`, with the expiry `fence_ms`: 1 when done, 0 when they do not hold the
+    /// token. (A shared lease is never fenced.)
+    pub(super) async fn raise_fence(
+        self,
+        conn: Connection,
+        token: Token,
+        fencing_token: u64,
+        fence_ms: u64,
+    ) -> Result<i64, NodeFailureReason> {
+        match self {
+            Keys::Lock(key) | Keys::Readers(key) => {
+                scripts::raise_fence(conn, key, token, fencing_token, fence_ms).await
+            }
+            Keys::Set(keys) => fence_on(conn, keys, token, fencing_token, fence_ms).await,
+        }
+    }
+}
+
+impl Redlock {
+    /// Deletes `keys` on every node where they hold `token`, with the answers counted by
+    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked them: a
+    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
+    /// (see the RELEASE script).
+    pub(super) fn release_keys(
+        &self,
+        keys: Keys,
+        token: Token,
+        publish: bool,
+        vote: fn(&Release) -> Vote,
+        stragglers: Stragglers,
+    ) -> impl Future<Output = Answers<Release>> {
+        self.on_nodes(
+            move |conn| keys.clone().release(conn, token, publish),
+            vote,
+            Rule::Proof,
+            stragglers,
+        )
+    }
+}

@@ -1,0 +1,157 @@
+//! Waiting for a held lock: on the nodes, woken by release notifications (see
+//! [`notify`](super::notify)) or a fallback timer, and, behind a holder of this process,
+//! in process without Redis.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Redlock;
+use super::notify::UnsubscribeOnDrop;
+use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait, waits_by_resource};
+use crate::error::LockError;
+use crate::lease::Lease;
+
+impl Redlock {
+    waits_by_resource! {
+        /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when
+        /// the holder releases (waiters subscribe to the channel `{<key>}:released` on
+        /// every node and set a short-lived mark `{<key>}:waiters` beside the lock, leaving
+        /// the holder's value alone; the release of a marked lock publishes on that
+        /// channel), and re-tries on a jittered fallback timer (the holder's remaining TTL,
+        /// at most 1 s) in case a notification is missed, the holder is another client that
+        /// does not publish, or the lease simply expires. Behind a holder of this client,
+        /// the waiter queues in process (woken by its release, or at the end of its
+        /// validity) without touching Redis. A zero `max_wait` is one attempt, like
+        /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its
+        /// end (bounded by the node timeout) rather than being cut off.
+        ///
+        /// # Errors
+        ///
+        /// [`LockError::Taken`] when the lock is still held at the deadline; the other
+        /// errors of [`try_lock`](Self::try_lock) at once.
+        lock_within => lock_key_within();
+    }
+
+    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    pub(crate) async fn lock_key_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Lease, LockError> {
+        match self.acquire(key.clone(), false).await {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        let deadline = Instant::now().checked_add(max_wait);
+        // Behind a holder of this process: queue here, without Redis, until it releases.
+        if let Some(result) = self.queue_locally(&key, deadline).await {
+            return result;
+        }
+        let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
+        // Subscribed by now: mark the lock as waited for, so that its release publishes.
+        let mark = self.inner.notifier.is_some();
+        self.wait_on_nodes(&key, left, &self.inner.waiters, || {
+            self.acquire(key.clone(), mark)
+        })
+        .await
+    }
+
+    /// Waits while this process holds `key`: woken by its release (or, should that wake-up
+    /// be lost, at least every second, which costs no Redis call while the holder stays),
+    /// and tries again, in process first. `None` once the holder is another process's
+    /// (the caller then waits on Redis); otherwise `Some` with the outcome of the first
+    /// attempt that is not refused for contention, or `Taken` at the deadline.
+    async fn queue_locally(
+        &self,
+        key: &Arc<str>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Lease, LockError>> {
+        let mut valid_until = self.inner.hot.holder(key)?;
+        let ticket = self.inner.waiters.register(key);
+        loop {
+            let notified = ticket.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let now = Instant::now();
+            if deadline.is_some_and(|d| d <= now) {
+                return Some(Err(LockError::Taken {
+                    retry_after: valid_until.saturating_duration_since(now),
+                }));
+            }
+            if self.inner.hot.holder(key).is_some() {
+                let wake_at = now
+                    .checked_add(MAX_FALLBACK)
+                    .map_or(valid_until, |fallback| fallback.min(valid_until));
+                let wake_at = deadline.map_or(wake_at, |d| d.min(wake_at));
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep_until(wake_at.into()) => {}
+                }
+            }
+            match self.acquire(key.clone(), false).await {
+                Err(LockError::Taken { .. }) => match self.inner.hot.holder(key) {
+                    Some(next) => valid_until = next,
+                    None => return None,
+                },
+                other => return Some(other),
+            }
+        }
+    }
+
+    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
+    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
+    /// channel when notifications are on: a waiting attempt marks the key as waited for
+    /// (and keeps a writer's intent up).
+    pub(super) async fn wait_with<F, Fut>(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+        mut attempt: F,
+    ) -> Result<Lease, LockError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<Lease, LockError>>,
+    {
+        match attempt(false).await {
+            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
+            first => return first,
+        }
+        // Without notifications, nothing wakes the waiter but its timer.
+        let no_waiters = Waiters::default();
+        let notifier = self.inner.notifier.as_ref();
+        let waiters = notifier.map_or(&no_waiters, |notifier| &*notifier.waiters);
+        // A waiting attempt marks the key even without notifications: a waiting writer's
+        // intent, and a fair waiter's place, must be kept up either way.
+        self.wait_on_nodes(&key, max_wait, waiters, || attempt(true))
+            .await
+    }
+
+    /// Waits up to `max_wait` for `key` on the nodes: subscribed to its release channel
+    /// (when notifications are on) for as long as the wait lasts, it runs `attempt` each
+    /// time `waiters` wake it or the fallback timer fires, until an attempt is not
+    /// refused for contention ([`bounded_wait`]).
+    async fn wait_on_nodes<F, Fut>(
+        &self,
+        key: &Arc<str>,
+        max_wait: Duration,
+        waiters: &Waiters,
+        attempt: F,
+    ) -> Result<Lease, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Lease, LockError>>,
+    {
+        let notifier = self.inner.notifier.as_ref();
+        // Also when this future is dropped mid-wait.
+        let _unsubscribe = notifier.map(|notifier| UnsubscribeOnDrop {
+            notifier: notifier.clone(),
+            key: key.clone(),
+        });
+        let subscribe = async {
+            if let Some(notifier) = notifier {
+                notifier.subscribe(key).await;
+            }
+        };
+        bounded_wait(waiters, key, max_wait, attempt, subscribe).await
+    }
+}
