@@ -37,117 +37,94 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-/// `tower_redlock_lock_requests_total{result}`: the outcome of every lock a
-/// [`LockLayer`](crate::LockLayer) or a [`Locked`](crate::Locked) extractor asked for.
-pub(crate) const LOCK_REQUESTS: &str = "tower_redlock_lock_requests_total";
-/// `tower_redlock_lock_acquire_duration_seconds`: how long an acquisition took, whatever
-/// its outcome.
-pub(crate) const LOCK_ACQUIRE_DURATION: &str = "tower_redlock_lock_acquire_duration_seconds";
-/// `tower_redlock_lock_held_duration_seconds`: how long a lease was held, from its
-/// acquisition to its release or loss.
-pub(crate) const LOCK_HELD_DURATION: &str = "tower_redlock_lock_held_duration_seconds";
-/// `tower_redlock_rate_limit_requests_total{result}`.
-pub(crate) const RATE_LIMIT_REQUESTS: &str = "tower_redlock_rate_limit_requests_total";
-/// `tower_redlock_idempotency_requests_total{result}`.
-pub(crate) const IDEMPOTENCY_REQUESTS: &str = "tower_redlock_idempotency_requests_total";
-/// `tower_redlock_node_errors_total{node}`: a Redis node that failed or did not answer in
-/// time, by `host:port`.
-pub(crate) const NODE_ERRORS: &str = "tower_redlock_node_errors_total";
+/// The result enums of the request counters: each variant with its `result` label value,
+/// and a `count` that increments the counter with a static key (the `metrics` macros
+/// build a key per call, with an allocation, unless the name and labels are literals).
+macro_rules! results {
+    (
+        $(#[$meta:meta])*
+        $name:ident counts $metric:literal {
+            $($(#[$variant_meta:meta])* $variant:ident => $label:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum $name {
+            $($(#[$variant_meta])* $variant,)*
+        }
 
-/// The `result` of a lock request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockResult {
-    /// A lease was taken: the request ran.
-    Acquired,
-    /// Another holder had the key: 409 or 423.
-    Taken,
-    /// No quorum, or too slow to leave validity: 503.
-    Unavailable,
-    /// The key was missing or unusable: 400.
-    Invalid,
-    /// A held lease was lost while its request ran (a renewal found the token gone, or the
-    /// validity ran out). Counted on top of `acquired`.
-    Lost,
+        impl $name {
+            /// Counts one request with this result.
+            pub(crate) fn count(self) {
+                #[cfg(feature = "metrics")]
+                match self {
+                    $(Self::$variant => {
+                        metrics::counter!($metric, "result" => $label).increment(1);
+                    })*
+                }
+            }
+        }
+    };
 }
 
-impl LockResult {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Acquired => "acquired",
-            Self::Taken => "taken",
-            Self::Unavailable => "unavailable",
-            Self::Invalid => "invalid",
-            Self::Lost => "lost",
-        }
+results! {
+    /// The `result` of a lock request: `tower_redlock_lock_requests_total{result}`, the
+    /// outcome of every lock a [`LockLayer`](crate::LockLayer) or a
+    /// [`Locked`](crate::Locked) extractor asked for.
+    LockResult counts "tower_redlock_lock_requests_total" {
+        /// A lease was taken: the request ran.
+        Acquired => "acquired",
+        /// Another holder had the key: 409 or 423.
+        Taken => "taken",
+        /// No quorum, or too slow to leave validity: 503.
+        Unavailable => "unavailable",
+        /// The key was missing or unusable: 400.
+        Invalid => "invalid",
+        /// A held lease was lost while its request ran (a renewal found the token gone,
+        /// or the validity ran out). Counted on top of `acquired`.
+        Lost => "lost",
     }
 }
 
-/// The `result` of a rate-limited request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RateLimitResult {
-    /// Counted, within the quota.
-    Allowed,
-    /// Over the quota: 429.
-    Limited,
-    /// The store could not count it: run uncounted (fail open) or 503.
-    Unavailable,
-    /// The key was missing or unusable: 400.
-    Invalid,
-}
-
-impl RateLimitResult {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Limited => "limited",
-            Self::Unavailable => "unavailable",
-            Self::Invalid => "invalid",
-        }
+results! {
+    /// The `result` of a rate-limited request:
+    /// `tower_redlock_rate_limit_requests_total{result}`.
+    RateLimitResult counts "tower_redlock_rate_limit_requests_total" {
+        /// Counted, within the quota.
+        Allowed => "allowed",
+        /// Over the quota: 429.
+        Limited => "limited",
+        /// The store could not count it: run uncounted (fail open) or 503.
+        Unavailable => "unavailable",
+        /// The key was missing or unusable: 400.
+        Invalid => "invalid",
     }
 }
 
-/// The `result` of a request through the idempotency layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum IdempotencyResult {
-    /// No record: the request runs, its response is stored.
-    New,
-    /// A record for the same request: its response is replayed.
-    Replayed,
-    /// The same key is in flight: 409.
-    InFlight,
-    /// A record for another request (another payload): 422.
-    Mismatch,
-    /// No `Idempotency-Key` header: 400.
-    Missing,
-    /// An unusable key, or a record that cannot be replayed or read: 400, 409 or 500.
-    Invalid,
-    /// The store could not answer: 503.
-    Unavailable,
-}
-
-impl IdempotencyResult {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::New => "new",
-            Self::Replayed => "replayed",
-            Self::InFlight => "in_flight",
-            Self::Mismatch => "mismatch",
-            Self::Missing => "missing",
-            Self::Invalid => "invalid",
-            Self::Unavailable => "unavailable",
-        }
+results! {
+    /// The `result` of a request through the idempotency layer:
+    /// `tower_redlock_idempotency_requests_total{result}`.
+    IdempotencyResult counts "tower_redlock_idempotency_requests_total" {
+        /// No record: the request runs, its response is stored.
+        New => "new",
+        /// A record for the same request: its response is replayed.
+        Replayed => "replayed",
+        /// The same key is in flight: 409.
+        InFlight => "in_flight",
+        /// A record for another request (another payload): 422.
+        Mismatch => "mismatch",
+        /// No `Idempotency-Key` header: 400.
+        Missing => "missing",
+        /// An unusable key, or a record that cannot be replayed or read: 400, 409 or 500.
+        Invalid => "invalid",
+        /// The store could not answer: 503.
+        Unavailable => "unavailable",
     }
 }
 
 /// Counts one lock request.
 pub(crate) fn lock_request(result: LockResult) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(LOCK_REQUESTS, "result" => result.as_str()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = result;
+    result.count();
 }
 
 /// Counts one lock request by the outcome of its acquisition, begun at `started`, and
@@ -174,7 +151,8 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
 /// Records how long an acquisition took.
 pub(crate) fn lock_acquired_in(elapsed: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(LOCK_ACQUIRE_DURATION).record(elapsed.as_secs_f64());
+    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
+        .record(elapsed.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = elapsed;
 }
@@ -182,31 +160,25 @@ pub(crate) fn lock_acquired_in(elapsed: Duration) {
 /// Records how long a lease was held.
 pub(crate) fn lock_held_for(held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(LOCK_HELD_DURATION).record(held.as_secs_f64());
+    metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = held;
 }
 
 /// Counts one rate-limited request.
 pub(crate) fn rate_limit_request(result: RateLimitResult) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(RATE_LIMIT_REQUESTS, "result" => result.as_str()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = result;
+    result.count();
 }
 
 /// Counts one request through the idempotency layer.
 pub(crate) fn idempotency_request(result: IdempotencyResult) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(IDEMPOTENCY_REQUESTS, "result" => result.as_str()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = result;
+    result.count();
 }
 
 /// Counts one failure (an error or a timeout) of the Redis node at `node` (`host:port`).
 pub(crate) fn node_error(node: &str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(NODE_ERRORS, "node" => node.to_owned()).increment(1);
+    metrics::counter!("tower_redlock_node_errors_total", "node" => node.to_owned()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = node;
 }

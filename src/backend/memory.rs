@@ -1,7 +1,6 @@
 //! The in-process backend: the same contract as [`Redlock`](crate::Redlock), in one
 //! process, without Redis.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -9,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{
@@ -60,7 +60,7 @@ struct Shared {
 }
 
 struct State {
-    held: HashMap<Arc<str>, Held>,
+    held: KeyMap<Arc<str>, Held>,
     /// Expired entries are swept when the map grows past this size.
     sweep_at: usize,
     /// The last fencing token issued, for any key.
@@ -163,7 +163,7 @@ impl MemoryLocks {
                 id: crate::backend::next_backend_id(),
                 policy,
                 state: Mutex::new(State {
-                    held: HashMap::new(),
+                    held: KeyMap::default(),
                     sweep_at: MIN_SWEEP,
                     fence: 0,
                     modes: modes::Modes::default(),

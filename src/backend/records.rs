@@ -1,11 +1,12 @@
 //! The in-process store of idempotency records: bounded memory, expired records evicted.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::backend::KeyMap;
 use crate::lease::Lease;
 
 /// What a request with an idempotency key finds.
@@ -50,7 +51,7 @@ pub(crate) struct MemoryRecords {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: HashMap<Arc<str>, Entry>,
+    records: KeyMap<Arc<str>, Entry>,
     by_expiry: BTreeSet<(Instant, Arc<str>)>,
     bytes: usize,
 }

@@ -11,7 +11,6 @@
 //! publishing) and a lease can simply expire without a release, so every wait also has a
 //! fallback timer: the holder's remaining TTL, capped at one second, with jitter.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::backend::KeyMap;
 use crate::error::LockError;
 use crate::lease::Lease;
 
@@ -28,7 +28,7 @@ pub(crate) const MAX_FALLBACK: Duration = Duration::from_secs(1);
 /// The waiters of this process, per key.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    keys: Mutex<HashMap<Arc<str>, Waiting>>,
+    keys: Mutex<KeyMap<Arc<str>, Waiting>>,
     /// How many keys are waited on: lets a release skip the lock when nobody waits.
     waited: AtomicUsize,
 }
@@ -46,7 +46,7 @@ pub(crate) struct WaitTicket<'a> {
 }
 
 impl Waiters {
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Waiting>> {
+    fn keys(&self) -> std::sync::MutexGuard<'_, KeyMap<Arc<str>, Waiting>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -1,10 +1,10 @@
 //! [`MemoryConcurrencyLimiter`]: in-flight counts in this process's memory.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{ConcurrencyError, Slot};
+use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
 /// In-flight counts in this process's memory, with the contract of
@@ -41,7 +41,7 @@ pub struct MemoryConcurrencyLimiter {
 }
 
 struct Counts {
-    in_flight: HashMap<Arc<str>, u32>,
+    in_flight: KeyMap<Arc<str>, u32>,
     max_keys: usize,
 }
 
@@ -78,7 +78,7 @@ impl MemoryConcurrencyLimiter {
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Counts {
-                in_flight: HashMap::new(),
+                in_flight: KeyMap::default(),
                 max_keys: max_keys.max(1),
             })),
         }

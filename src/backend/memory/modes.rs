@@ -3,11 +3,12 @@
 //! `RwLock` (writer-preferring: no new reader while a writer waits) and a FIFO queue of
 //! waiters per key.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, State};
+use crate::backend::KeyMap;
 use crate::backend::wait::{bounded_wait, waits_by_resource};
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Token, readers_key, readers_of};
@@ -18,13 +19,13 @@ const TURN: Duration = Duration::from_millis(100);
 /// Readers, waiting writers and fair queues, per lock key.
 #[derive(Default)]
 pub(super) struct Modes {
-    keys: HashMap<Arc<str>, KeyModes>,
+    keys: KeyMap<Arc<str>, KeyModes>,
 }
 
 #[derive(Default)]
 struct KeyModes {
     /// The readers' tokens and their expiry.
-    readers: HashMap<Token, Instant>,
+    readers: KeyMap<Token, Instant>,
     /// Exclusive requests waiting: no new reader meanwhile.
     writers_waiting: usize,
     /// Fair waiters in arrival order, with their deadlines.

@@ -1,14 +1,15 @@
 //! [`MemoryRateLimiter`]: fixed-window counters in this process's memory.
 
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use super::RateLimitError;
 use super::quota::{Quota, Usage};
+use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
 /// Fixed-window counters in this process's memory, with the same semantics as
@@ -65,7 +66,7 @@ pub struct MemoryRateLimiter {
 }
 
 struct Windows {
-    counts: HashMap<Arc<str>, Window>,
+    counts: KeyMap<Arc<str>, Window>,
     /// Every window by the instant it ends, soonest first: one entry per key of `counts`.
     ends: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     max_keys: usize,
@@ -113,7 +114,7 @@ impl MemoryRateLimiter {
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Windows {
-                counts: HashMap::new(),
+                counts: KeyMap::default(),
                 ends: BinaryHeap::new(),
                 max_keys: max_keys.max(1),
             })),
