@@ -207,9 +207,9 @@ impl Redlock {
     /// While this client holds the key, the answer is [`LockError::Taken`] at once,
     /// without Redis; while another attempt of this client on the key is in flight, this
     /// one waits for it and shares its outcome (a burst on one key costs Redis one
-    /// attempt). Otherwise one round trip per node, one script that sets the key when it is
-    /// free and otherwise answers the holder's `PTTL`, and no cleanup where nothing was
-    /// set.
+    /// attempt). Otherwise the native `SET key token NX PX ttl` on every node at once; a
+    /// node that refuses it is then asked the holder's `PTTL` (for the error's
+    /// `retry_after`), and there is no cleanup where nothing was set.
     ///
     /// # Errors
     ///

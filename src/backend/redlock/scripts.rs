@@ -7,6 +7,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
+    Value,
 };
 
 use crate::backend::connection::Connection;
@@ -117,13 +118,14 @@ return -1
     )
 }
 
-/// An attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
+/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
 /// holder's remaining TTL (`PTTL`) when it is not, in one script and one round trip: a
 /// loser needs nothing else (no cleanup where nothing was set, no second command for
-/// `Retry-After`). `PTTL` comes first, so that a loser costs the node the script and
-/// that one command. When the lock is held and ARGV[3] is not `0`, also sets the
-/// waiters' mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes. The
-/// holder's value is left as it is, whoever wrote it.
+/// `Retry-After`). When the lock is held and ARGV[3] is not `0`, also sets the waiters'
+/// mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes; that mark must be
+/// set atomically with the check, hence a script. The holder's value is left as it is,
+/// whoever wrote it. (A plain attempt sends the native `SET NX PX` instead:
+/// [`acquire_plain`].)
 ///
 /// Returns 0 when set, and `-3 - pttl` when held (`pttl` -1: no expiry).
 static ACQUIRE: LazyLock<Script> =
@@ -321,14 +323,17 @@ impl Attempted {
     }
 }
 
-/// An acquisition attempt on one node, in one round trip: one script ([`ACQUIRE`], or
-/// [`ACQUIRE_FENCED`] with fencing tokens).
+/// An acquisition attempt on one node: a plain one by [`acquire_plain`]; a waiter's or a
+/// fenced one in one script and one round trip ([`ACQUIRE`], [`ACQUIRE_FENCED`]).
 pub(super) async fn acquire(
     mut conn: Connection,
     key: Arc<str>,
     token: Token,
     attempt: Attempt,
 ) -> Result<Attempted, NodeFailureReason> {
+    if !attempt.fenced && attempt.mark_ms.is_none() {
+        return acquire_plain(conn, &key, token, attempt.ttl_ms).await;
+    }
     let mark_ms = attempt.mark_ms.unwrap_or(0);
     let reply: i64 = if attempt.fenced {
         let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
@@ -345,8 +350,8 @@ pub(super) async fn acquire(
         }
         reply
     } else {
-        // Plain and waiting attempts alike: one script, which also answers a loser the
-        // holder's remaining TTL.
+        // A waiter's attempt: one script, which also sets the waiters' mark where the
+        // lock is held and answers the holder's remaining TTL.
         let mut cmd = evalsha(&ACQUIRE, 2);
         cmd.arg(&*key)
             .arg(Aux::waiters(&key))
@@ -356,6 +361,34 @@ pub(super) async fn acquire(
         run(&mut conn, &ACQUIRE, &cmd).await?
     };
     Ok(Attempted::of(reply))
+}
+
+/// A plain attempt on one node: the native `SET key token NX PX ttl`, the command of the
+/// Redis docs' algorithm, which costs the node a fraction of a script; only when it is
+/// refused, `PTTL key` after it, for how long the holder has left (a second round trip
+/// on the refusal path alone, which a burst on one key shares: see [`hot`](super::hot)).
+async fn acquire_plain(
+    mut conn: Connection,
+    key: &str,
+    token: Token,
+    ttl_ms: u64,
+) -> Result<Attempted, NodeFailureReason> {
+    let mut set = command("SET");
+    set.arg(key)
+        .arg(token.as_bytes())
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    if let Value::Okay = set.query_async(&mut conn).await? {
+        return Ok(Attempted::Set(0));
+    }
+    let mut pttl = command("PTTL");
+    pttl.arg(key);
+    let pttl_ms: i64 = pttl.query_async(&mut conn).await?;
+    Ok(Attempted::Held {
+        // -2: gone since the `SET`, free now.
+        pttl_ms: if pttl_ms == -2 { 0 } else { pttl_ms },
+    })
 }
 
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
