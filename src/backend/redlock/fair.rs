@@ -24,10 +24,10 @@ use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
-use super::keys::Keys;
+use super::keys::{Aux, Keys};
 use super::round::Stragglers;
 use super::scripts::{Attempted, COUNTER_VALID, evalsha, run};
-use super::shared::{NOW, aux, run_attempt};
+use super::shared::{NOW, run_attempt};
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::backend::wait::waits_by_resource;
@@ -128,10 +128,10 @@ async fn attempt(
 ) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
     cmd.arg(&*key)
-        .arg(aux(&key, "queue"))
-        .arg(aux(&key, "queue-deadlines"))
-        .arg(aux(&key, "waiters"))
-        .arg(aux(&key, "fence"))
+        .arg(Aux::queue(&key))
+        .arg(Aux::queue_deadlines(&key))
+        .arg(Aux::waiters(&key))
+        .arg(Aux::fence(&key))
         .arg(a.waiter.id.as_bytes())
         .arg(a.token.as_bytes())
         .arg(a.ttl_ms)
@@ -144,8 +144,8 @@ async fn attempt(
 
 async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_LEAVE, 2);
-    cmd.arg(aux(&key, "queue"))
-        .arg(aux(&key, "queue-deadlines"))
+    cmd.arg(Aux::queue(&key))
+        .arg(Aux::queue_deadlines(&key))
         .arg(id.as_bytes())
         .arg(&*key);
     let _: i64 = run(&mut conn, &FAIR_LEAVE, &cmd).await?;

@@ -16,8 +16,9 @@ use bytes::Bytes;
 use redis::{Script, Value};
 
 use super::Redlock;
+use super::keys::Aux;
 use super::round::Stragglers;
-use super::scripts::{self, Aux};
+use super::scripts;
 use super::tally::{Rule, Verdict, Vote};
 use crate::backend::connection::Connection;
 use crate::backend::records::Begin;

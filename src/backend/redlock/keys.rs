@@ -2,7 +2,11 @@
 //! one lock key, a shared lease's readers' set, or a set of lock keys taken together.
 //! Each call is one script on the node.
 
+use std::fmt;
+use std::io::Write as _;
 use std::sync::Arc;
+
+use redis::{RedisWrite, ToRedisArgs};
 
 use super::Redlock;
 use super::multi::scripts::{extend_on, fence_on, release_on};
@@ -130,5 +134,91 @@ impl Redlock {
             Rule::Proof,
             stragglers,
         )
+    }
+}
+
+/// A lock's own key or channel beside the lock key: `{<lock key>}:<role>`.
+///
+/// The hash tag `{<lock key>}` puts it in the lock key's Redis Cluster slot, and since
+/// lock keys never contain `{` or `}` (the prefix is checked, resource names and request
+/// values are percent-encoded), it can never be a lock key itself. As a command argument
+/// it is written in place, without building a string.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Aux<'a> {
+    lock_key: &'a str,
+    role: &'static str,
+}
+
+impl<'a> Aux<'a> {
+    const fn new(lock_key: &'a str, role: &'static str) -> Self {
+        Self { lock_key, role }
+    }
+
+    /// The waiters' mark: present while a waiter subscribed to the release channel waits.
+    pub(super) fn waiters(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "waiters")
+    }
+
+    /// The release channel, published on when a marked lock is released.
+    pub(super) fn released(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "released")
+    }
+
+    /// The lock's idempotency record.
+    #[cfg(feature = "idempotency")]
+    pub(super) fn record(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "record")
+    }
+
+    /// The lock's fencing counter.
+    pub(super) fn fence(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "fence")
+    }
+
+    /// The readers' set of a shared lock.
+    pub(super) fn readers(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "readers")
+    }
+
+    /// A waiting writer's intent, which keeps new readers out.
+    pub(super) fn writer_waiting(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "writer-waiting")
+    }
+
+    /// The fair queue of waiters.
+    pub(super) fn queue(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "queue")
+    }
+
+    /// The fair queue's per-entry deadlines.
+    pub(super) fn queue_deadlines(lock_key: &'a str) -> Self {
+        Self::new(lock_key, "queue-deadlines")
+    }
+
+    /// The lock key of a release channel's name.
+    pub(super) fn lock_key_of_release(channel: &str) -> Option<&str> {
+        channel.strip_prefix('{')?.strip_suffix("}:released")
+    }
+}
+
+impl fmt::Display for Aux<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{{}}}:{}", self.lock_key, self.role)
+    }
+}
+
+impl ToRedisArgs for Aux<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Written in place: no string is built.
+        let mut arg = out.writer_for_next_arg();
+        for part in [
+            b"{".as_slice(),
+            self.lock_key.as_bytes(),
+            b"}:",
+            self.role.as_bytes(),
+        ] {
+            // Writing into the command's buffer cannot fail.
+            let _ = arg.write_all(part);
+        }
     }
 }

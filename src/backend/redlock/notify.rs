@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::oneshot;
 
-use super::scripts::Aux;
+use super::keys::Aux;
 use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
 

@@ -1,15 +1,11 @@
 //! The Lua scripts, hashed once (SHA-1 in `redis::Script::new`) and run by `EVALSHA`,
 //! with a fallback to loading them when a node answers `NOSCRIPT` (after a restart, say).
 
-use std::fmt;
-use std::io::Write;
 use std::sync::{Arc, LazyLock};
 
-use redis::{
-    Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
-    Value,
-};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
+use super::keys::Aux;
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
@@ -196,79 +192,6 @@ return 1
 "
     ))
 });
-
-/// A lock's own key or channel beside the lock key: `{<lock key>}:<role>`.
-///
-/// The hash tag `{<lock key>}` puts it in the lock key's Redis Cluster slot, and since
-/// lock keys never contain `{` or `}` (the prefix is checked, resource names and request
-/// values are percent-encoded), it can never be a lock key itself.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Aux<'a> {
-    lock_key: &'a str,
-    role: &'static str,
-}
-
-impl<'a> Aux<'a> {
-    /// The waiters' mark: present while a waiter subscribed to the release channel waits.
-    pub(super) fn waiters(lock_key: &'a str) -> Self {
-        Self {
-            lock_key,
-            role: "waiters",
-        }
-    }
-
-    /// The release channel, published on when a marked lock is released.
-    pub(super) fn released(lock_key: &'a str) -> Self {
-        Self {
-            lock_key,
-            role: "released",
-        }
-    }
-
-    /// The lock's idempotency record.
-    #[cfg(feature = "idempotency")]
-    pub(super) fn record(lock_key: &'a str) -> Self {
-        Self {
-            lock_key,
-            role: "record",
-        }
-    }
-
-    /// The lock's fencing counter.
-    pub(super) fn fence(lock_key: &'a str) -> Self {
-        Self {
-            lock_key,
-            role: "fence",
-        }
-    }
-
-    /// The lock key of a release channel's name.
-    pub(super) fn lock_key_of_release(channel: &str) -> Option<&str> {
-        channel.strip_prefix('{')?.strip_suffix("}:released")
-    }
-}
-
-impl fmt::Display for Aux<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{{{}}}:{}", self.lock_key, self.role)
-    }
-}
-
-impl ToRedisArgs for Aux<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        // Written in place: no string is built.
-        let mut arg = out.writer_for_next_arg();
-        for part in [
-            b"{".as_slice(),
-            self.lock_key.as_bytes(),
-            b"}:",
-            self.role.as_bytes(),
-        ] {
-            // Writing into the command's buffer cannot fail.
-            let _ = arg.write_all(part);
-        }
-    }
-}
 
 /// One node's answer to a release.
 pub(super) enum Release {

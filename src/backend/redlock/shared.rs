@@ -26,7 +26,7 @@ use redis::{Cmd, Script};
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
-use super::keys::Keys;
+use super::keys::{Aux, Keys};
 use super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, invalid_counter, run};
 use crate::backend::connection::Connection;
 use crate::backend::wait::waits_by_resource;
@@ -140,11 +140,6 @@ return 1
     ))
 });
 
-/// `{<lock key>}:<role>`, a lock's own key in its slot.
-pub(super) fn aux(lock_key: &str, role: &str) -> String {
-    format!("{{{lock_key}}}:{role}")
-}
-
 /// One node's answer to an attempt: `Ok(counter)` when set, else the holder's time left
 /// in ms (-1: no expiry, -2: nothing holds it).
 pub(super) fn decode(code: i64) -> Result<u64, i64> {
@@ -165,12 +160,12 @@ async fn attempt(
         Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
     };
     let mut cmd = evalsha(script, numkeys);
-    cmd.arg(aux(&key, "readers"))
+    cmd.arg(Aux::readers(&key))
         .arg(&*key)
-        .arg(aux(&key, "writer-waiting"))
-        .arg(aux(&key, "waiters"));
+        .arg(Aux::writer_waiting(&key))
+        .arg(Aux::waiters(&key));
     if access == Access::Exclusive {
-        cmd.arg(aux(&key, "fence"));
+        cmd.arg(Aux::fence(&key));
     }
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
@@ -224,7 +219,7 @@ pub(super) async fn release_reader(
     let lock_key = readers_of(&key).unwrap_or(&key);
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
-        .arg(aux(lock_key, "waiters"))
+        .arg(Aux::waiters(lock_key))
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(lock_key);
@@ -331,7 +326,10 @@ mod tests {
 
     #[test]
     fn aux_keys_share_the_lock_keys_slot() {
-        assert_eq!(aux("p:k", "writer-waiting"), "{p:k}:writer-waiting");
-        assert_eq!(&*readers_key("p:k"), aux("p:k", "readers"));
+        assert_eq!(
+            Aux::writer_waiting("p:k").to_string(),
+            "{p:k}:writer-waiting"
+        );
+        assert_eq!(*readers_key("p:k"), Aux::readers("p:k").to_string());
     }
 }

@@ -4,7 +4,8 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
-use super::super::scripts::{Attempted, Aux, COUNTER_VALID, Release, evalsha, run};
+use super::super::keys::Aux;
+use super::super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, run};
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
