@@ -1,6 +1,7 @@
 //! What a lease holds on each node, and the node calls that act on it whatever it is:
 //! one lock key, a shared lease's readers' set, or a set of lock keys taken together.
-//! Each call is one script on the node.
+//! Each call is one script on the node. Also the names of a lock's own keys and channel
+//! beside it ([`Aux`]: the waiters' mark, the fencing counter, the readers' set, ...).
 
 use std::fmt;
 use std::io::Write as _;
