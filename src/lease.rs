@@ -102,9 +102,9 @@ impl Lease {
             .map(|key| &**key)
     }
 
-    /// The token that proves ownership. On Redis the key's value is this token, followed by
-    /// a `+` once a waiter (see [`Redlock::lock_within`](crate::Redlock::lock_within))
-    /// asked to be woken when it is released.
+    /// The token that proves ownership: on Redis, the lock key's value (a waiter asking to
+    /// be woken sets a mark beside the key, never in its value; see
+    /// [`Redlock::lock_within`](crate::Redlock::lock_within)).
     pub fn token(&self) -> &Token {
         &self.token
     }
