@@ -108,7 +108,7 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
 }
 
 impl<K> ConcurrencyLimitLayer<K> {
-    crate::keyed::policy_setters! {
+    crate::keyed::layer_setters! {
         /// The store of the permits: a
         /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) to share one limit
         /// across replicas, a

@@ -112,7 +112,7 @@ impl IdempotencyLayer {
         self.keyed.policy_mut()
     }
 
-    crate::keyed::policy_setters! {
+    crate::keyed::layer_setters! {
         /// The lock backend, which also keeps the records: on Redis
         /// ([`Redlock`](crate::Redlock)) they live on the lock's nodes and are shared by
         /// every replica; in process, beside the locks, in bounded memory

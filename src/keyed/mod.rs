@@ -45,7 +45,7 @@ pub(crate) use inner_service_accessors;
 /// `pub fn name(mut self, value: Type) -> Self`, which sets `self.policy_mut().field`
 /// (with `.into()` when the argument is `impl Into<T>`) and returns the layer. The layer
 /// type is `#[must_use]`, and so is every setter's result.
-macro_rules! policy_setters {
+macro_rules! layer_setters {
     () => {};
     (
         $(#[$attr:meta])*
@@ -57,7 +57,7 @@ macro_rules! policy_setters {
             self.policy_mut().$field = $value.into();
             self
         }
-        $crate::keyed::policy_setters!($($rest)*);
+        $crate::keyed::layer_setters!($($rest)*);
     };
     (
         $(#[$attr:meta])*
@@ -69,10 +69,10 @@ macro_rules! policy_setters {
             self.policy_mut().$field = $value;
             self
         }
-        $crate::keyed::policy_setters!($($rest)*);
+        $crate::keyed::layer_setters!($($rest)*);
     };
 }
-pub(crate) use policy_setters;
+pub(crate) use layer_setters;
 
 mod body;
 mod future;

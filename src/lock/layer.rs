@@ -158,7 +158,7 @@ impl<K: KeyExtractor> LockLayer<K> {
 }
 
 impl<K> LockLayer<K> {
-    crate::keyed::policy_setters! {
+    crate::keyed::layer_setters! {
         /// The lock backend: a [`Redlock`](crate::Redlock),
         /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the process-wide
         /// in-process backend ([`Locks::default`]).

@@ -154,7 +154,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
 }
 
 impl<K> RateLimitLayer<K> {
-    crate::keyed::policy_setters! {
+    crate::keyed::layer_setters! {
         /// The store of the counts: a [`RedisRateLimiter`](crate::RedisRateLimiter) to
         /// share one limit across replicas, a
         /// [`MemoryRateLimiter`](crate::MemoryRateLimiter), or a [`RateLimiter`]. Default:

@@ -1,7 +1,8 @@
 //! An acquisition: the `SET NX` round, the fencing round, and the cleanup of an attempt
 //! that fell short. [`Acquisition`] holds these steps for every kind of attempt (a plain
 //! one, a shared or exclusive one, a fair one, one on a set of keys): each sends its own
-//! script and gets its answers as [`Attempted`].
+//! node operation (a script, or the native `SET NX PX` of a plain attempt) and gets its
+//! answers as [`Attempted`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -82,8 +82,8 @@ pub(super) enum Outcome {
     Taken(Duration),
     /// The nodes could not decide (no quorum, too slow).
     Failed(LockError),
-    /// The attempt was dropped before its verdict, or another one took its slot: nobody
-    /// asked Redis on the follower's behalf.
+    /// The attempt was dropped before its verdict, or a waiting attempt displaced it
+    /// from its slot: nobody asks Redis on the follower's behalf, which enters again.
     Abandoned,
 }
 
@@ -137,8 +137,10 @@ impl HotKeys {
                     let followers = flight.followers.get_or_insert_with(Flight::new);
                     return Entry::Follow(followers.clone());
                 }
-                // A holder whose validity ended, or a plain attempt in flight (which then
-                // finds its slot taken and leaves it alone).
+                // A holder whose validity ended, or a plain attempt in flight: its
+                // followers enter again (and follow this one); when it ends, it leaves
+                // the slot alone unless it won (a lease takes the slot whoever is in it,
+                // and tells this attempt's followers).
                 slot => match std::mem::replace(slot, Slot::Acquiring(ours)) {
                     Slot::Acquiring(plain) => plain.followers,
                     Slot::Held(_) => None,
@@ -386,6 +388,56 @@ mod tests {
         assert!(matches!(waiting, Entry::Lead(_)));
         // A plain attempt follows the waiting one.
         assert!(matches!(hot.enter(&key, false), Entry::Follow(_)));
+    }
+
+    #[tokio::test]
+    async fn the_followers_of_a_displaced_plain_attempt_follow_the_waiting_one() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let Entry::Lead(plain) = hot.enter(&key, false) else {
+            panic!("the plain attempt leads");
+        };
+        let Entry::Follow(flight) = hot.enter(&key, false) else {
+            panic!("a plain attempt follows it");
+        };
+        let Entry::Lead(waiting) = hot.enter(&key, true) else {
+            panic!("a waiting attempt sends its own");
+        };
+        // Told at once: they enter again and follow the waiting attempt.
+        assert!(matches!(flight.outcome().await, Outcome::Abandoned));
+        let Entry::Follow(flight) = hot.enter(&key, false) else {
+            panic!("a plain attempt follows the waiting one");
+        };
+        // The displaced attempt, refused, leaves the waiting one's slot alone.
+        plain.finish(&Err(LockError::Taken {
+            retry_after: Duration::from_secs(1),
+        }));
+        assert!(hot.contains(&key));
+        waiting.finish(&Err(LockError::Taken {
+            retry_after: Duration::from_secs(2),
+        }));
+        assert!(matches!(flight.outcome().await, Outcome::Taken(d) if d == Duration::from_secs(2)));
+        assert!(!hot.contains(&key));
+    }
+
+    #[tokio::test]
+    async fn a_lease_that_takes_another_attempts_slot_tells_its_followers() {
+        let hot = HotKeys::default();
+        let key: Arc<str> = Arc::from("p:k");
+        let Entry::Lead(plain) = hot.enter(&key, false) else {
+            panic!("the plain attempt leads");
+        };
+        let Entry::Lead(_waiting) = hot.enter(&key, true) else {
+            panic!("a waiting attempt sends its own");
+        };
+        let Entry::Follow(flight) = hot.enter(&key, false) else {
+            panic!("a plain attempt follows the waiting one");
+        };
+        // The displaced plain attempt wins after all: its lease is the holder, and the
+        // waiting attempt's followers find it when they look again.
+        plain.finish(&Ok(lease(&key, Duration::from_secs(10))));
+        assert!(matches!(flight.outcome().await, Outcome::Won));
+        assert!(matches!(hot.enter(&key, false), Entry::Held { .. }));
     }
 
     #[test]

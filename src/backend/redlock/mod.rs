@@ -389,7 +389,9 @@ impl Redlock {
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout. The node
     /// operations are made here, before the returned future is first polled (it holds
-    /// each once, and borrows nothing).
+    /// each once, and borrows nothing); so is a single node's timer, which needs the
+    /// Tokio runtime: call this inside it (every caller is an `async fn` or a spawned
+    /// task).
     fn on_nodes<F, Fut, T>(
         &self,
         op: F,
