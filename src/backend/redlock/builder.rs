@@ -229,11 +229,13 @@ impl RedlockBuilder {
         // a node that lacks a script (flushed, restarted) the `NOSCRIPT` fallback might
         // never run there; releases and extensions finish theirs and load it again.
         let loads = round::run(
-            redlock
-                .inner
-                .nodes
-                .iter()
-                .map(|node| scripts::load_all(node.conn.clone())),
+            round::Ops::new(
+                redlock
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|node| scripts::load_all(node.conn.clone())),
+            ),
             node_timeout,
             quorum,
             |()| Vote::For,

@@ -51,7 +51,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use futures_util::future::Either;
 use redis::Client;
 
 use crate::backend::connection::Connection;
@@ -405,25 +404,19 @@ impl Redlock {
         T: Send + 'static,
     {
         let deadline = Instant::now() + self.inner.node_timeout;
-        let (timeout, quorum) = (self.inner.node_timeout, self.inner.quorum);
-        let counted =
-            |node: &Node| round::counted(op(node.conn.clone()), node.label.clone(), deadline);
-        // Dispatched here rather than by `round::run`, whose future would keep the type
-        // of the iterator over the nodes (and with it a borrow of `op`).
-        let round = match self.inner.nodes.as_slice() {
-            [node] => Either::Left(round::run_one(counted(node), timeout, quorum, vote, rule)),
-            nodes => Either::Right(round::run_many(
-                nodes
-                    .iter()
-                    .map(|node| Some(Box::pin(counted(node))))
-                    .collect(),
-                timeout,
-                quorum,
-                vote,
-                rule,
-                stragglers,
-            )),
-        };
+        let ops = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
+        let round = round::run(
+            round::Ops::new(ops),
+            self.inner.node_timeout,
+            self.inner.quorum,
+            vote,
+            rule,
+            stragglers,
+        );
         round.map(|round| {
             observe::nodes_answered(round.values().count());
             round
