@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::backend::handle::Locks;
+use crate::backend::renewal::Renewal;
 use crate::lease::Lease;
 
 /// What a [`Watchdog`](super::watchdog::Watchdog) shares with the [`LeaseStatus`] handles: the lease, its validity
@@ -20,6 +21,8 @@ pub(crate) struct Shared {
     pub(crate) lease: Lease,
     /// Its backend.
     pub(crate) locks: Locks,
+    /// How the watchdog renews it.
+    pub(crate) renewal: Renewal,
     /// The validity at acquisition; `valid_until` is kept as a signed offset from it in
     /// nanoseconds (an `Instant` is not atomic).
     base: Instant,
@@ -31,11 +34,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(locks: Locks, lease: Lease) -> Self {
+    pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         Self {
             base: lease.valid_until(),
             lease,
             locks,
+            renewal,
             offset_nanos: AtomicI64::new(0),
             lost: AtomicBool::new(false),
             closed: AtomicBool::new(false),

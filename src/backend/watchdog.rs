@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use crate::backend::handle::Locks;
 pub use crate::backend::renewal::Renewal;
@@ -43,19 +44,21 @@ pub enum OnLockLoss {
 
 /// Renews a lease while it is polled, and says when it is lost.
 ///
-/// The lease and its backend live in the state it shares with its [`LeaseStatus`]
-/// handles (one allocation); what moves with the watchdog is its [`Schedule`].
+/// The lease, its backend and its [`Renewal`] live in the state it shares with its
+/// [`LeaseStatus`] handles (one allocation). Its [`Schedule`] is made the first time the
+/// work waits: work that answers at once (most handlers on the in-process backend) needs
+/// no schedule, no timer, and reads the clock only to check the validity.
 pub(crate) struct Watchdog {
     status: Arc<Shared>,
-    schedule: Schedule<LockError>,
+    schedule: Option<Box<Schedule<LockError>>>,
 }
 
 impl fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Watchdog")
             .field("key", &self.lease().key())
-            .field("every", &self.schedule.every)
-            .field("lost", &self.schedule.is_lost())
+            .field("renewal", &self.status.renewal)
+            .field("lost", &self.is_lost())
             .finish()
     }
 }
@@ -69,10 +72,9 @@ impl RenewError for LockError {
 
 impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
-        let schedule = Schedule::new(lease.valid_until(), lease.ttl(), renewal);
         Self {
-            status: Arc::new(Shared::new(locks, lease)),
-            schedule,
+            status: Arc::new(Shared::new(locks, lease, renewal)),
+            schedule: None,
         }
     }
 
@@ -100,21 +102,38 @@ impl Watchdog {
 
     /// Whether an extension is in flight.
     pub(crate) fn is_renewing(&self) -> bool {
-        self.schedule.is_renewing()
+        self.schedule.as_ref().is_some_and(|s| s.is_renewing())
+    }
+
+    /// Whether the lease was found lost.
+    fn is_lost(&self) -> bool {
+        self.schedule.as_ref().is_some_and(|s| s.is_lost())
     }
 
     /// Whether the validity is still running, checked on the clock now.
     pub(crate) fn is_valid(&self) -> bool {
-        self.schedule.is_valid()
+        match &self.schedule {
+            Some(schedule) => schedule.is_valid(),
+            // Nothing renewed it yet: the validity is the lease's own.
+            None => Instant::now() < self.lease().valid_until(),
+        }
     }
 
     /// Drives renewals; `Ready` once the lease is lost (and on every poll after that).
     pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.schedule.is_lost() {
+        let status = &self.status;
+        let schedule = self.schedule.get_or_insert_with(|| {
+            let lease = &status.lease;
+            Box::new(Schedule::new(
+                lease.valid_until(),
+                lease.ttl(),
+                status.renewal,
+            ))
+        });
+        if schedule.is_lost() {
             return Poll::Ready(());
         }
-        let status = &self.status;
-        let polled = self.schedule.poll_lost(
+        let polled = schedule.poll_lost(
             cx,
             status.lease.key(),
             |valid_until| {

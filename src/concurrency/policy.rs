@@ -64,24 +64,24 @@ impl ConcurrencyPolicy {
     fn verdict(&self, acquired: Result<Slot, ConcurrencyError>) -> Verdict<ConcurrencyPermit> {
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
-            Err(ConcurrencyError::LimitReached { .. }) => Verdict::Answer(self.over_limit()),
-            Err(ConcurrencyError::InvalidKey(e)) => Verdict::Answer(
+            Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
+            Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
                 Problem::new(
                     StatusCode::BAD_REQUEST,
                     format!("Invalid concurrency limit key: {e}."),
                 )
                 .into(),
             ),
-            Err(e) => Verdict::Unavailable {
-                error: Box::new(e),
-                answer: Problem::new(
+            Err(e) => Verdict::unavailable(
+                Box::new(e),
+                Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "The concurrency limit service is unavailable; retry later.",
                 )
                 .retry_after(Duration::from_secs(1))
                 .into(),
-                open: None,
-            },
+                None,
+            ),
         }
     }
 

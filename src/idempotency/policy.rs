@@ -80,19 +80,16 @@ impl IdempotencyPolicy {
             Ok(Begin::Acquired(lease)) => {
                 Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
             }
-            Ok(Begin::Found(raw)) => Verdict::Answer(replay(&raw, &fingerprint)),
+            Ok(Begin::Found(raw)) => Verdict::answer(replay(&raw, &fingerprint)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                Verdict::Unavailable {
-                    answer: Problem::from_lock_error(&e, StatusCode::CONFLICT).into(),
-                    error: Box::new(e),
-                    open: None,
-                }
+                let answer = Problem::from_lock_error(&e, StatusCode::CONFLICT).into();
+                Verdict::unavailable(Box::new(e), answer, None)
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                     tracing::warn!(error = %e, "idempotency store unavailable; answering 503");
                 }
-                Verdict::Answer(Problem::from_lock_error(&e, StatusCode::CONFLICT).into())
+                Verdict::answer(Problem::from_lock_error(&e, StatusCode::CONFLICT).into())
             }
         }
     }
@@ -125,7 +122,7 @@ impl Policy for IdempotencyPolicy {
             tracing::error!(
                 "IdempotencyLayer: a request reached the policy without its fingerprint"
             );
-            return Decision::Ready(Verdict::Answer(Problem::misconfigured().into()));
+            return Decision::Ready(Verdict::answer(Problem::misconfigured().into()));
         };
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {

@@ -198,7 +198,7 @@ pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
     feature = "concurrency-limit"
 ))]
 pub(crate) fn push_escaped(out: &mut String, part: &str) {
-    if !part.bytes().any(needs_escape) {
+    if !needs_escape(part.as_bytes()) {
         out.push_str(part);
         return;
     }
@@ -219,7 +219,7 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
     feature = "concurrency-limit"
 ))]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
-    if !out.as_bytes()[from..].iter().copied().any(needs_escape) {
+    if !needs_escape(&out.as_bytes()[from..]) {
         return;
     }
     let tail = out.split_off(from);
@@ -231,8 +231,8 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     feature = "rate-limit",
     feature = "concurrency-limit"
 ))]
-fn needs_escape(b: u8) -> bool {
-    matches!(b, b'%' | b'{' | b'}')
+fn needs_escape(part: &[u8]) -> bool {
+    memchr::memchr3(b'%', b'{', b'}', part).is_some()
 }
 
 /// Runs `f` on this thread's scratch buffer, cleared: a key written there and only read (a

@@ -9,7 +9,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::{Item, ResponseBody};
-use super::policy::{BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Verdict};
+use super::policy::{
+    BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
+};
 use crate::protect::{Lost, poll_guarded};
 use http_body::Body;
 
@@ -98,7 +100,7 @@ where
     }
 
     #[inline]
-    pub(crate) fn unguarded(service: S, request: Request<ReqB>) -> Self {
+    pub(crate) fn unguarded(service: &mut S, request: Request<ReqB>) -> Self {
         Self {
             state: run(service, request, None),
         }
@@ -108,7 +110,7 @@ where
     pub(crate) fn decided(
         verdict: Verdict<P::Permit>,
         fail_open: bool,
-        service: S,
+        service: &mut S,
         request: Request<ReqB>,
     ) -> Self {
         Self {
@@ -134,7 +136,7 @@ where
 }
 
 #[inline]
-fn run<S, ReqB, H>(mut service: S, request: Request<ReqB>, permit: Option<H>) -> State<S, ReqB, H>
+fn run<S, ReqB, H>(service: &mut S, request: Request<ReqB>, permit: Option<H>) -> State<S, ReqB, H>
 where
     S: Service<Request<ReqB>>,
 {
@@ -154,25 +156,31 @@ where
     fn from_verdict<P: Policy>(
         verdict: Verdict<H>,
         fail_open: bool,
-        service: S,
+        service: &mut S,
         mut request: Request<ReqB>,
     ) -> Self {
         let permit = match verdict {
             Verdict::Admit(permit) => Some(permit),
             Verdict::Answer(response) => {
                 return State::Answered {
-                    response: Some(response),
+                    response: Some(*response),
                 };
             }
-            Verdict::Unavailable { error, open, .. } if fail_open => {
-                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; running unguarded (fail open)");
-                open
-            }
-            Verdict::Unavailable { error, answer, .. } => {
-                tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
-                return State::Answered {
-                    response: Some(answer),
-                };
+            Verdict::Unavailable(unavailable) => {
+                let Unavailable {
+                    error,
+                    answer,
+                    open,
+                } = *unavailable;
+                if fail_open {
+                    tracing::warn!(layer = P::LAYER, %error, "backend unavailable; running unguarded (fail open)");
+                    open
+                } else {
+                    tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
+                    return State::Answered {
+                        response: Some(answer),
+                    };
+                }
             }
         };
         if let Some(mut permit) = permit {
@@ -202,8 +210,9 @@ where
                     fail_open,
                 } => {
                     let verdict = ready!(decision.as_mut().poll(cx));
-                    let (service, request) = call.take().expect("Deciding is left once decided");
-                    let next = State::from_verdict::<P>(verdict, *fail_open, service, request);
+                    let (mut service, request) =
+                        call.take().expect("Deciding is left once decided");
+                    let next = State::from_verdict::<P>(verdict, *fail_open, &mut service, request);
                     this.state.set(next);
                 }
                 StateProj::Running {

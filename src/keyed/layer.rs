@@ -223,8 +223,8 @@ pub(crate) enum Step<H> {
     Decided(Decision<H>),
     /// No key, and none needed: the request runs unguarded.
     Unkeyed,
-    /// The layer answers itself (400, 500).
-    Answer(Response<Bytes>),
+    /// The layer answers itself (400, 500); boxed, as the rarer case.
+    Answer(Box<Response<Bytes>>),
 }
 
 impl<K: KeyExtractor, P: Policy> Core<K, P> {
@@ -233,7 +233,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// there straight from the request; the policy copies the key only if it keeps it.
     pub(crate) fn step(&self, parts: &mut Parts) -> Step<P::Permit> {
         if let Some(mistake) = &self.misconfigured {
-            return Step::Answer(self.misconfiguration(mistake));
+            return Step::Answer(Box::new(self.misconfiguration(mistake)));
         }
         if K::SEVERAL {
             return self.step_all(parts);
@@ -294,18 +294,20 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                 count: keys.len(),
                 max: crate::key::MAX_KEYS_PER_LEASE,
             };
-            return Step::Answer(invalid_key::<P>(&error));
+            return Step::Answer(Box::new(invalid_key::<P>(&error)));
         }
         if keys.len() == 1 {
             return Step::Decided(self.policy.decide(&keys[0], parts));
         }
         match self.policy.decide_all(keys, parts) {
             Some(decision) => Step::Decided(decision),
-            None => Step::Answer(self.misconfiguration(&Misconfiguration::new(format!(
-                "{} takes one key per request with these settings (several keys take the plain \
+            None => Step::Answer(Box::new(self.misconfiguration(&Misconfiguration::new(
+                format!(
+                    "{} takes one key per request with these settings (several keys take the plain \
                  lock only: not shared(), exclusive() or fair(true)), and its key extractor \
                  names several",
-                P::LAYER
+                    P::LAYER
+                ),
             )))),
         }
     }
@@ -315,16 +317,20 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     fn unread(&self, error: Option<KeyError>, parts: &mut Parts) -> Step<P::Permit> {
         let Some(error) = error else {
             return match self.extractor.no_key(parts) {
-                NoKey::Misconfigured(mistake) => Step::Answer(self.misconfiguration(&mistake)),
+                NoKey::Misconfigured(mistake) => {
+                    Step::Answer(Box::new(self.misconfiguration(&mistake)))
+                }
                 NoKey::Missing if self.required => {
                     self.policy.bad_key(true);
-                    Step::Answer(Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into())
+                    Step::Answer(Box::new(
+                        Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
+                    ))
                 }
                 _ => Step::Unkeyed,
             };
         };
         self.policy.bad_key(false);
-        Step::Answer(invalid_key::<P>(&error))
+        Step::Answer(Box::new(invalid_key::<P>(&error)))
     }
 
     /// 500, and the mistake in the log the first time.

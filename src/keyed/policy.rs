@@ -90,25 +90,48 @@ pub enum Decision<P> {
     Pending(BoxFuture<Verdict<P>>),
 }
 
-/// What a policy decided for one request.
+/// What a policy decided for one request. It moves by value from the backend to the
+/// response future: the answers, rarer than an admission, are boxed so that it stays the
+/// size of a permit.
 #[doc(hidden)]
 #[allow(missing_debug_implementations)]
 pub enum Verdict<P> {
     /// Run the inner service holding the permit until the response is done.
     Admit(P),
     /// Answer without running the inner service (a problem, a stored response).
-    Answer(Response<Bytes>),
-    /// The backend could not decide (down, or too slow). Failing closed, the layer sends
-    /// `answer`; failing open, it runs the inner service with `open` (a permit that guards
-    /// nothing but still adds its headers) or with none. Either way it logs `error`.
-    Unavailable {
-        /// What went wrong, for the log.
-        error: BoxError,
-        /// The answer when failing closed (503).
-        answer: Response<Bytes>,
-        /// The permit to run with when failing open.
-        open: Option<P>,
-    },
+    Answer(Box<Response<Bytes>>),
+    /// The backend could not decide (down, or too slow).
+    Unavailable(Box<Unavailable<P>>),
+}
+
+impl<P> Verdict<P> {
+    /// Answer `response` without running the inner service.
+    pub(crate) fn answer(response: Response<Bytes>) -> Self {
+        Self::Answer(Box::new(response))
+    }
+
+    /// The backend could not decide: see [`Unavailable`].
+    pub(crate) fn unavailable(error: BoxError, answer: Response<Bytes>, open: Option<P>) -> Self {
+        Self::Unavailable(Box::new(Unavailable {
+            error,
+            answer,
+            open,
+        }))
+    }
+}
+
+/// The backend could not decide (down, or too slow). Failing closed, the layer sends
+/// `answer`; failing open, it runs the inner service with `open` (a permit that guards
+/// nothing but still adds its headers) or with none. Either way it logs `error`.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub struct Unavailable<P> {
+    /// What went wrong, for the log.
+    pub(crate) error: BoxError,
+    /// The answer when failing closed (503).
+    pub(crate) answer: Response<Bytes>,
+    /// The permit to run with when failing open.
+    pub(crate) open: Option<P>,
 }
 
 /// How long a permit is kept once the inner service has answered.

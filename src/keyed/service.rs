@@ -71,21 +71,26 @@ where
         let core = &*self.core;
         let (mut parts, body) = req.into_parts();
         core.policy.prepare(&mut parts);
-        let step = match core.step(&mut parts) {
-            Step::Answer(response) => return ResponseFuture::answered(response),
-            step => step,
+        let decision = match core.step(&mut parts) {
+            Step::Answer(response) => return ResponseFuture::answered(*response),
+            Step::Unkeyed => {
+                return ResponseFuture::unguarded(
+                    &mut self.inner,
+                    Request::from_parts(parts, body),
+                );
+            }
+            Step::Decided(decision) => decision,
         };
         let req = Request::from_parts(parts, body);
-        // The service that was driven to readiness is the one called.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        match step {
-            Step::Answer(response) => ResponseFuture::answered(response),
-            Step::Unkeyed => ResponseFuture::unguarded(inner, req),
-            Step::Decided(Decision::Ready(verdict)) => {
-                ResponseFuture::decided(verdict, core.fail_open, inner, req)
+        match decision {
+            // Decided at once: the service that was driven to readiness is called now.
+            Decision::Ready(verdict) => {
+                ResponseFuture::decided(verdict, core.fail_open, &mut self.inner, req)
             }
-            Step::Decided(Decision::Pending(decision)) => {
+            // The service that was driven to readiness is the one called, once decided.
+            Decision::Pending(decision) => {
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::deciding(decision, core.fail_open, inner, req)
             }
         }

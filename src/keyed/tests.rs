@@ -457,3 +457,16 @@ async fn a_policy_of_one_key_answers_500_for_several_and_decides_one_when_they_a
     let empty = svc.oneshot(with_keys("a,")).await.unwrap();
     assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
 }
+
+/// A verdict moves by value from the backend to the response future: the answers are
+/// boxed, so that an admission moves no more than its permit and a tag.
+#[test]
+fn a_verdict_moves_at_about_the_size_of_its_permit() {
+    use crate::lock::policy::LockPermit;
+    use std::mem::size_of;
+    let word = size_of::<usize>();
+    assert!(size_of::<super::policy::Verdict<LockPermit>>() <= size_of::<LockPermit>() + word);
+    assert!(size_of::<super::layer::Step<LockPermit>>() <= size_of::<LockPermit>() + word);
+    // The watchdog inside the permit makes its schedule only once the work waits.
+    assert!(size_of::<crate::backend::watchdog::Watchdog>() <= 2 * word);
+}

@@ -85,17 +85,14 @@ impl LockPolicy {
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                Verdict::Unavailable {
-                    answer: Problem::from_lock_error(&e, self.taken_status).into(),
-                    error: Box::new(e),
-                    open: None,
-                }
+                let answer = Problem::from_lock_error(&e, self.taken_status).into();
+                Verdict::unavailable(Box::new(e), answer, None)
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                     tracing::warn!(error = %e, "lock backend unavailable; answering 503");
                 }
-                Verdict::Answer(Problem::from_lock_error(&e, self.taken_status).into())
+                Verdict::answer(Problem::from_lock_error(&e, self.taken_status).into())
             }
         }
     }

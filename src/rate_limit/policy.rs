@@ -73,11 +73,11 @@ impl RateLimitPolicy {
         });
         let usage = match counted {
             Ok(usage) if usage.is_exceeded() => {
-                return Verdict::Answer(self.headers.too_many(&usage));
+                return Verdict::answer(self.headers.too_many(&usage));
             }
             Ok(usage) => Some(usage),
             Err(RateLimitError::InvalidKey(e)) => {
-                return Verdict::Answer(
+                return Verdict::answer(
                     Problem::new(
                         StatusCode::BAD_REQUEST,
                         format!("Invalid rate limit key: {e}."),
@@ -87,14 +87,14 @@ impl RateLimitPolicy {
             }
             Err(e) => {
                 // Failing open, the request runs uncounted, with the policy header.
-                return Verdict::Unavailable {
-                    error: Box::new(e),
-                    answer: self.headers.unavailable(),
-                    open: Some(RatePermit {
+                return Verdict::unavailable(
+                    Box::new(e),
+                    self.headers.unavailable(),
+                    Some(RatePermit {
                         headers: self.headers.clone(),
                         usage: None,
                     }),
-                };
+                );
             }
         };
         Verdict::Admit(RatePermit {
