@@ -56,8 +56,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
 use axum::routing::post;
 use http::StatusCode;
+use http_body_util::BodyExt;
+use tower_http::map_response_body::MapResponseBodyLayer;
 use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
 
 #[cfg(feature = "cluster-async")]
@@ -483,6 +486,9 @@ struct HttpCase {
     floor: Option<usize>,
 }
 
+/// The index of the pass-through layer among the HTTP cases.
+const PASS_THROUGH: usize = 6;
+
 async fn http(
     plan: &Plan,
     urls: &[String],
@@ -534,6 +540,15 @@ async fn http(
             addr: serve(base().layer(layer(&three))).await,
             floor: Some(4),
         },
+        // What any layer that wraps the response body costs under `Router::layer`, for
+        // scale: tower-http's `MapResponseBodyLayer` with a wrapper that does nothing.
+        HttpCase {
+            name: "pass-through layer",
+            nodes: "-",
+            addr: serve(base().layer(MapResponseBodyLayer::new(|body: Body| body.map_err(|e| e))))
+                .await,
+            floor: None,
+        },
     ];
 
     for (workers, duration) in [(HTTP_WORKERS, plan.duration), (1, plan.duration / 2)] {
@@ -569,6 +584,16 @@ async fn http(
                     rates[i].paired_ratio(&rates[0]),
                     Bound::AtLeast(HTTP_MEMORY_RATE_MIN),
                 ));
+                notes.push(format!(
+                    "{:.3}x the pass-through layer",
+                    rates[i].paired_ratio(&rates[PASS_THROUGH])
+                ));
+            }
+            if i == PASS_THROUGH {
+                notes.push(
+                    "tower-http's MapResponseBodyLayer, a body wrapper that does nothing"
+                        .to_owned(),
+                );
             }
             if case.name.starts_with("floor") {
                 notes.push(format!("adds {} p50: the floor", fmt_duration(added[i])));
