@@ -4,6 +4,18 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The two lowercase hex digits of every byte, so that a token is encoded a byte at a time.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [DIGITS[byte >> 4], DIGITS[byte & 0x0f]];
+        byte += 1;
+    }
+    pairs
+};
+
 /// A random value that names one acquisition: 128 bits from a cryptographically secure
 /// generator seeded by the operating system, stored as the lock key's value and shown as
 /// 32 lowercase hex digits.
@@ -22,10 +34,8 @@ impl Token {
         let mut raw = [0u8; 16];
         rand::rng().fill_bytes(&mut raw);
         let mut hex = [0u8; 32];
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        for (i, byte) in raw.iter().enumerate() {
-            hex[2 * i] = DIGITS[usize::from(byte >> 4)];
-            hex[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
         }
         Token(hex)
     }
@@ -187,6 +197,9 @@ mod tests {
 
     #[test]
     fn tokens_are_hex_and_distinct() {
+        assert_eq!(HEX_PAIRS[0x00], *b"00");
+        assert_eq!(HEX_PAIRS[0xa7], *b"a7");
+        assert_eq!(HEX_PAIRS[0xff], *b"ff");
         let a = Token::random();
         let b = Token::random();
         assert_ne!(a, b);

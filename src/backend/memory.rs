@@ -229,19 +229,29 @@ impl MemoryLocks {
     }
 
     pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+        self.acquire_from(key, Instant::now())
+    }
+
+    /// [`acquire`](Self::acquire) at `now`, read by the caller just before (the lease then
+    /// ends that much earlier: never later than its TTL).
+    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> Result<Lease, LockError> {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
         observe::traced_now(
             span,
-            || self.acquire_in(&mut self.state(), key),
+            || self.acquire_in(&mut self.state(), key, now),
             observe::lock_verdict,
         )
     }
 
     /// [`acquire`](Self::acquire) under the state's lock.
-    fn acquire_in(&self, state: &mut State, key: Arc<str>) -> Result<Lease, LockError> {
+    fn acquire_in(
+        &self,
+        state: &mut State,
+        key: Arc<str>,
+        now: Instant,
+    ) -> Result<Lease, LockError> {
         let token = Token::random();
         let ttl = self.inner.policy.ttl;
-        let now = Instant::now();
         let expires_at = now + ttl;
         if state.held.len() >= state.sweep_at {
             state.held.retain(|_, held| held.expires_at > now);

@@ -128,7 +128,7 @@ impl Policy for LockPolicy {
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             let acquired = match (self.access, self.fair) {
                 (Some(access), _) => memory.acquire_access(key.clone(), access),
-                (None, false) => memory.acquire(key.clone()),
+                (None, false) => memory.acquire_from(key.clone(), started),
                 (None, true) => return self.pending(key, started),
             };
             return Decision::Ready(self.verdict(&key, acquired, started));

@@ -138,7 +138,7 @@ impl MemoryLocks {
                         retry_after: last - now,
                     });
                 }
-                self.acquire_in(&mut state, key)
+                self.acquire_in(&mut state, key, Instant::now())
             }
         }
     }
@@ -211,7 +211,7 @@ impl MemoryLocks {
             let retry_after = state.held_for(&key, now).unwrap_or(TURN);
             return Err(LockError::Taken { retry_after });
         }
-        let lease = self.acquire_in(&mut state, key.clone())?;
+        let lease = self.acquire_in(&mut state, key.clone(), Instant::now())?;
         if id.is_some() {
             state.modes.with(&key, now, |entry| {
                 entry.queue.pop_front();
