@@ -61,8 +61,9 @@ pub(super) async fn run<T: FromRedisValue>(
 /// Waking waiters: a waiter that subscribed to the lock's release channel sets the
 /// waiters' mark KEYS[2] ([`ACQUIRE`]); the holder's value is never touched. When
 /// ARGV[2] is `1` and the mark is there, the release deletes it and publishes on the
-/// channel `{<lock key>}:released`. A lock nobody waits for is released without a
-/// `PUBLISH`, for the cost of one `DEL` of a missing key. The cleanup of an attempt that
+/// channel `{<lock key>}:released`. Both keys go in one `DEL` (they share a hash slot): a
+/// lock nobody waits for is released without a `PUBLISH`, by one `DEL` as in the Redis
+/// docs' script, which names one key more. The cleanup of an attempt that
 /// fell short of a quorum passes `0` and leaves the mark to the real holder: two waiters
 /// that split the nodes between them would otherwise wake each other in a loop while the
 /// holder keeps the lock.
@@ -72,8 +73,9 @@ pub(super) async fn run<T: FromRedisValue>(
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&if_ours(
         r"
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
+  if ARGV[2] ~= '1' then
+    redis.call('DEL', KEYS[1])
+  elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
     redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
   end",
     ))
