@@ -26,7 +26,9 @@
 //!    distinct `Idempotency-Key` per request. The baseline for the latency the layer adds
 //!    on Redis is the floor's lock cycle run inside the handler of the same app, without
 //!    the layer: both are judged by what they add to "no layer" under the same load. Also
-//!    with 1 connection, where the added latency is not magnified by queueing.
+//!    with 1 connection, where the added latency is not magnified by queueing. For
+//!    scale, a pass-through layer (tower-http's `MapResponseBodyLayer` with a body wrapper
+//!    that does nothing): what any layer that wraps the body costs under `Router::layer`.
 //! 3. **Hot key**: 200 requests at once on one key, the handler holding it 200 ms: how fast
 //!    the losers get their 409 on Redlock (1 and 3 nodes) against the in-process backend,
 //!    a check that exactly one handler runs at a time, and the Redis commands per 409
