@@ -59,21 +59,20 @@ pub(super) async fn run<T: FromRedisValue>(
 /// release script), and tells apart "it had expired" from "another holder has it".
 ///
 /// Waking waiters: a waiter that subscribed to the lock's release channel sets the
-/// waiters' mark KEYS[2] ([`ACQUIRE`]); the holder's value is never touched. When
-/// ARGV[2] is `1` and the mark is there, the release deletes it and publishes on the
-/// channel `{<lock key>}:released`. Both keys go in one `DEL` (they share a hash slot): a
-/// lock nobody waits for is released without a `PUBLISH`, by one `DEL` as in the Redis
-/// docs' script, which names one key more. The cleanup of an attempt that
-/// fell short of a quorum passes `0` and leaves the mark to the real holder: two waiters
-/// that split the nodes between them would otherwise wake each other in a loop while the
-/// holder keeps the lock.
+/// waiters' mark ([`ACQUIRE`]); the holder's value is never touched. A release that wakes
+/// waiters passes the mark as KEYS[2]: both keys go in one `DEL` (they share a hash slot),
+/// and when the mark was there it publishes on the channel `{<lock key>}:released`. A lock
+/// nobody waits for is released without a `PUBLISH`, for one more key in the `DEL`. The
+/// cleanup of an attempt that fell short of a quorum passes no mark and leaves it to the
+/// real holder: two waiters that split the nodes between them would otherwise wake each
+/// other in a loop while the holder keeps the lock. That form is the Redis docs' script.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else
 /// (another token, or a value of another type).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&if_ours(
         r"
-  if ARGV[2] ~= '1' then
+  if not KEYS[2] then
     redis.call('DEL', KEYS[1])
   elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
     redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
@@ -352,11 +351,12 @@ pub(super) async fn release(
     token: Token,
     publish: bool,
 ) -> Result<Release, NodeFailureReason> {
-    let mut cmd = evalsha(&RELEASE, 2);
-    cmd.arg(&*key)
-        .arg(Aux::waiters(&key))
-        .arg(token.as_bytes())
-        .arg(if publish { "1" } else { "0" });
+    let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
+    cmd.arg(&*key);
+    if publish {
+        cmd.arg(Aux::waiters(&key));
+    }
+    cmd.arg(token.as_bytes());
     let code: i64 = run(&mut conn, &RELEASE, &cmd).await?;
     Ok(match code {
         1 => Release::Deleted,
