@@ -307,6 +307,10 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
 /// Records in the current span (an operation's, from [`op_span!`]) how many nodes answered
 /// its last round.
 pub(crate) fn nodes_answered(answered: usize) {
+    // No dispatcher, no span to record in (as in `op_span!`).
+    if !tracing::dispatcher::has_been_set() {
+        return;
+    }
     let span = tracing::Span::current();
     if !span.is_disabled() {
         span.record("nodes_answered", answered);
