@@ -1,7 +1,7 @@
 //! What a lock costs: this crate against the bare Redis commands, against rslock, and
 //! over HTTP against no layer at all.
 //!
-//! Run with `cargo bench --bench overhead` (about 95 s on two cores, after the build), or
+//! Run with `cargo bench --bench overhead` (about 105 s on two cores, after the build), or
 //! `BENCH_QUICK=1 cargo bench --bench overhead` for a smoke run of a few seconds. A word
 //! after `--` runs only the sections whose name contains it: `cycle`, `http` or `hot`
 //! (`cargo bench --bench overhead -- cycle`). `BENCH_DEBUG=1` also prints the deciles of

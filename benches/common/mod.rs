@@ -27,8 +27,8 @@ pub const TTL_MS: u64 = 10_000;
 /// that every client sends keys of the same length.
 pub const PREFIX: &str = "tower-redlock:";
 /// The compare-and-delete script of the Redis docs' "Distributed Locks with Redis" page.
-/// This crate's release script does the same on a key nobody waits for; on a mismatch it
-/// also reads the holder's PTTL.
+/// This crate's release script does the same, naming the waiters' mark as a second key of
+/// its `DEL`, and tells a key that is gone from one held by another.
 pub const RELEASE_SCRIPT: &str = r#"
 if redis.call("get", KEYS[1]) == ARGV[1] then
   return redis.call("del", KEYS[1])

@@ -160,7 +160,8 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        // From about when the acquisition started (see `new`) to the release or loss.
+        // From about when the acquisition started (see `Schedule::new`) to the release or
+        // loss.
         let lease = self.lease();
         let acquired = lease.valid_until().checked_sub(lease.ttl());
         if let Some(acquired) = acquired {

@@ -65,7 +65,8 @@ pub(super) async fn run<T: FromRedisValue>(
 /// nobody waits for is released without a `PUBLISH`, for one more key in the `DEL`. The
 /// cleanup of an attempt that fell short of a quorum passes no mark and leaves it to the
 /// real holder: two waiters that split the nodes between them would otherwise wake each
-/// other in a loop while the holder keeps the lock. That form is the Redis docs' script.
+/// other in a loop while the holder keeps the lock. That form is the compare-and-delete of
+/// the Redis docs' script.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else
 /// (another token, or a value of another type).

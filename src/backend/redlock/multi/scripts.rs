@@ -118,8 +118,8 @@ return 1
 });
 
 /// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
-/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i], as the
-/// single-key release does).
+/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]): deletes the
+/// mark and publishes on the key's release channel, as the single-key release does.
 ///
 /// Returns 1 when every key was deleted, 0 when some were gone and none held by another,
 /// and `-3 - pttl` when any holds anything else (`pttl`: the longest remaining TTL among
