@@ -7,7 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::{FakeServer, HTTP_400, Proxy, RedisNode, eventually, nodes, urls};
-use tower_redlock::{Quota, RateLimitError, RedisRateLimiter, Redlock};
+use tower_redlock::{LockError, Quota, RateLimitError, RedisRateLimiter, Redlock};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -169,6 +169,68 @@ async fn redlock_replaces_a_connection_that_went_silent() {
         "{} connections open through the proxy",
         proxy.open_connections()
     );
+}
+
+/// The connections a node has accepted so far (`INFO stats`), asked on `conn`.
+async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats gives total_connections_received")
+}
+
+#[tokio::test]
+async fn redlock_replaces_a_connection_answered_readonly() {
+    let nodes = nodes(2);
+    let (primary, node) = (&nodes[0], &nodes[1]);
+    let redlock = redlock(vec![node.url()]).await;
+    assert!(locks_once(&redlock, "readonly").await);
+
+    // The node becomes a replica, as a primary demoted by a failover: writes get
+    // `READONLY`, and the connection that got it is replaced.
+    let mut admin = node.conn().await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let before = connections_received(&mut admin).await;
+    assert!(
+        matches!(
+            redlock.try_lock("readonly").await,
+            Err(LockError::NoQuorum { .. })
+        ),
+        "a replica cannot take the lock"
+    );
+    // Clones of `admin` share its one connection: the looks open none. (A connection is
+    // replaced at most once per 100 ms, so the attempts go on.)
+    assert!(
+        eventually(RECOVERY, || {
+            let mut admin = admin.clone();
+            let redlock = &redlock;
+            async move {
+                let _ = redlock.try_lock("readonly").await;
+                connections_received(&mut admin).await > before
+            }
+        })
+        .await,
+        "the connection that was answered READONLY is still in use"
+    );
+
+    // Promoted again: the client locks on it.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(time_to_lock(&redlock, RECOVERY).await.is_some());
 }
 
 #[tokio::test]

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
+    RedisResult, ServerError, ServerErrorKind, Value,
 };
 
 use crate::backend::node::{Conn, Connector};
@@ -65,6 +65,9 @@ struct Inner {
 
 struct State {
     connecting: Connecting,
+    /// The connection `connecting` made, once it made one: commands take it from here
+    /// without polling the shared future.
+    ready: Option<Conn>,
     /// Counts replacements, so that a late failure of an old connection replaces nothing.
     generation: u64,
     /// When the current connection's attempt started.
@@ -89,6 +92,29 @@ fn is_reply(error: &RedisError) -> bool {
         ErrorKind::Server(ServerErrorKind::ReadOnly) => false,
         ErrorKind::Server(_) | ErrorKind::Extension => true,
         _ => false,
+    }
+}
+
+/// What a command got back, which may hold the server's error replies as values (redis-rs
+/// hands a single command's `-ERR` back as [`Value::ServerError`], and `query_async`
+/// turns it into an error only later).
+trait Replies {
+    /// The `READONLY` error among the replies, if any.
+    fn read_only(&self) -> Option<&ServerError>;
+}
+
+impl Replies for Value {
+    fn read_only(&self) -> Option<&ServerError> {
+        match self {
+            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl Replies for Vec<Value> {
+    fn read_only(&self) -> Option<&ServerError> {
+        self.iter().find_map(Replies::read_only)
     }
 }
 
@@ -131,6 +157,7 @@ impl Connection {
                 db,
                 state: Mutex::new(State {
                     connecting,
+                    ready: None,
                     generation: 0,
                     started: Instant::now(),
                     probing: false,
@@ -142,23 +169,49 @@ impl Connection {
         }
     }
 
+    /// Sends `cmd` and converts its reply, as `Cmd::query_async` does, but with the
+    /// command's future held in the caller's rather than boxed (which the
+    /// [`ConnectionLike`] methods must do): no allocation per command.
+    ///
+    /// # Errors
+    ///
+    /// The connection's, the server's error reply, and a reply that does not convert to
+    /// `T`.
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        let reply = self
+            .run(|mut conn| async move { conn.send(cmd).await })
+            .await?;
+        Ok(redis::from_redis_value(reply.extract_error()?)?)
+    }
+
     /// Runs `op` on the current connection, and replaces the connection after a failure.
     async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
     where
+        T: Replies,
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let inner = &self.shared;
-        let (connecting, generation) = {
+        let (current, generation) = {
             let state = inner.state();
-            (state.connecting.clone(), state.generation)
+            let current = match &state.ready {
+                Some(conn) => Ok(conn.clone()),
+                None => Err(state.connecting.clone()),
+            };
+            (current, state.generation)
         };
-        let conn = match connecting.await {
+        let conn = match current {
             Ok(conn) => conn,
-            Err(e) => {
-                inner.failed(generation, &e);
-                return Err(e);
-            }
+            Err(connecting) => match connecting.await {
+                Ok(conn) => {
+                    inner.connected(generation, &conn);
+                    conn
+                }
+                Err(e) => {
+                    inner.failed(generation, &e);
+                    return Err(e);
+                }
+            },
         };
         let mut pending = Pending {
             shared: &self.shared,
@@ -170,7 +223,11 @@ impl Connection {
         pending.armed = false;
         match &result {
             Err(e) if !is_reply(e) => inner.failed(generation, e),
-            _ => inner.replied(),
+            Ok(replies) => match replies.read_only() {
+                Some(e) => inner.failed(generation, e),
+                None => inner.replied(),
+            },
+            Err(_) => inner.replied(),
         }
         result
     }
@@ -205,6 +262,14 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The attempt of `generation` made `conn`: later commands take it as it is.
+    fn connected(&self, generation: u64, conn: &Conn) {
+        let mut state = self.state();
+        if state.generation == generation && state.ready.is_none() {
+            state.ready = Some(conn.clone());
+        }
+    }
+
     fn replied(&self) {
         self.replies.fetch_add(1, Ordering::AcqRel);
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
@@ -226,6 +291,7 @@ impl Inner {
         }
         state.generation += 1;
         state.started = Instant::now();
+        state.ready = None;
         state.connecting = connect(&self.connector, &self.config);
         // Connect now, so that the next command finds the connection ready.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

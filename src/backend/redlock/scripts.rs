@@ -46,10 +46,10 @@ pub(super) async fn run<T: FromRedisValue>(
     script: &Script,
     cmd: &Cmd,
 ) -> RedisResult<T> {
-    match cmd.query_async(conn).await {
+    match conn.query(cmd).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            conn.query(cmd).await
         }
         result => result,
     }
@@ -304,12 +304,12 @@ async fn acquire_plain(
         .arg("NX")
         .arg("PX")
         .arg(ttl_ms);
-    if let Value::Okay = set.query_async(&mut conn).await? {
+    if let Value::Okay = conn.query(&set).await? {
         return Ok(Attempted::Set(0));
     }
     let mut pttl = command("PTTL");
     pttl.arg(key);
-    let pttl_ms: i64 = pttl.query_async(&mut conn).await?;
+    let pttl_ms: i64 = conn.query(&pttl).await?;
     Ok(Attempted::Held {
         // -2: gone since the `SET`, free now.
         pttl_ms: if pttl_ms == -2 { 0 } else { pttl_ms },
