@@ -48,7 +48,7 @@ impl Redlock {
                     Outcome::Won | Outcome::Abandoned => {}
                 },
                 Entry::Lead(flight) => {
-                    let result = self.attempt(key.clone(), waiting).await;
+                    let result = self.attempt(key.clone(), waiting, flight.entered).await;
                     flight.finish(&result);
                     return result;
                 }
@@ -56,10 +56,15 @@ impl Redlock {
         }
     }
 
-    /// One acquisition attempt on the nodes.
-    async fn attempt(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+    /// One acquisition attempt on the nodes, started at `start`.
+    async fn attempt(
+        &self,
+        key: Arc<str>,
+        waiting: bool,
+        start: Instant,
+    ) -> Result<Lease, LockError> {
         // Releases whatever was set if this future is dropped before the verdict.
-        let mut acquisition = Acquisition::new(self, Keys::Lock(key.clone()));
+        let mut acquisition = Acquisition::starting(self, Keys::Lock(key.clone()), start);
         let token = acquisition.token;
         let attempt = Attempt {
             ttl_ms: self.inner.policy.ttl_ms(),
@@ -210,18 +215,23 @@ pub(super) struct Acquisition<'a> {
 
 impl<'a> Acquisition<'a> {
     pub(super) fn new(redlock: &'a Redlock, keys: Keys) -> Self {
+        Self::starting(redlock, keys, Instant::now())
+    }
+
+    /// An attempt that started at `start`, a clock reading just taken.
+    pub(super) fn starting(redlock: &'a Redlock, keys: Keys, start: Instant) -> Self {
         Self {
             redlock,
             keys,
             token: Token::random(),
-            start: Instant::now(),
+            start,
             armed: true,
             quorum: false,
         }
     }
 
-    /// Runs `op` (the attempt's script on one node) on every node at once, each node
-    /// voting for where it set the keys, under [`Rule::Contest`], and stops waiting for
+    /// Runs `op` (the attempt's script on one node) on every node at once, under the
+    /// node timeout from the attempt's start, each node voting for where it set the keys, under [`Rule::Contest`], and stops waiting for
     /// the rest at the verdict (this attempt, if dropped, releases what they set).
     ///
     /// Returns the answers of a won round. A lost round is [`LockError::Taken`], with how
@@ -240,7 +250,8 @@ impl<'a> Acquisition<'a> {
     {
         let redlock = self.redlock;
         let round = redlock
-            .on_nodes(
+            .on_nodes_from(
+                self.start,
                 op,
                 |attempted| Vote::of(attempted.counter().is_some()),
                 Rule::Contest,

@@ -236,6 +236,7 @@ impl RedlockBuilder {
                     .iter()
                     .map(|node| scripts::load_all(node.conn.clone())),
             ),
+            std::time::Instant::now(),
             node_timeout,
             quorum,
             |()| Vote::For,

@@ -64,6 +64,7 @@ struct InFlight {
 struct Holder {
     token: Token,
     valid_until: Instant,
+    /// When its attempt started: its hold time counts from here.
     since: Instant,
 }
 
@@ -153,6 +154,7 @@ impl HotKeys {
         }
         Entry::Lead(FlightGuard {
             hot: self,
+            entered: now,
             key: key.clone(),
             attempt,
             finished: false,
@@ -222,16 +224,17 @@ impl HotKeys {
         state
             .slots
             .entry(lease.key.clone())
-            .or_insert_with(|| Slot::Held(Holder::of(lease)));
+            .or_insert_with(|| Slot::Held(Holder::of(lease, Instant::now())));
     }
 }
 
 impl Holder {
-    fn of(lease: &Lease) -> Self {
+    /// The holder of `lease`, held `since` its attempt started.
+    fn of(lease: &Lease, since: Instant) -> Self {
         Self {
             token: lease.token,
             valid_until: lease.valid_until,
-            since: Instant::now(),
+            since,
         }
     }
 }
@@ -273,6 +276,8 @@ impl Flight {
 /// and lets them send their own.
 pub(super) struct FlightGuard<'a> {
     hot: &'a HotKeys,
+    /// When the attempt entered the table: its start, for its validity and its hold time.
+    pub(super) entered: Instant,
     key: Arc<str>,
     attempt: u64,
     finished: bool,
@@ -295,15 +300,16 @@ impl FlightGuard<'_> {
             match (state.slots.get_mut(&self.key), lease) {
                 (Some(slot), Some(lease)) => {
                     // A lease is this process's holder, whoever is in the slot now.
-                    match std::mem::replace(slot, Slot::Held(Holder::of(lease))) {
+                    match std::mem::replace(slot, Slot::Held(Holder::of(lease, self.entered))) {
                         Slot::Acquiring(flight) => flight.followers.map(|f| (f, Outcome::Won)),
                         Slot::Held(_) => None,
                     }
                 }
                 (None, Some(lease)) => {
-                    state
-                        .slots
-                        .insert(self.key.clone(), Slot::Held(Holder::of(lease)));
+                    state.slots.insert(
+                        self.key.clone(),
+                        Slot::Held(Holder::of(lease, self.entered)),
+                    );
                     None
                 }
                 (Some(Slot::Acquiring(flight)), None) if flight.attempt == self.attempt => {

@@ -386,9 +386,9 @@ impl Redlock {
         self.release_keys(Keys::one(key.clone()), token, publish, vote, stragglers)
     }
 
-    /// Runs `op` on every node at once: one [`round`] under the node timeout. The node
-    /// operations are made here, before the returned future is first polled (it holds
-    /// each once, and borrows nothing); so is a single node's timer, which needs the
+    /// Runs `op` on every node at once: one [`round`] under the node timeout, from now.
+    /// The node operations are made here, before the returned future is first polled (it
+    /// holds each once, and borrows nothing); so is a single node's timer, which needs the
     /// Tokio runtime: call this inside it (every caller is an `async fn` or a spawned
     /// task).
     fn on_nodes<F, Fut, T>(
@@ -403,7 +403,25 @@ impl Redlock {
         Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
         T: Send + 'static,
     {
-        let deadline = Instant::now() + self.inner.node_timeout;
+        self.on_nodes_from(Instant::now(), op, vote, rule, stragglers)
+    }
+
+    /// [`on_nodes`](Self::on_nodes) with the node timeout counted from `started`, a clock
+    /// reading the caller just took (an acquisition's start).
+    fn on_nodes_from<F, Fut, T>(
+        &self,
+        started: Instant,
+        op: F,
+        vote: fn(&T) -> Vote,
+        rule: Rule,
+        stragglers: Stragglers,
+    ) -> impl Future<Output = Answers<T>>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let deadline = started + self.inner.node_timeout;
         let ops = self
             .inner
             .nodes
@@ -411,6 +429,7 @@ impl Redlock {
             .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
         let round = round::run(
             round::Ops::new(ops),
+            started,
             self.inner.node_timeout,
             self.inner.quorum,
             vote,

@@ -111,8 +111,8 @@ impl<Fut> Ops<Fut> {
     }
 }
 
-/// Runs `ops` (one per node, all started at once, so one timer bounds them all) and
-/// tallies their answers with `vote`.
+/// Runs `ops` (one per node, all started at once, so one timer bounds them all, ending
+/// `timeout` after `started`) and tallies their answers with `vote`.
 ///
 /// Unless `stragglers` is [`Stragglers::Await`], returns as soon as the tally has a
 /// verdict: a hung node then costs nothing while the others decide.
@@ -122,6 +122,7 @@ impl<Fut> Ops<Fut> {
 #[inline(always)]
 pub(super) fn run<Fut, T>(
     ops: Ops<Fut>,
+    started: std::time::Instant,
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
@@ -132,11 +133,13 @@ where
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
     T: Send + 'static,
 {
+    // The caller's clock reading: a round costs no reading of its own.
+    let started = tokio::time::Instant::from_std(started);
     match ops {
-        Ops::One(op) => Either::Left(run_one(op, timeout, quorum, vote, rule)),
-        Ops::Many(pending) => {
-            Either::Right(run_many(pending, timeout, quorum, vote, rule, stragglers))
-        }
+        Ops::One(op) => Either::Left(run_one(op, started, timeout, quorum, vote, rule)),
+        Ops::Many(pending) => Either::Right(run_many(
+            pending, started, timeout, quorum, vote, rule, stragglers,
+        )),
     }
 }
 
@@ -144,6 +147,7 @@ where
 /// operation is held once.
 fn run_one<Fut, T>(
     op: Fut,
+    started: tokio::time::Instant,
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
@@ -152,7 +156,7 @@ fn run_one<Fut, T>(
 where
     Fut: Future<Output = Result<T, NodeFailureReason>>,
 {
-    tokio::time::timeout(timeout, op).map(move |answer| {
+    tokio::time::timeout_at(started + timeout, op).map(move |answer| {
         let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
         let mut tally = Tally::new(1);
         tally.record(answer.as_ref().ok().map(vote));
@@ -166,6 +170,7 @@ where
 /// [`run`] on more than one node.
 async fn run_many<Fut, T>(
     pending: Vec<Option<Pin<Box<Fut>>>>,
+    started: tokio::time::Instant,
     timeout: Duration,
     quorum: usize,
     vote: fn(&T) -> Vote,
@@ -177,7 +182,6 @@ where
     T: Send + 'static,
 {
     let nodes = pending.len();
-    let started = tokio::time::Instant::now();
     let deadline = started + timeout;
     let mut round = Round {
         pending,
@@ -298,6 +302,7 @@ mod tests {
         let started = std::time::Instant::now();
         let answers = run(
             Ops::new(ops),
+            std::time::Instant::now(),
             timeout,
             2,
             vote,
@@ -324,6 +329,7 @@ mod tests {
         ];
         let answers = run(
             Ops::new(ops),
+            std::time::Instant::now(),
             timeout,
             2,
             vote,
@@ -350,6 +356,7 @@ mod tests {
         ];
         let answers = run(
             Ops::new(ops),
+            std::time::Instant::now(),
             Duration::from_secs(5),
             2,
             vote,
