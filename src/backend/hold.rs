@@ -14,7 +14,6 @@
 //! 10 s left on the holder's lease. Without any observation for the scope, it is the
 //! holder's remaining TTL, an upper bound.
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::KeyMap;
@@ -27,38 +26,35 @@ const WEIGHT_SHIFT: u32 = 2;
 /// names), never a client's, so this is a guard rather than a limit anyone should reach.
 const MAX_SCOPES: usize = 1024;
 
-/// The moving hold-time estimate per scope.
+/// The moving hold-time estimate per scope. It has no lock of its own: its owner keeps it
+/// under the lock of the table its releases already update (the hot-key table, the
+/// in-process locks), so that recording a release costs no second lock.
 #[derive(Debug, Default)]
 pub(crate) struct HoldTimes {
     /// Per scope, the estimate in microseconds.
-    scopes: Mutex<KeyMap<Box<str>, u64>>,
+    scopes: KeyMap<Box<str>, u64>,
 }
 
 impl HoldTimes {
-    fn scopes(&self) -> std::sync::MutexGuard<'_, KeyMap<Box<str>, u64>> {
-        self.scopes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Records that `key` (with the backend's `prefix`) was held for `held`.
-    pub(crate) fn record(&self, key: &str, prefix: &str, held: Duration) {
+    pub(crate) fn record(&mut self, key: &str, prefix: &str, held: Duration) {
         let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
         let scope = scope_of(key, prefix);
-        let mut scopes = self.scopes();
-        if let Some(estimate) = scopes.get_mut(scope) {
+        if let Some(estimate) = self.scopes.get_mut(scope) {
             *estimate = if sample >= *estimate {
                 estimate.saturating_add((sample - *estimate) >> WEIGHT_SHIFT)
             } else {
                 *estimate - ((*estimate - sample) >> WEIGHT_SHIFT)
             };
-        } else if scopes.len() < MAX_SCOPES {
-            scopes.insert(scope.into(), sample);
+        } else if self.scopes.len() < MAX_SCOPES {
+            self.scopes.insert(scope.into(), sample);
         }
     }
 
     /// The estimated hold time of `key`'s scope, if any was observed.
     pub(crate) fn estimate(&self, key: &str, prefix: &str) -> Option<Duration> {
         let scope = scope_of(key, prefix);
-        self.scopes()
+        self.scopes
             .get(scope)
             .map(|micros| Duration::from_micros(*micros))
     }
@@ -96,7 +92,7 @@ mod tests {
 
     #[test]
     fn the_estimate_follows_the_hold_times_and_is_bounded_by_the_holders_ttl() {
-        let holds = HoldTimes::default();
+        let mut holds = HoldTimes::default();
         let key = "tower-redlock:/items/%7Bid%7D:42";
         let ttl_left = Duration::from_secs(10);
         assert_eq!(holds.retry_after(key, PREFIX, ttl_left), ttl_left);
@@ -132,7 +128,7 @@ mod tests {
 
     #[test]
     fn extreme_hold_times_do_not_overflow() {
-        let holds = HoldTimes::default();
+        let mut holds = HoldTimes::default();
         holds.record("k:1", "", Duration::MAX);
         holds.record("k:1", "", Duration::MAX);
         holds.record("k:1", "", Duration::ZERO);

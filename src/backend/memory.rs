@@ -54,7 +54,6 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     waiters: Waiters,
-    holds: HoldTimes,
     #[cfg(feature = "idempotency")]
     records: MemoryRecords,
 }
@@ -67,6 +66,8 @@ struct State {
     fence: u64,
     /// Readers, waiting writers and fair queues, per key.
     modes: modes::Modes,
+    /// The hold times of the releases, recorded as they leave `held`.
+    holds: HoldTimes,
 }
 
 struct Held {
@@ -167,9 +168,9 @@ impl MemoryLocks {
                     sweep_at: MIN_SWEEP,
                     fence: 0,
                     modes: modes::Modes::default(),
+                    holds: HoldTimes::default(),
                 }),
                 waiters: Waiters::default(),
-                holds: HoldTimes::default(),
                 #[cfg(feature = "idempotency")]
                 records,
             }),
@@ -183,7 +184,7 @@ impl MemoryLocks {
         key: &str,
         holder_left: std::time::Duration,
     ) -> std::time::Duration {
-        self.inner
+        self.state()
             .holds
             .retry_after(key, self.prefix(), holder_left)
     }
@@ -400,15 +401,12 @@ impl MemoryLocks {
         let expired = held.expires_at <= now;
         let since = held.since;
         entry.remove();
+        if !expired {
+            let held = now.saturating_duration_since(since);
+            state.holds.record(&lease.key, self.prefix(), held);
+        }
         drop(state);
         self.inner.waiters.wake(&lease.key);
-        if !expired {
-            self.inner.holds.record(
-                &lease.key,
-                self.prefix(),
-                now.saturating_duration_since(since),
-            );
-        }
         if expired {
             Err(LockError::Expired { taken_over: false })
         } else {

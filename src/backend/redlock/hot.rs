@@ -32,12 +32,13 @@ const MIN_SWEEP: usize = 1024;
 #[derive(Default)]
 pub(super) struct HotKeys {
     state: Mutex<State>,
-    pub(super) holds: HoldTimes,
 }
 
 #[derive(Default)]
 struct State {
     slots: KeyMap<Arc<str>, Slot>,
+    /// The hold times of this client's releases, recorded as they leave `slots`.
+    holds: HoldTimes,
     sweep_at: usize,
     /// Numbers the attempts, so that an attempt knows whether the slot is still its own.
     attempts: u64,
@@ -179,6 +180,8 @@ impl HotKeys {
     /// Removes the holder of `key` with `token`; records its hold time when `released`
     /// (not for a lease found lost). Returns whether it was there.
     fn remove(&self, key: &str, token: Token, released: Option<&str>) -> bool {
+        // The clock is read before the lock is taken, and only for a release.
+        let now = released.map(|_| Instant::now());
         let mut state = self.state();
         // One lookup: taken out, and put back in the rare case it is not this lease.
         let since = match state.slots.remove_entry(key) {
@@ -189,11 +192,17 @@ impl HotKeys {
             }
             None => return false,
         };
-        drop(state);
-        if let Some(prefix) = released {
-            self.holds.record(key, prefix, since.elapsed());
+        if let (Some(prefix), Some(now)) = (released, now) {
+            let held = now.saturating_duration_since(since);
+            state.holds.record(key, prefix, held);
         }
         true
+    }
+
+    /// How long a request that found `key` held should wait before trying again (see
+    /// [`HoldTimes::retry_after`]).
+    pub(super) fn retry_after(&self, key: &str, prefix: &str, holder_left: Duration) -> Duration {
+        self.state().holds.retry_after(key, prefix, holder_left)
     }
 
     /// The lease is being released: it leaves the table now, and its hold time is

@@ -453,10 +453,7 @@ impl Redlock {
     /// hold times this client observed for the key's scope, bounded by `holder_left`
     /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.inner
-            .hot
-            .holds
-            .retry_after(key, self.prefix(), holder_left)
+        self.inner.hot.retry_after(key, self.prefix(), holder_left)
     }
 
     /// Releases in the background: for guards dropped outside an async context.
