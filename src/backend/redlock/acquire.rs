@@ -48,7 +48,7 @@ impl Redlock {
                     Outcome::Won | Outcome::Abandoned => {}
                 },
                 Entry::Lead(flight) => {
-                    let result = self.attempt(key.clone(), waiting, flight.entered).await;
+                    let result = self.attempt(&key, waiting, flight.entered).await;
                     flight.finish(&result);
                     return result;
                 }
@@ -59,7 +59,7 @@ impl Redlock {
     /// One acquisition attempt on the nodes, started at `start`.
     async fn attempt(
         &self,
-        key: Arc<str>,
+        key: &Arc<str>,
         waiting: bool,
         start: Instant,
     ) -> Result<Lease, LockError> {

@@ -107,7 +107,7 @@ impl HotKeys {
     /// Where an attempt on `key` stands. A `waiting` attempt marks the lock where it is
     /// held, so a waiting attempt arriving during a plain one's flight sends its own (and
     /// the plain one's followers follow it instead).
-    pub(super) fn enter(&self, key: &Arc<str>, waiting: bool) -> Entry<'_> {
+    pub(super) fn enter<'a>(&'a self, key: &'a Arc<str>, waiting: bool) -> Entry<'a> {
         let now = Instant::now();
         let mut state = self.state();
         if state.slots.len() >= state.sweep_at.max(MIN_SWEEP) {
@@ -156,7 +156,7 @@ impl HotKeys {
         Entry::Lead(FlightGuard {
             hot: self,
             entered: now,
-            key: key.clone(),
+            key,
             attempt,
             finished: false,
         })
@@ -287,7 +287,7 @@ pub(super) struct FlightGuard<'a> {
     hot: &'a HotKeys,
     /// When the attempt entered the table: its start, for its validity and its hold time.
     pub(super) entered: Instant,
-    key: Arc<str>,
+    key: &'a Arc<str>,
     attempt: u64,
     finished: bool,
 }
@@ -306,7 +306,7 @@ impl FlightGuard<'_> {
         // of this one takes (they find the holder when they look again).
         let followers = {
             let mut state = self.hot.state();
-            match (state.slots.get_mut(&self.key), lease) {
+            match (state.slots.get_mut(&**self.key), lease) {
                 (Some(slot), Some(lease)) => {
                     // A lease is this process's holder, whoever is in the slot now.
                     match std::mem::replace(slot, Slot::Held(Holder::of(lease, self.entered))) {
@@ -323,7 +323,7 @@ impl FlightGuard<'_> {
                 }
                 (Some(Slot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
                     let followers = flight.followers.take();
-                    state.slots.remove(&self.key);
+                    state.slots.remove(&**self.key);
                     followers.map(|f| (f, outcome_of(result)))
                 }
                 (_, None) => None,
