@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use futures_util::future::Either;
+use smallvec::SmallVec;
 
 use super::tally::{Rule, Tally, Verdict, Vote};
 use crate::error::NodeFailureReason;
@@ -30,8 +31,12 @@ pub(super) enum Stragglers {
 /// and the verdict they gave.
 pub(super) struct Answers<T> {
     pub(super) verdict: Verdict,
-    pub(super) answers: Vec<Option<Result<T, NodeFailureReason>>>,
+    pub(super) answers: NodeAnswers<T>,
 }
+
+/// One answer per node, kept inline for a single node: a round on one node allocates
+/// nothing for its answers.
+pub(super) type NodeAnswers<T> = SmallVec<[Option<Result<T, NodeFailureReason>>; 1]>;
 
 impl<T> Answers<T> {
     /// The answers that came, in node order, without the failures.
@@ -162,7 +167,7 @@ where
         tally.record(answer.as_ref().ok().map(vote));
         Answers {
             verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
-            answers: vec![Some(answer)],
+            answers: SmallVec::from_buf([Some(answer)]),
         }
     })
 }
@@ -242,7 +247,7 @@ where
 /// The node operations of one [`run`], polled in place.
 struct Round<Fut, T> {
     pending: Vec<Option<Pin<Box<Fut>>>>,
-    answers: Vec<Option<Result<T, NodeFailureReason>>>,
+    answers: NodeAnswers<T>,
     vote: fn(&T) -> Vote,
     tally: Tally,
 }
