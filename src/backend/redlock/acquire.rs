@@ -123,6 +123,7 @@ impl Redlock {
         let fencing_token = highest_counter.saturating_add(1);
         let round = self
             .on_nodes(
+                Instant::now(),
                 |conn| {
                     keys.clone()
                         .raise_fence(conn, token, fencing_token, fence_ms)
@@ -250,7 +251,7 @@ impl<'a> Acquisition<'a> {
     {
         let redlock = self.redlock;
         let round = redlock
-            .on_nodes_from(
+            .on_nodes(
                 self.start,
                 op,
                 |attempted| Vote::of(attempted.counter().is_some()),

@@ -174,6 +174,7 @@ impl Drop for LeaveOnDrop {
         handle.spawn(async move {
             redlock
                 .on_nodes(
+                    Instant::now(),
                     |conn| leave(conn, key.clone(), id),
                     |()| Vote::For,
                     Rule::Proof,

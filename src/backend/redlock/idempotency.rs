@@ -160,6 +160,7 @@ impl Redlock {
         // The holder we waited for stored its record before it released: look for it.
         let round = self
             .on_nodes(
+                Instant::now(),
                 |conn| read_on(conn, key.clone()),
                 |found| Vote::of(found.is_some()),
                 Rule::Proof,
@@ -183,6 +184,7 @@ impl Redlock {
         let ttl_ms = self.inner.policy.ttl_ms();
         let round = self
             .on_nodes(
+                start,
                 |conn| begin_on(conn, key.clone(), token, ttl_ms),
                 |found| Vote::of(matches!(found, Found::Set)),
                 Rule::Contest,
@@ -280,6 +282,7 @@ impl Redlock {
         let local = self.forget(&lease.key, lease.token);
         let round = self
             .on_nodes(
+                Instant::now(),
                 |conn| finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms),
                 |stored| Vote::of(*stored == 1),
                 Rule::Proof,

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
+use std::time::Instant;
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -130,6 +131,7 @@ impl Redlock {
         stragglers: Stragglers,
     ) -> impl Future<Output = Answers<Release>> {
         self.on_nodes(
+            Instant::now(),
             move |conn| keys.clone().release(conn, token, publish),
             vote,
             Rule::Proof,

@@ -279,6 +279,7 @@ impl Redlock {
             (lease.token, self.inner.policy.ttl_ms(), self.inner.fence_ms);
         let round = self
             .on_nodes(
+                start,
                 |conn| keys.clone().extend(conn, token, ttl_ms, fence_ms),
                 |reply| Vote::of(*reply == 1),
                 Rule::Proof,
@@ -386,29 +387,13 @@ impl Redlock {
         self.release_keys(Keys::one(key.clone()), token, publish, vote, stragglers)
     }
 
-    /// Runs `op` on every node at once: one [`round`] under the node timeout, from now.
-    /// The node operations are made here, before the returned future is first polled (it
+    /// Runs `op` on every node at once: one [`round`] under the node timeout, counted from
+    /// `started` (a clock reading the caller just took, as an acquisition's start). The
+    /// node operations are made here, before the returned future is first polled (it
     /// holds each once, and borrows nothing); so is a single node's timer, which needs the
     /// Tokio runtime: call this inside it (every caller is an `async fn` or a spawned
     /// task).
     fn on_nodes<F, Fut, T>(
-        &self,
-        op: F,
-        vote: fn(&T) -> Vote,
-        rule: Rule,
-        stragglers: Stragglers,
-    ) -> impl Future<Output = Answers<T>>
-    where
-        F: Fn(Connection) -> Fut,
-        Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.on_nodes_from(Instant::now(), op, vote, rule, stragglers)
-    }
-
-    /// [`on_nodes`](Self::on_nodes) with the node timeout counted from `started`, a clock
-    /// reading the caller just took (an acquisition's start).
-    fn on_nodes_from<F, Fut, T>(
         &self,
         started: Instant,
         op: F,
