@@ -296,25 +296,33 @@ mod tests {
         Vote::of(*value)
     }
 
+    type Op = Pin<Box<dyn Future<Output = Result<bool, NodeFailureReason>> + Send>>;
+
+    /// A round over `ops` from now, a quorum of 2, each voting its answer.
+    async fn run_now(ops: Vec<Op>, timeout: Duration, stragglers: Stragglers) -> Answers<bool> {
+        let started = std::time::Instant::now();
+        let round = run(
+            Ops::new(ops),
+            started,
+            timeout,
+            2,
+            vote,
+            Rule::Proof,
+            stragglers,
+        );
+        round.await
+    }
+
     #[tokio::test]
     async fn run_returns_at_the_verdict_without_the_hung_node() {
         let timeout = Duration::from_secs(30);
-        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+        let ops: Vec<Op> = vec![
             Box::pin(answer(true)),
             Box::pin(std::future::pending()),
             Box::pin(answer(true)),
         ];
         let started = std::time::Instant::now();
-        let answers = run(
-            Ops::new(ops),
-            std::time::Instant::now(),
-            timeout,
-            2,
-            vote,
-            Rule::Proof,
-            Stragglers::Drop,
-        )
-        .await;
+        let answers = run_now(ops, timeout, Stragglers::Drop).await;
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(answers.verdict, Verdict::Won);
         assert!(
@@ -327,21 +335,12 @@ mod tests {
     #[tokio::test]
     async fn run_times_out_the_nodes_it_needs() {
         let timeout = Duration::from_millis(50);
-        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+        let ops: Vec<Op> = vec![
             Box::pin(answer(true)),
             Box::pin(std::future::pending()),
             Box::pin(std::future::pending()),
         ];
-        let answers = run(
-            Ops::new(ops),
-            std::time::Instant::now(),
-            timeout,
-            2,
-            vote,
-            Rule::Proof,
-            Stragglers::Finish,
-        )
-        .await;
+        let answers = run_now(ops, timeout, Stragglers::Finish).await;
         assert_eq!(answers.verdict, Verdict::NoQuorum);
         assert!(matches!(
             answers.answers[1],
@@ -351,7 +350,7 @@ mod tests {
 
     #[tokio::test]
     async fn await_waits_for_every_node() {
-        let ops: Vec<Pin<Box<dyn Future<Output = _> + Send>>> = vec![
+        let ops: Vec<Op> = vec![
             Box::pin(answer(true)),
             Box::pin(answer(true)),
             Box::pin(async {
@@ -359,16 +358,7 @@ mod tests {
                 Ok(false)
             }),
         ];
-        let answers = run(
-            Ops::new(ops),
-            std::time::Instant::now(),
-            Duration::from_secs(5),
-            2,
-            vote,
-            Rule::Proof,
-            Stragglers::Await,
-        )
-        .await;
+        let answers = run_now(ops, Duration::from_secs(5), Stragglers::Await).await;
         assert_eq!(answers.verdict, Verdict::Won);
         assert!(answers.answers.iter().all(Option::is_some));
     }
