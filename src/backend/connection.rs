@@ -271,13 +271,7 @@ impl Inner {
     }
 
     fn replied(&self) {
-        // A load and a store, not a read-modify-write (a locked instruction per command):
-        // replies counted at once on two threads may count as one, or set the count back
-        // to a value it had. The count only changes when replies come, so a silent
-        // connection still shows no change; at worst a busy one is probed once more.
-        let replies = self.replies.load(Ordering::Relaxed);
-        self.replies
-            .store(replies.wrapping_add(1), Ordering::Release);
+        self.replies.fetch_add(1, Ordering::AcqRel);
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
             tracing::info!(node = %self.label, "Redis node answers again");
         }
