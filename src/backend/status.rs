@@ -14,8 +14,9 @@ use crate::backend::handle::Locks;
 use crate::backend::renewal::Renewal;
 use crate::lease::Lease;
 
-/// What a [`Watchdog`](super::watchdog::Watchdog) shares with the [`LeaseStatus`] handles: the lease, its validity
-/// (moved by renewals), the loss, and whether the holder is done.
+/// What a [`Watchdog`](super::watchdog::Watchdog) shares with the [`LeaseStatus`]
+/// handles: the lease, its validity (moved by renewals), the loss, and whether the holder
+/// is done.
 pub(crate) struct Shared {
     /// The lease as acquired.
     pub(crate) lease: Lease,

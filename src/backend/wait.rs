@@ -148,8 +148,8 @@ fn fallback(retry_after: Duration, left: Duration) -> Duration {
 }
 
 /// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (which
-/// returns once the release channel is subscribed), then alternates `attempt` and sleeps (until woken or the fallback timer) while the lock
-/// is taken. The notification is armed before each attempt, so a release during the
+/// returns once the release channel is subscribed), then alternates `attempt` and sleeps
+/// (until woken or the fallback timer) while the lock is taken. The notification is armed before each attempt, so a release during the
 /// attempt is not missed.
 pub(crate) async fn bounded_wait<A, AF, S>(
     waiters: &Waiters,

@@ -232,8 +232,9 @@ impl<'a> Acquisition<'a> {
     }
 
     /// Runs `op` (the attempt's script on one node) on every node at once, under the
-    /// node timeout from the attempt's start, each node voting for where it set the keys, under [`Rule::Contest`], and stops waiting for
-    /// the rest at the verdict (this attempt, if dropped, releases what they set).
+    /// node timeout from the attempt's start, each node voting for where it set the keys,
+    /// under [`Rule::Contest`], and stops waiting for the rest at the verdict (this
+    /// attempt, if dropped, releases what they set).
     ///
     /// Returns the answers of a won round. A lost round is [`LockError::Taken`], with how
     /// long until a quorum may be free ([`retry_after`](Redlock::retry_after) with

@@ -60,8 +60,8 @@ impl RedlockBuilder {
     /// quorum of OKs; for `Taken`, a quorum of answers with too many "held"; for
     /// `Expired`, N - quorum + 1 "gone"), and finishes its cleanup on the slower nodes in
     /// the background, so a hung node costs nothing while the others agree; the timeout
-    /// bounds the wait when the verdict needs the hung node. The Redis docs suggest 5 to 50 ms for a 10 s TTL on a fast
-    /// network.
+    /// bounds the wait when the verdict needs the hung node. The Redis docs suggest 5 to
+    /// 50 ms for a 10 s TTL on a fast network.
     ///
     /// Recovery: a node's connection that fails in any way (refused, reset, an answer that
     /// is not Redis, a refused handshake) is replaced by the next operation, with at most
