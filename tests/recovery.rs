@@ -28,10 +28,16 @@ fn silent_recovery(timeout: Duration) -> Duration {
 }
 
 async fn redlock(urls: Vec<String>) -> Redlock {
+    fenced_redlock(urls, false).await
+}
+
+/// [`redlock`], with fencing tokens when `fencing` (the acquisition is then a script).
+async fn fenced_redlock(urls: Vec<String>, fencing: bool) -> Redlock {
     Redlock::builder(urls)
         .ttl(Duration::from_secs(5))
         .node_timeout(NODE_TIMEOUT)
         .retry_count(0)
+        .fencing_tokens(fencing)
         .build()
         .await
         .unwrap()
@@ -193,14 +199,7 @@ async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u
 /// `ERR Error running script`), and the connection that got it must be replaced. With
 /// fencing tokens, the acquisition is a script.
 async fn readonly_connection_is_replaced(primary_port: u16, url: String, fencing: bool) {
-    let redlock = Redlock::builder(vec![url.clone()])
-        .ttl(Duration::from_secs(5))
-        .node_timeout(NODE_TIMEOUT)
-        .retry_count(0)
-        .fencing_tokens(fencing)
-        .build()
-        .await
-        .unwrap();
+    let redlock = fenced_redlock(vec![url.clone()], fencing).await;
     assert!(locks_once(&redlock, "readonly").await);
 
     let mut admin = redis::Client::open(url)
@@ -317,14 +316,7 @@ async fn redlock_writes_to_a_restarted_node(unlock: bool, fencing: bool) {
     use std::sync::{Arc, Mutex};
 
     let mut nodes = nodes(3);
-    let redlock = Redlock::builder(urls(&nodes))
-        .ttl(Duration::from_secs(5))
-        .node_timeout(NODE_TIMEOUT)
-        .retry_count(0)
-        .fencing_tokens(fencing)
-        .build()
-        .await
-        .unwrap();
+    let redlock = fenced_redlock(urls(&nodes), fencing).await;
     let stop = Arc::new(AtomicBool::new(false));
     let locked = Arc::new(AtomicU64::new(0));
     // A direct connection to the restarted node 0, and whether a lease was found there.
