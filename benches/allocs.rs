@@ -121,12 +121,12 @@ fn main() {
             baseline: Some(floor_row),
         });
     }
-    let memory = MemoryLocks::new();
+    let memory = Locks::from(MemoryLocks::new());
     let (per_op, bytes_per_op) = count(&runtime, async |i| {
-        memory
-            .try_lock(&format!("alloc-memory:{i}"))
-            .and_then(|lease| memory.unlock(lease))
-            .is_ok()
+        match memory.try_lock(&format!("alloc-memory:{i}")).await {
+            Ok(lease) => memory.unlock(lease).await.is_ok(),
+            Err(_) => false,
+        }
     });
     rows.push(Row {
         case: "lock cycle, MemoryLocks".to_owned(),
@@ -138,8 +138,8 @@ fn main() {
 
     // HTTP requests on one keep-alive connection, a distinct Idempotency-Key each.
     let apps = runtime.block_on(async {
-        let one = Locks::from(redlock(&urls[..1]).await);
-        let three = Locks::from(redlock(&urls).await);
+        let one = redlock(&urls[..1]).await;
+        let three = redlock(&urls).await;
         let layer = |locks: Locks| LockLayer::by_header("Idempotency-Key").backend(locks);
         let base = || Router::new().route("/", post(ok_handler));
         vec![

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tower_redlock::Redlock;
+use tower_redlock::{LockMode, LockRequest, Locks};
 
 const WAITERS: usize = 8;
 
@@ -26,13 +27,15 @@ enum Mode {
 /// One acquisition: who (arrival index), and when it acquired (and began to release).
 type Turn = (usize, Instant);
 
-async fn client(nodes: &[support::RedisNode]) -> Redlock {
-    Redlock::builder(support::urls(nodes))
-        .ttl(Duration::from_secs(30))
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap()
+async fn client(nodes: &[support::RedisNode]) -> Locks {
+    Locks::from(
+        Redlock::builder(support::urls(nodes))
+            .ttl(Duration::from_secs(30))
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 async fn zcard(node: &support::RedisNode, key: &str) -> usize {
@@ -47,7 +50,7 @@ async fn zcard(node: &support::RedisNode, key: &str) -> usize {
 /// One round: the turns in acquisition order, and the holder's release start.
 async fn round(
     nodes: &[support::RedisNode],
-    clients: &[Redlock; 2],
+    clients: &[Locks; 2],
     mode: Mode,
     key: &str,
 ) -> (Vec<Turn>, Instant) {
@@ -60,8 +63,12 @@ async fn round(
         tasks.push(tokio::spawn(async move {
             let wait = Duration::from_secs(20);
             let lease = match mode {
-                Mode::Fair => client.lock_fair_within(&key, wait).await,
-                Mode::WakeUp => client.lock_within(&key, wait).await,
+                Mode::Fair => {
+                    client
+                        .acquire(LockRequest::new(&key).mode(LockMode::Fair).wait(wait))
+                        .await
+                }
+                Mode::WakeUp => client.acquire(LockRequest::new(&key).wait(wait)).await,
             }
             .expect("every waiter acquires");
             turns.lock().unwrap().push((i, Instant::now()));

@@ -78,7 +78,7 @@ fn main() {
         println!("| --- | --- | --- | --- | --- | --- |");
         for n in [1usize, 3] {
             let nodes = support::nodes(n);
-            let locks = Locks::from(common::redlock(&support::urls(&nodes)).await);
+            let locks = common::redlock(&support::urls(&nodes)).await;
             let mut senders = Vec::new();
             for case in 0..CASES.len() {
                 let addr = common::serve(app(case, &locks)).await;

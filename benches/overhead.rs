@@ -63,7 +63,7 @@ use axum::routing::post;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tower_http::map_response_body::MapResponseBodyLayer;
-use tower_redlock::{LockLayer, Locks, MemoryLocks, Redlock};
+use tower_redlock::{LockLayer, Locks, MemoryLocks};
 
 #[cfg(feature = "cluster-async")]
 #[path = "common/cluster.rs"]
@@ -243,7 +243,7 @@ async fn run(
 /// One way to take and release a lock.
 enum Locker {
     Floor(Floor),
-    Crate(Redlock),
+    Crate(Locks),
     Rslock(rslock::LockManager),
     #[cfg(feature = "cluster-async")]
     ClusterFloor(cluster::ClusterFloor),
@@ -499,8 +499,8 @@ async fn http(
     misses: &mut Vec<String>,
 ) {
     let memory = Locks::from(MemoryLocks::new());
-    let one = Locks::from(redlock(&urls[..1]).await);
-    let three = Locks::from(redlock(urls).await);
+    let one = redlock(&urls[..1]).await;
+    let three = redlock(urls).await;
     let floor_one = Arc::new(Floor::connect(&urls[..1]).await);
     let floor_three = Arc::new(Floor::connect(urls).await);
     let layer = |locks: &Locks| LockLayer::by_header("Idempotency-Key").backend(locks.clone());
@@ -801,7 +801,7 @@ async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table, misses: &mut V
     let mut memory_p50 = None;
     for (name, nodes, redis) in backends {
         let locks = match redis {
-            Some(urls) => Locks::from(redlock(urls).await),
+            Some(urls) => redlock(urls).await,
             None => Locks::from(MemoryLocks::new()),
         };
         let running = Arc::new(Running::default());
@@ -886,7 +886,7 @@ async fn hot_key(plan: &Plan, urls: &[String], table: &mut Table, misses: &mut V
             app_side.clone()
         };
         let running = Arc::new(Running::default());
-        let addr = serve(hot_app(Locks::from(app_side), running)).await;
+        let addr = serve(hot_app(app_side, running)).await;
         let mut case = HotCase::default();
         for wave in 0..plan.hot_waves {
             let value = 3_000_000_000 + 10 * wave as u64 + u64::from(remote);

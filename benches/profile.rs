@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::routing::post;
-use tower_redlock::{IdempotencyLayer, LockLayer, Locks, MemoryLocks, Redlock};
+use tower_redlock::{IdempotencyLayer, LockLayer, Locks, MemoryLocks};
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -72,7 +72,7 @@ fn main() {
 
 /// The floor and this crate's client, both built in every case so that the setup costs
 /// the same.
-async fn clients(urls: &[String]) -> (Arc<Floor>, Redlock) {
+async fn clients(urls: &[String]) -> (Arc<Floor>, Locks) {
     (Arc::new(Floor::connect(urls).await), redlock(urls).await)
 }
 
@@ -109,8 +109,8 @@ async fn requests(case: &str, urls: &[String], count: u64) {
             LockLayer::by_header("Idempotency-Key").backend(Locks::from(MemoryLocks::new())),
         ),
         "http-floor" => floor_app(floor),
-        "http-idem" => base().layer(IdempotencyLayer::new().backend(Locks::from(redlock))),
-        _ => base().layer(LockLayer::by_header("Idempotency-Key").backend(Locks::from(redlock))),
+        "http-idem" => base().layer(IdempotencyLayer::new().backend(redlock)),
+        _ => base().layer(LockLayer::by_header("Idempotency-Key").backend(redlock)),
     };
     let mut sender = connect(serve(app).await).await;
     static NEXT: AtomicU64 = AtomicU64::new(0);

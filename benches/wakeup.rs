@@ -10,6 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use tower_redlock::Redlock;
+use tower_redlock::{LockRequest, Locks};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -20,15 +21,17 @@ enum Mode {
 }
 
 async fn measure(nodes: &[support::RedisNode], mode: Mode, rounds: usize) -> Vec<Duration> {
-    let redlock = Redlock::builder(support::urls(nodes))
-        .ttl(Duration::from_secs(30))
-        .node_timeout(Duration::from_millis(200))
-        .retry_count(1000)
-        .retry_delay(Duration::from_millis(50), Duration::from_millis(250))
-        .notify_waiters(mode == Mode::PubSub)
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::builder(support::urls(nodes))
+            .ttl(Duration::from_secs(30))
+            .node_timeout(Duration::from_millis(200))
+            .retry_count(1000)
+            .retry_delay(Duration::from_millis(50), Duration::from_millis(250))
+            .notify_waiters(mode == Mode::PubSub)
+            .build()
+            .await
+            .unwrap(),
+    );
     let mut delays = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let key = format!("wake-{round}");
@@ -38,7 +41,11 @@ async fn measure(nodes: &[support::RedisNode], mode: Mode, rounds: usize) -> Vec
             let key = key.clone();
             async move {
                 let lease = match mode {
-                    Mode::PubSub => redlock.lock_within(&key, Duration::from_secs(10)).await,
+                    Mode::PubSub => {
+                        redlock
+                            .acquire(LockRequest::new(&key).wait(Duration::from_secs(10)))
+                            .await
+                    }
                     Mode::Polling => redlock.lock(&key).await,
                 };
                 (lease.expect("waiter acquires"), Instant::now())

@@ -28,7 +28,7 @@
 //! Routes:
 //! - `GET /healthz`
 //! - `GET /metrics`: the Prometheus text exposition of this process's metrics: the crate's
-//!   own (`tower_redlock_*`, see the README's "Observability") and
+//!   own (`tower_redlock_*`, see the guide's `observability` chapter) and
 //!   `flash_sale_http_responses_total{route, status}`, one count per answer the example
 //!   gave (`route` is the matched route, such as `/items/{item_id}/buy`);
 //! - `PUT /items/{item_id}` with `{"stock": N}`: sets the stock, sold to 0;
@@ -48,7 +48,7 @@
 //! - `PUT /accounts/{account_id}` with `{"balance": N}`, `GET /accounts/{account_id}`:
 //!   `{"account_id", "balance"}`, stored as `flash_sale:account:{id}` beside the stock;
 //! - `POST /transfers` with `{"from": "...", "to": "...", "amount": N}`: locks both
-//!   accounts with one lease (`Locks::try_lock_all`), reads both balances, works, writes
+//!   accounts with one lease (`LockRequest::all`), reads both balances, works, writes
 //!   both (not atomically, on purpose); 200 with both new balances, 409 when `from` lacks
 //!   the funds, 423 while either account is locked, 400 when `from` equals `to` or the
 //!   amount is not positive (see `flash_sale/accounts.rs`).

@@ -70,6 +70,12 @@ pub enum LockError {
     /// The key cannot be used; see [`KeyError`].
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
+
+    /// The [`LockRequest`](crate::LockRequest) asks for what no backend does (a lease on
+    /// several keys in another mode than plain, or waiting for one); the message says
+    /// which. Change the request: retrying does not help.
+    #[error("unsupported lock request: {0}")]
+    Unsupported(&'static str),
 }
 
 impl LockError {
@@ -211,4 +217,12 @@ pub enum ConfigError {
         "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys {{<lock key>}}:<role>); pick a prefix without braces"
     )]
     BraceInPrefix(String),
+
+    /// [`Locks::set_default`](crate::Locks::set_default) was called after the default
+    /// backend had been chosen: by an earlier call, or by a layer built without a backend
+    /// (which took the in-process default). Call it once, before building the app.
+    #[error(
+        "the default lock backend was already chosen: call Locks::set_default once, before building any layer without .backend(..)"
+    )]
+    DefaultAlreadyChosen,
 }

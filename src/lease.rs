@@ -1,6 +1,7 @@
 //! Leases: what a successful acquisition hands back.
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,20 +82,24 @@ impl fmt::Display for Token {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub(crate) key: Arc<str>,
-    /// Every key of a lease on several keys (sorted, distinct, the first one is `key`);
-    /// `None` for a lease on one key.
-    pub(crate) set: Option<Arc<[Arc<str>]>>,
+    /// What it holds besides `key`.
+    pub(crate) shape: Shape,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
-    pub(crate) fencing_token: Option<u64>,
-    /// Which backend instance issued it (see `locks::next_backend_id`).
+    /// At least 1 when there is one; non-zero, so that a lease fits 128 bytes (moved
+    /// in place rather than by a call to `memcpy`).
+    pub(crate) fencing_token: Option<NonZeroU64>,
+    /// Which backend instance issued it (see `backend::next_backend_id`).
     pub(crate) backend: u64,
+    /// Handed back to a request that already held it (`backend::reentry`): releasing and
+    /// extending it are left to the holder.
+    pub(crate) reentered: bool,
 }
 
 impl Lease {
     /// The full key, as stored in Redis: `{prefix}{scope}:{value}`. For a lease on
-    /// several keys ([`Locks::lock_all`](crate::Locks::lock_all)), the first of them in
+    /// several keys ([`LockRequest::all`](crate::LockRequest::all)), the first of them in
     /// byte order; [`keys`](Self::keys) lists them all.
     pub fn key(&self) -> &str {
         &self.key
@@ -102,19 +107,20 @@ impl Lease {
 
     /// Every key this lease holds, in byte order: one for a lease taken with
     /// [`Locks::lock`](crate::Locks::lock) and the like, each distinct key given for one
-    /// taken with [`Locks::lock_all`](crate::Locks::lock_all). All of them hold the same
+    /// taken with [`LockRequest::all`](crate::LockRequest::all). All of them hold the same
     /// token, and the lease is valid only while all of them are held.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        self.set
-            .as_deref()
-            .unwrap_or(std::slice::from_ref(&self.key))
-            .iter()
-            .map(|key| &**key)
+        match &self.shape {
+            Shape::Set(keys) => &keys[..],
+            Shape::Lock | Shape::Reader { .. } => std::slice::from_ref(&self.key),
+        }
+        .iter()
+        .map(|key| &**key)
     }
 
     /// The token that proves ownership: on Redis, the lock key's value (a waiter asking to
     /// be woken sets a mark beside the key, never in its value; see
-    /// [`Redlock::lock_within`](crate::Redlock::lock_within)).
+    /// [`Redlock::lock_within`](crate::LockRequest::wait)).
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -134,12 +140,14 @@ impl Lease {
     /// has seen can refuse writes from a holder whose lease ran out (Martin Kleppmann,
     /// "How to do distributed locking").
     ///
-    /// Always present with [`MemoryLocks`](crate::MemoryLocks); with
-    /// [`Redlock`](crate::Redlock) when built with
-    /// [`fencing_tokens(true)`](crate::RedlockBuilder::fencing_tokens), else `None`. See
-    /// that method for the argument and its assumptions.
+    /// Present when the backend was built with `fencing_tokens(true)`
+    /// ([`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens),
+    /// [`MemoryLocksBuilder::fencing_tokens`](crate::MemoryLocksBuilder::fencing_tokens));
+    /// `None` otherwise, and for a shared lease. The same on both backends. See the
+    /// [lock module docs](crate::lock#fencing-tokens) for a fenced write, the argument and
+    /// its assumptions.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.fencing_token
+        self.fencing_token.map(NonZeroU64::get)
     }
 
     /// The validity left now; zero once it has ended.
@@ -153,13 +161,26 @@ impl Lease {
     }
 
     /// Whether this is a shared lease (one of the readers of a key, taken with
-    /// [`Locks::lock_shared_within`](crate::Locks::lock_shared_within) or
-    /// [`LockLayer::shared`](crate::LockLayer::shared)) rather than an exclusive one. Its
+    /// [`Locks::lock_shared_within`](crate::LockRequest::mode) or
+    /// [`LockLayer::mode`](crate::LockLayer::mode)) rather than an exclusive one. Its
     /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`, where its token
     /// is a member.
     pub fn is_shared(&self) -> bool {
-        readers_of(&self.key).is_some()
+        matches!(self.shape, Shape::Reader { .. })
     }
+}
+
+/// What a lease holds besides its [`key`](Lease::key): its shape, set when it is acquired,
+/// never read back from a key's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// One lock key: the lease's key.
+    Lock,
+    /// A reader of `lock`: the lease's key is the readers' set, `{<lock>}:readers`, where
+    /// its token is a member.
+    Reader { lock: Arc<str> },
+    /// Several lock keys, sorted and distinct, held together; the lease's key is the first.
+    Set(Arc<[Arc<str>]>),
 }
 
 /// Whether a lock is taken by one holder or shared by several (readers).
@@ -176,12 +197,6 @@ pub(crate) fn readers_key(lock_key: &str) -> Arc<str> {
     Arc::from(format!("{{{lock_key}}}:readers"))
 }
 
-/// The lock key of a shared lease's key, `None` for any other key. Lock keys never hold
-/// `{` or `}`, so no lock key has this shape.
-pub(crate) fn readers_of(key: &str) -> Option<&str> {
-    key.strip_prefix('{')?.strip_suffix("}:readers")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,9 +205,6 @@ mod tests {
     fn readers_keys_name_their_lock_key() {
         let key = readers_key("tower-redlock:/items:7");
         assert_eq!(&*key, "{tower-redlock:/items:7}:readers");
-        assert_eq!(readers_of(&key), Some("tower-redlock:/items:7"));
-        assert_eq!(readers_of("tower-redlock:/items:7"), None);
-        assert_eq!(readers_of("{k}:waiters"), None);
     }
 
     #[test]

@@ -79,7 +79,8 @@ pub use extract::{LockKey, LockKeys, Locked, LockedRejection};
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use lock::{
-    Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Token,
+    Lease, LeaseStatus, LockLayer, LockMode, LockRequest, Locks, MemoryLocks, MemoryLocksBuilder,
+    OnLockLoss, Token,
 };
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]
@@ -99,6 +100,59 @@ pub mod idempotency;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use idempotency::IdempotencyLayer;
+
+// The guide: documentation only, one module per chapter (src/docs/guide*.md). Compiled for
+// rustdoc and for doc tests, so that its examples run with the others; never in a build.
+#[cfg(all(
+    any(doc, doctest),
+    feature = "axum",
+    feature = "idempotency",
+    feature = "rate-limit",
+    feature = "concurrency-limit",
+    feature = "redis"
+))]
+pub mod guide {
+    #![doc = include_str!("docs/guide.md")]
+    pub mod configuration {
+        #![doc = include_str!("docs/guide_configuration.md")]
+    }
+    pub mod lifecycle {
+        #![doc = include_str!("docs/guide_lifecycle.md")]
+    }
+    pub mod shared_exclusive {
+        #![doc = include_str!("docs/guide_shared_exclusive.md")]
+    }
+    pub mod fair {
+        #![doc = include_str!("docs/guide_fair.md")]
+    }
+    pub mod several_keys {
+        #![doc = include_str!("docs/guide_several_keys.md")]
+    }
+    pub mod http_answers {
+        #![doc = include_str!("docs/guide_http_answers.md")]
+    }
+    pub mod idempotency {
+        #![doc = include_str!("docs/guide_idempotency.md")]
+    }
+    pub mod rate_limit {
+        #![doc = include_str!("docs/guide_rate_limit.md")]
+    }
+    pub mod concurrency {
+        #![doc = include_str!("docs/guide_concurrency.md")]
+    }
+    pub mod observability {
+        #![doc = include_str!("docs/guide_observability.md")]
+    }
+    pub mod topologies {
+        #![doc = include_str!("docs/guide_topologies.md")]
+    }
+    pub mod performance {
+        #![doc = include_str!("docs/guide_performance.md")]
+    }
+    pub mod algorithm {
+        #![doc = include_str!("docs/guide_algorithm.md")]
+    }
+}
 
 // The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
 #[cfg(all(doctest, feature = "idempotency"))]

@@ -138,7 +138,7 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
     lock_request(match acquired {
         Ok(_) => LockResult::Acquired,
         Err(LockError::Taken { .. }) => LockResult::Taken,
-        Err(LockError::InvalidKey(_)) => LockResult::Invalid,
+        Err(LockError::InvalidKey(_) | LockError::Unsupported(_)) => LockResult::Invalid,
         Err(
             LockError::NoQuorum { .. }
             | LockError::TooSlow { .. }
@@ -301,6 +301,7 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
         Err(LockError::Expired { .. }) => "expired",
         Err(LockError::Lost) => "lost",
         Err(LockError::InvalidKey(_)) => "invalid_key",
+        Err(LockError::Unsupported(_)) => "unsupported",
     }
 }
 

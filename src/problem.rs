@@ -72,8 +72,9 @@ impl Problem {
     }
 
     /// The problem a lock error becomes: `taken_status` (409 or 423) with `Retry-After`
-    /// when the lock is held, 400 for an invalid key, 503 with `Retry-After: 1` when the
-    /// backend cannot answer (without internal details, which are logged instead).
+    /// when the lock is held, 400 for an invalid key, 500 for an unsupported request, 503
+    /// with `Retry-After: 1` when the backend cannot answer (without internal details,
+    /// which are logged instead).
     pub fn from_lock_error(error: &LockError, taken_status: StatusCode) -> Self {
         match error {
             LockError::Taken { retry_after } => {
@@ -87,6 +88,10 @@ impl Problem {
             LockError::InvalidKey(e) => {
                 Problem::new(StatusCode::BAD_REQUEST, format!("Invalid lock key: {e}."))
             }
+            LockError::Unsupported(_) => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The server is misconfigured; the details are in its log.",
+            ),
             _ => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The lock service is unavailable; retry later.",

@@ -11,15 +11,19 @@ use std::time::{Duration, Instant};
 use support::topology::{Cluster, cli};
 use support::{nodes, urls};
 use tower_redlock::{LockError, Node, Quota, RedisRateLimiter, Redlock};
+use tower_redlock::{LockRequest, Locks};
 
-async fn on_cluster(cluster: &Cluster) -> Redlock {
-    Redlock::from_nodes([Node::cluster(cluster.urls())])
+async fn on_cluster(cluster: &Cluster) -> Locks {
+    let redlock = Redlock::from_nodes([Node::cluster(cluster.urls())])
         .ttl(Duration::from_secs(10))
         .node_timeout(Duration::from_millis(500))
         .fencing_tokens(true)
         .build()
         .await
-        .unwrap()
+        .unwrap();
+    // The whole cluster is one Redlock node.
+    assert_eq!(redlock.node_count(), 1);
+    Locks::from(redlock)
 }
 
 /// The keys every primary holds now.
@@ -36,7 +40,6 @@ fn primaries_with_keys(cluster: &Cluster) -> usize {
 async fn a_cluster_is_one_redlock_node_with_keys_on_every_shard_and_locks_survive_a_failover() {
     let cluster = Cluster::start(3);
     let redlock = on_cluster(&cluster).await;
-    assert_eq!(redlock.node_count(), 1);
 
     // Locks on 30 keys spread over the three shards, each with its scripts (fencing
     // counter, waiters' mark) in its own slot.
@@ -86,15 +89,17 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
             .ttl(Duration::from_secs(30))
             .build()
     };
-    let redlock = client().await.unwrap();
+    let redlock = Locks::from(client().await.unwrap());
     // The holder is another client (another replica): a waiter behind a holder of its
     // own process queues in process and never touches Redis.
-    let holder = client().await.unwrap();
+    let holder = Locks::from(client().await.unwrap());
     let held = holder.lock("report").await.unwrap();
     let waiter = {
         let redlock = redlock.clone();
         tokio::spawn(async move {
-            let lease = redlock.lock_within("report", Duration::from_secs(20)).await;
+            let lease = redlock
+                .acquire(LockRequest::new("report").wait(Duration::from_secs(20)))
+                .await;
             (lease, Instant::now())
         })
     };
@@ -150,6 +155,7 @@ async fn redlock_over_a_cluster_and_two_single_nodes_keeps_a_quorum_without_one(
         .await
         .unwrap();
     assert_eq!((redlock.node_count(), redlock.quorum()), (3, 2));
+    let redlock = Locks::from(redlock);
     let lease = redlock.lock("invoice:1").await.unwrap();
     assert!(matches!(
         redlock.try_lock("invoice:1").await,

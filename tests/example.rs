@@ -694,11 +694,13 @@ async fn example_transfer_answers() {
     );
 
     // Either account held by someone else: 423 with Retry-After, whichever side it is.
-    let other = tower_redlock::Redlock::builder(urls(&nodes))
-        .ttl(Duration::from_secs(20))
-        .build()
-        .await
-        .unwrap();
+    let other = tower_redlock::Locks::from(
+        tower_redlock::Redlock::builder(urls(&nodes))
+            .ttl(Duration::from_secs(20))
+            .build()
+            .await
+            .unwrap(),
+    );
     let held = other.try_lock("account:y").await.unwrap();
     for (from, to) in [("x", "y"), ("y", "x")] {
         let resp = post_transfer(&client, &example, from, to, 1).await;

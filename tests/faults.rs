@@ -8,16 +8,19 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::{RedisNode, calls, eventually, exists, nodes, urls};
+use tower_redlock::LockRequest;
 use tower_redlock::{LockError, Locks, Redlock, Renewal};
 
-async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(ttl)
-        .node_timeout(node_timeout)
-        .retry_count(0)
-        .build()
-        .await
-        .unwrap()
+async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(ttl)
+            .node_timeout(node_timeout)
+            .retry_count(0)
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 /// Stores `value` under `key` on `node` with a TTL, as another holder would.
@@ -139,8 +142,7 @@ async fn watchdog_keeps_a_lease_through_unprovable_renewals() {
     // other nodes of five, answer no quorum: the watchdog retries, and once the node is
     // back a renewal succeeds and the work completes.
     let nodes = nodes(5);
-    let locks =
-        Locks::from(redlock(&nodes, Duration::from_secs(2), Duration::from_millis(150)).await);
+    let locks = redlock(&nodes, Duration::from_secs(2), Duration::from_millis(150)).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
     let work = tokio::spawn({
@@ -148,11 +150,15 @@ async fn watchdog_keeps_a_lease_through_unprovable_renewals() {
         async move {
             let renewal = Renewal::default().every(Duration::from_millis(400));
             locks
-                .with_lock("renewed", renewal, |status| async move {
-                    started_tx.send(()).unwrap();
-                    finish_rx.await.unwrap();
-                    status.is_lost()
-                })
+                .with_lock(
+                    LockRequest::new("renewed").retry(),
+                    renewal,
+                    |status| async move {
+                        started_tx.send(()).unwrap();
+                        finish_rx.await.unwrap();
+                        status.is_lost()
+                    },
+                )
                 .await
         }
     });
@@ -200,14 +206,16 @@ async fn hung_node_costs_nothing_on_any_verdict() {
     let nodes = nodes(3);
     let timeout = Duration::from_millis(500);
     let bound = Duration::from_millis(250);
-    let r = Redlock::builder(urls(&nodes))
-        .ttl(Duration::from_secs(10))
-        .node_timeout(timeout)
-        .retry_count(0)
-        .fencing_tokens(true)
-        .build()
-        .await
-        .unwrap();
+    let r = Locks::from(
+        Redlock::builder(urls(&nodes))
+            .ttl(Duration::from_secs(10))
+            .node_timeout(timeout)
+            .retry_count(0)
+            .fencing_tokens(true)
+            .build()
+            .await
+            .unwrap(),
+    );
     let held = "tower-redlock:held";
     for node in &nodes {
         hold(node, held, "another-holder", 30_000).await;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use support::{RedisNode, calls, eventually, exists, get};
 use tower_redlock::Redlock;
+use tower_redlock::{LockRequest, Locks};
 
 /// Holds a redis-py lock until told to release it on stdin; reports on stdout.
 const HOLDER: &str = r#"
@@ -100,17 +101,21 @@ async fn redis_py_lock_is_left_alone_while_we_wait_and_then_handed_over() {
     assert_eq!(get(&node, key).await.as_deref(), Some(token.as_str()));
 
     // Our side, with the prefix set to match the Python lock's name.
-    let r = Redlock::builder([node.url()])
-        .prefix("jobs:")
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
+    let r = Locks::from(
+        Redlock::builder([node.url()])
+            .prefix("jobs:")
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    );
     let waiter = tokio::spawn({
         let r = r.clone();
         async move {
-            let lease = r.lock_within("nightly", Duration::from_secs(15)).await;
+            let lease = r
+                .acquire(LockRequest::new("nightly").wait(Duration::from_secs(15)))
+                .await;
             (lease, Instant::now())
         }
     });

@@ -14,17 +14,20 @@ use axum::Router;
 use axum::routing::post;
 use support::{RedisNode, command_calls, eventually, nodes, serve, subscribers, urls};
 use tokio::sync::Notify;
+use tower_redlock::LockRequest;
 use tower_redlock::{LockError, LockLayer, Locks, Redlock};
 
 const PREFIX: &str = "tower-redlock:";
 
-async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(ttl)
-        .node_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap()
+async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 /// Every node's command calls so far.
@@ -175,7 +178,7 @@ async fn a_holder_in_another_client_costs_a_refused_set_and_a_pttl_per_node_and_
 #[tokio::test]
 async fn a_burst_on_a_key_held_in_process_costs_redis_nothing_over_http() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(10)).await);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
     let gate = Gate::default();
     let base = serve(gated_app(locks, gate.clone())).await;
     let client = reqwest::Client::new();
@@ -223,7 +226,7 @@ async fn a_release_leaves_the_local_table_at_once() {
         r.unlock(lease).await.unwrap();
     }
     // Through Locks, the handle the layer and the extractor share.
-    let locks = Locks::from(r.clone());
+    let locks = r.clone();
     let lease = locks.try_lock("cycle").await.unwrap();
     locks.unlock(lease).await.unwrap();
     assert!(locks.try_lock("cycle").await.is_ok());
@@ -296,7 +299,9 @@ async fn max_wait_queues_in_process_behind_a_local_holder() {
     let waiter = tokio::spawn({
         let r = r.clone();
         async move {
-            let lease = r.lock_within("queue", Duration::from_secs(10)).await;
+            let lease = r
+                .acquire(LockRequest::new("queue").wait(Duration::from_secs(10)))
+                .await;
             (lease, Instant::now())
         }
     });
@@ -329,7 +334,7 @@ async fn max_wait_queues_in_process_behind_a_local_holder() {
 #[tokio::test]
 async fn max_wait_through_the_layer_serves_a_local_queue_one_at_a_time() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(10)).await);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
@@ -400,7 +405,7 @@ fn retry_after(resp: &reqwest::Response) -> u64 {
 #[tokio::test]
 async fn retry_after_of_a_50_ms_handler_is_1_s_not_the_holders_10_s() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(10)).await);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
     let gate = Gate::default();
     let base = serve(timed_app(locks, gate.clone())).await;
     let client = reqwest::Client::new();
@@ -437,7 +442,7 @@ async fn retry_after_of_a_50_ms_handler_is_1_s_not_the_holders_10_s() {
 #[tokio::test]
 async fn retry_after_is_never_above_the_holders_remaining_ttl() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(10)).await);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
     let base = serve(timed_app(locks, Gate::default())).await;
     let client = reqwest::Client::new();
     // One long hold: the route's estimate is 2.2 s.

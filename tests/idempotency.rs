@@ -352,3 +352,49 @@ async fn without_a_quorum_the_answer_is_503() {
     assert!(answer.headers().contains_key(header::RETRY_AFTER));
     assert_eq!(orders.runs(), 0);
 }
+
+#[tokio::test]
+async fn retry_after_is_estimated_per_route_whatever_the_tenant() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(Notify::new());
+    let handler = {
+        let (gate, entered) = (gate.clone(), entered.clone());
+        move |headers: axum::http::HeaderMap| {
+            let (gate, entered) = (gate.clone(), entered.clone());
+            async move {
+                if headers.contains_key("x-slow") {
+                    entered.notify_one();
+                    gate.acquire().await.unwrap().forget();
+                }
+                (StatusCode::CREATED, "created")
+            }
+        }
+    };
+    let layer = IdempotencyLayer::new()
+        .backend(MemoryLocks::new())
+        .tenant(|parts| Some(parts.headers.get("x-account")?.to_str().ok()?.to_owned()));
+    let base = serve(Router::new().route("/orders", post(handler).layer(layer))).await;
+    let client = reqwest::Client::new();
+    let order = |account: &'static str, key: &'static str, slow: bool| {
+        let mut request = client
+            .post(format!("{base}/orders"))
+            .header("Idempotency-Key", key)
+            .header("x-account", account);
+        if slow {
+            request = request.header("x-slow", "1");
+        }
+        request.send()
+    };
+    // Tenant "a" completes an order at once: the route's hold time is observed.
+    assert_eq!(order("a", "k-1", false).await.unwrap().status(), 201);
+    // Tenant "b", never seen before, has an order in flight...
+    let slow = tokio::spawn(order("b", "k-2", true));
+    entered.notified().await;
+    let conflict = order("b", "k-2", false).await.unwrap();
+    assert_eq!(conflict.status(), StatusCode::CONFLICT);
+    // ... and its retry waits for the route's hold time (under a second), not for the
+    // 10 s left on the holder's lease.
+    assert_eq!(conflict.headers()[header::RETRY_AFTER], "1");
+    gate.add_permits(1);
+    assert_eq!(slow.await.unwrap().unwrap().status(), 201);
+}

@@ -473,11 +473,13 @@ async fn a_node_that_stops_answering_is_counted_once_its_deadline_passes() {
 
     let nodes = nodes(3);
     let proxy = support::Proxy::start(nodes[2].addr()).await;
-    let redlock = Redlock::builder([nodes[0].url(), nodes[1].url(), proxy.url()])
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::builder([nodes[0].url(), nodes[1].url(), proxy.url()])
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    );
     // Connected through the proxy, then silent: no error, no answer.
     redlock
         .unlock(redlock.try_lock("warm").await.unwrap())

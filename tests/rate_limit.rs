@@ -9,6 +9,7 @@ use axum::Router;
 use axum::routing::post;
 use support::{RedisNode, serve};
 use tokio::sync::Barrier;
+use tower_redlock::Locks;
 use tower_redlock::{MemoryRateLimiter, Quota, RateLimitLayer, RateLimiter, RedisRateLimiter};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -433,7 +434,7 @@ async fn default_lock_and_rate_limit_keys_cannot_coincide() {
     use tower_redlock::Redlock;
 
     let node = RedisNode::start();
-    let redlock = Redlock::builder([node.url()]).build().await.unwrap();
+    let redlock = Locks::from(Redlock::builder([node.url()]).build().await.unwrap());
     let limiter = RedisRateLimiter::builder(node.url()).build().await.unwrap();
     // Neither default prefix starts with the other, so no lock key is a counter's key.
     assert!(!limiter.prefix().starts_with(redlock.prefix()));

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use redis::{ErrorKind, ServerErrorKind};
 use support::topology::{Server, wheel_binary};
 use support::{FakeServer, HTTP_400, Proxy, RedisNode, eventually, nodes, urls};
+use tower_redlock::Locks;
 use tower_redlock::{
     LockError, NodeFailureReason, Quota, RateLimitError, RedisRateLimiter, Redlock,
 };
@@ -27,23 +28,25 @@ fn silent_recovery(timeout: Duration) -> Duration {
     timeout + Duration::from_secs(3)
 }
 
-async fn redlock(urls: Vec<String>) -> Redlock {
+async fn redlock(urls: Vec<String>) -> Locks {
     fenced_redlock(urls, false).await
 }
 
 /// [`redlock`], with fencing tokens when `fencing` (the acquisition is then a script).
-async fn fenced_redlock(urls: Vec<String>, fencing: bool) -> Redlock {
-    Redlock::builder(urls)
-        .ttl(Duration::from_secs(5))
-        .node_timeout(NODE_TIMEOUT)
-        .retry_count(0)
-        .fencing_tokens(fencing)
-        .build()
-        .await
-        .unwrap()
+async fn fenced_redlock(urls: Vec<String>, fencing: bool) -> Locks {
+    Locks::from(
+        Redlock::builder(urls)
+            .ttl(Duration::from_secs(5))
+            .node_timeout(NODE_TIMEOUT)
+            .retry_count(0)
+            .fencing_tokens(fencing)
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
-async fn locks_once(redlock: &Redlock, resource: &str) -> bool {
+async fn locks_once(redlock: &Locks, resource: &str) -> bool {
     match redlock.try_lock(resource).await {
         Ok(lease) => {
             let _ = redlock.unlock(lease).await;
@@ -54,7 +57,7 @@ async fn locks_once(redlock: &Redlock, resource: &str) -> bool {
 }
 
 /// Polls `locks_once` until it succeeds; the time it took, or `None` after `within`.
-async fn time_to_lock(redlock: &Redlock, within: Duration) -> Option<Duration> {
+async fn time_to_lock(redlock: &Locks, within: Duration) -> Option<Duration> {
     let started = Instant::now();
     eventually(within, || locks_once(redlock, "recovery"))
         .await

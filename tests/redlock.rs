@@ -13,15 +13,17 @@ use tower_redlock::{ConfigError, LockError, Locks, MemoryLocks, Redlock};
 
 const PREFIX: &str = "tower-redlock:";
 
-async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(ttl)
-        .node_timeout(node_timeout)
-        .retry_count(2000)
-        .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
-        .build()
-        .await
-        .unwrap()
+async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(ttl)
+            .node_timeout(node_timeout)
+            .retry_count(2000)
+            .retry_delay(Duration::from_millis(1), Duration::from_millis(5))
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 async fn on_nodes(nodes: &[RedisNode], key: &str) -> usize {
@@ -35,8 +37,7 @@ async fn on_nodes(nodes: &[RedisNode], key: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_three_nodes_no_lost_update() {
     let nodes = nodes(3);
-    let locks =
-        Locks::from(redlock(&nodes, Duration::from_secs(5), Duration::from_millis(200)).await);
+    let locks = redlock(&nodes, Duration::from_secs(5), Duration::from_millis(200)).await;
     let counter = redis::Client::open(nodes[0].url()).unwrap();
     const TASKS: usize = 16;
     const ROUNDS: usize = 8;
@@ -396,36 +397,27 @@ async fn contract_in_process() {
     contract::all(&long, &short).await;
 }
 
-#[tokio::test]
-async fn contract_one_node() {
-    let nodes = nodes(1);
-    let long =
-        Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
-    let short = Locks::from(
-        redlock(
-            &nodes,
-            Duration::from_millis(300),
-            Duration::from_millis(100),
-        )
-        .await,
-    );
+/// The contract on `n` nodes: a client with a long TTL and one with a short TTL.
+async fn contract_on(n: usize) {
+    let nodes = nodes(n);
+    let long = redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await;
+    let short = redlock(
+        &nodes,
+        Duration::from_millis(300),
+        Duration::from_millis(100),
+    )
+    .await;
     contract::all(&long, &short).await;
 }
 
 #[tokio::test]
+async fn contract_one_node() {
+    contract_on(1).await;
+}
+
+#[tokio::test]
 async fn contract_three_nodes() {
-    let nodes = nodes(3);
-    let long =
-        Locks::from(redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await);
-    let short = Locks::from(
-        redlock(
-            &nodes,
-            Duration::from_millis(300),
-            Duration::from_millis(100),
-        )
-        .await,
-    );
-    contract::all(&long, &short).await;
+    contract_on(3).await;
 }
 
 #[tokio::test]
@@ -497,10 +489,12 @@ async fn builder_rejects_bad_configuration() {
         Err(ConfigError::InvalidPrefix(_))
     ));
     // A node that is down at start is not a configuration error.
-    let r = Redlock::builder(ok)
-        .build()
-        .await
-        .expect("unreachable node is retried later");
+    let r = Locks::from(
+        Redlock::builder(ok)
+            .build()
+            .await
+            .expect("unreachable node is retried later"),
+    );
     assert!(matches!(
         r.try_lock("x").await,
         Err(LockError::NoQuorum { .. })
@@ -550,15 +544,17 @@ async fn prefix_with_braces_is_refused() {
     }
 }
 
-async fn fenced(nodes: &[RedisNode]) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(200))
-        .retry_count(0)
-        .fencing_tokens(true)
-        .build()
-        .await
-        .unwrap()
+async fn fenced(nodes: &[RedisNode]) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(200))
+            .retry_count(0)
+            .fencing_tokens(true)
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 async fn pttl(node: &RedisNode, key: &str) -> i64 {
@@ -676,4 +672,47 @@ async fn fencing_counter_written_by_another_client_is_a_clear_error() {
         .unwrap();
     assert_eq!(kind, "hash", "the foreign counter was modified");
     r.unlock(lease).await.unwrap();
+}
+
+/// `number_of_cached_scripts` of `INFO memory` (Redis 7).
+async fn cached_scripts(node: &RedisNode) -> u64 {
+    let mut conn = node.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("number_of_cached_scripts:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO memory has number_of_cached_scripts")
+}
+
+#[tokio::test]
+async fn every_script_is_loaded_with_each_new_connection() {
+    let mut nodes = nodes(1);
+    let locks = Locks::from(
+        Redlock::builder(urls(&nodes))
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    );
+    // Every script of every mode, not only the plain lock's: a reader, a fair waiter or a
+    // set never meets a node that lacks its script.
+    let loaded = cached_scripts(&nodes[0]).await;
+    assert!(loaded >= 15, "{loaded} scripts loaded");
+    nodes[0].restart();
+    assert_eq!(cached_scripts(&nodes[0]).await, 0, "restarted empty");
+    // The first operations after the restart replace the broken connection; the new one
+    // loads every script before any command of a mode that needs one.
+    let back = eventually(Duration::from_secs(5), || async {
+        match locks.try_lock("after-restart").await {
+            Ok(lease) => locks.unlock(lease).await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(back, "the node serves locks again");
+    assert_eq!(cached_scripts(&nodes[0]).await, loaded);
 }

@@ -12,14 +12,17 @@ use axum::routing::{get, post};
 use support::{RedisNode, eventually, nodes, serve, urls};
 use tokio::sync::Semaphore;
 use tower_redlock::{LockError, LockLayer, Locks, Redlock};
+use tower_redlock::{LockMode, LockRequest};
 
-async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(ttl)
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap()
+async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 /// A service whose handlers count themselves in and hold until the gate lets them out.
@@ -51,14 +54,21 @@ impl App {
                 .backend(locks.clone())
         };
         let app = Router::new()
-            .route("/read/{doc}", get(handler.clone()).layer(layer().shared()))
+            .route(
+                "/read/{doc}",
+                get(handler.clone()).layer(layer().mode(LockMode::Shared)),
+            )
             .route(
                 "/write/{doc}",
-                post(handler.clone()).layer(layer().exclusive()),
+                post(handler.clone()).layer(layer().mode(LockMode::Exclusive)),
             )
             .route(
                 "/fair/{doc}",
-                post(handler).layer(layer().fair(true).max_wait(Duration::from_secs(5))),
+                post(handler).layer(
+                    layer()
+                        .mode(LockMode::Fair)
+                        .max_wait(Duration::from_secs(5)),
+                ),
             );
         Self {
             base: serve(app).await,
@@ -131,14 +141,14 @@ async fn writer_excludes_readers(app: &App, doc: &str) {
 #[tokio::test]
 async fn readers_hold_together_and_a_writer_waits_for_them_all() {
     let nodes = nodes(3);
-    let app = App::start(Locks::from(redlock(&nodes, Duration::from_secs(10)).await)).await;
+    let app = App::start(redlock(&nodes, Duration::from_secs(10)).await).await;
     readers_together_writer_refused(&app, "report").await;
 }
 
 #[tokio::test]
 async fn writer_excludes_readers_and_other_writers() {
     let nodes = nodes(3);
-    let app = App::start(Locks::from(redlock(&nodes, Duration::from_secs(10)).await)).await;
+    let app = App::start(redlock(&nodes, Duration::from_secs(10)).await).await;
     writer_excludes_readers(&app, "ledger").await;
 }
 
@@ -155,15 +165,31 @@ async fn crashed_reader_expires_at_its_ttl() {
     let ttl = Duration::from_millis(800);
     let r = redlock(&nodes, ttl).await;
     // Taken and never released nor renewed: the reader "crashed".
-    let crashed = r.lock_shared_within("crash", Duration::ZERO).await.unwrap();
+    let crashed = r
+        .acquire(
+            LockRequest::new("crash")
+                .mode(LockMode::Shared)
+                .wait(Duration::ZERO),
+        )
+        .await
+        .unwrap();
     assert!(crashed.is_shared());
     assert!(matches!(
-        r.lock_exclusive_within("crash", Duration::ZERO).await,
+        r.acquire(
+            LockRequest::new("crash")
+                .mode(LockMode::Exclusive)
+                .wait(Duration::ZERO)
+        )
+        .await,
         Err(LockError::Taken { .. })
     ));
     let start = Instant::now();
     let writer = r
-        .lock_exclusive_within("crash", Duration::from_secs(5))
+        .acquire(
+            LockRequest::new("crash")
+                .mode(LockMode::Exclusive)
+                .wait(Duration::from_secs(5)),
+        )
         .await
         .expect("the writer gets the key once the reader's TTL ran out");
     assert!(start.elapsed() < ttl + Duration::from_secs(2));
@@ -183,7 +209,11 @@ async fn shared_leases_are_renewed_and_released_like_any_lease() {
     let nodes = nodes(3);
     let r = redlock(&nodes, Duration::from_millis(600)).await;
     let mut lease = r
-        .lock_shared_within("renewed", Duration::ZERO)
+        .acquire(
+            LockRequest::new("renewed")
+                .mode(LockMode::Shared)
+                .wait(Duration::ZERO),
+        )
         .await
         .unwrap();
     for _ in 0..4 {
@@ -192,12 +222,21 @@ async fn shared_leases_are_renewed_and_released_like_any_lease() {
     }
     // Past the first TTL, still a reader: a writer is refused.
     assert!(matches!(
-        r.lock_exclusive_within("renewed", Duration::ZERO).await,
+        r.acquire(
+            LockRequest::new("renewed")
+                .mode(LockMode::Exclusive)
+                .wait(Duration::ZERO)
+        )
+        .await,
         Err(LockError::Taken { .. })
     ));
     r.unlock(lease).await.unwrap();
     let writer = r
-        .lock_exclusive_within("renewed", Duration::ZERO)
+        .acquire(
+            LockRequest::new("renewed")
+                .mode(LockMode::Exclusive)
+                .wait(Duration::ZERO),
+        )
         .await
         .unwrap();
     r.unlock(writer).await.unwrap();
@@ -215,12 +254,14 @@ async fn a_waiting_writer_is_not_starved_without_release_notifications() {
 
 async fn not_starved(notify: bool) {
     let nodes = nodes(3);
-    let r = Redlock::builder(urls(&nodes))
-        .node_timeout(Duration::from_millis(200))
-        .notify_waiters(notify)
-        .build()
-        .await
-        .unwrap();
+    let r = Locks::from(
+        Redlock::builder(urls(&nodes))
+            .node_timeout(Duration::from_millis(200))
+            .notify_waiters(notify)
+            .build()
+            .await
+            .unwrap(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let refused = Arc::new(AtomicUsize::new(0));
     let admitted = Arc::new(AtomicUsize::new(0));
@@ -233,7 +274,14 @@ async fn not_starved(notify: bool) {
         streams.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50 * i)).await;
             while !stop.load(Ordering::SeqCst) {
-                match r.lock_shared_within("hot", Duration::ZERO).await {
+                match r
+                    .acquire(
+                        LockRequest::new("hot")
+                            .mode(LockMode::Shared)
+                            .wait(Duration::ZERO),
+                    )
+                    .await
+                {
                     Ok(lease) => {
                         admitted.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -254,7 +302,13 @@ async fn not_starved(notify: bool) {
     .await;
     assert!(started);
     let start = Instant::now();
-    let writer = r.lock_exclusive_within("hot", Duration::from_secs(5)).await;
+    let writer = r
+        .acquire(
+            LockRequest::new("hot")
+                .mode(LockMode::Exclusive)
+                .wait(Duration::from_secs(5)),
+        )
+        .await;
     let waited = start.elapsed();
     stop.store(true, Ordering::SeqCst);
     let writer = writer.expect("the writer gets in despite the readers");
@@ -273,7 +327,7 @@ async fn not_starved(notify: bool) {
 /// is queued on every node, while `holder` holds it; the order they acquired in.
 async fn fair_order(
     nodes: &[RedisNode],
-    clients: &[Redlock],
+    clients: &[Locks],
     resource: &str,
     n: usize,
 ) -> Vec<usize> {
@@ -286,7 +340,11 @@ async fn fair_order(
         let resource = resource.to_owned();
         waiters.push(tokio::spawn(async move {
             let lease = client
-                .lock_fair_within(&resource, Duration::from_secs(20))
+                .acquire(
+                    LockRequest::new(&resource)
+                        .mode(LockMode::Fair)
+                        .wait(Duration::from_secs(20)),
+                )
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -334,7 +392,7 @@ async fn fair_waiters_over_two_clients_acquire_in_arrival_order() {
 async fn fair_waiting_over_http_admits_the_queued_request() {
     let nodes = nodes(3);
     let r = redlock(&nodes, Duration::from_secs(10)).await;
-    let app = App::start(Locks::from(r.clone())).await;
+    let app = App::start(r.clone()).await;
     let holder = r.try_lock("doc:turn").await.unwrap();
     let waiter = app.spawn("/fair/turn");
     let queued = eventually(Duration::from_secs(5), || async {
@@ -359,14 +417,22 @@ fn crash_a_waiter(nodes: &[RedisNode], resource: &str, max_wait: Duration) {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let r = rt.block_on(async {
-            Redlock::builder(urls)
-                .node_timeout(Duration::from_millis(200))
-                .build()
-                .await
-                .unwrap()
+            Locks::from(
+                Redlock::builder(urls)
+                    .node_timeout(Duration::from_millis(200))
+                    .build()
+                    .await
+                    .unwrap(),
+            )
         });
         rt.spawn(async move {
-            let _ = r.lock_fair_within(&resource, max_wait).await;
+            let _ = r
+                .acquire(
+                    LockRequest::new(&resource)
+                        .mode(LockMode::Fair)
+                        .wait(max_wait),
+                )
+                .await;
         });
         let client = redis::Client::open(probe).unwrap();
         let mut conn = client.get_connection().unwrap();
@@ -400,7 +466,14 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_bound() {
     // its entry's lifetime (2 s plus the node timeout), and the next one gets the lock.
     let next = tokio::spawn({
         let r = r.clone();
-        async move { r.lock_fair_within("stuck", Duration::from_secs(10)).await }
+        async move {
+            r.acquire(
+                LockRequest::new("stuck")
+                    .mode(LockMode::Fair)
+                    .wait(Duration::from_secs(10)),
+            )
+            .await
+        }
     });
     let behind = eventually(Duration::from_secs(5), || async {
         zcard(&nodes[0], queue).await == 2
@@ -451,7 +524,14 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
     let _holder = r.try_lock("bored").await.unwrap();
     let waiter = tokio::spawn({
         let r = r.clone();
-        async move { r.lock_fair_within("bored", Duration::from_secs(30)).await }
+        async move {
+            r.acquire(
+                LockRequest::new("bored")
+                    .mode(LockMode::Fair)
+                    .wait(Duration::from_secs(30)),
+            )
+            .await
+        }
     });
     let queue = "{tower-redlock:bored}:queue";
     assert!(
@@ -477,15 +557,24 @@ async fn minority_killed_every_mode_is_still_exclusive() {
     let mut nodes = nodes(3);
     nodes[2].kill();
     let r = redlock(&nodes, Duration::from_secs(10)).await;
-    let app = App::start(Locks::from(r.clone())).await;
+    let app = App::start(r.clone()).await;
     readers_together_writer_refused(&app, "minority-rw").await;
     writer_excludes_readers(&app, "minority-w").await;
     let holder = r
-        .lock_fair_within("minority-fair", Duration::ZERO)
+        .acquire(
+            LockRequest::new("minority-fair")
+                .mode(LockMode::Fair)
+                .wait(Duration::ZERO),
+        )
         .await
         .unwrap();
     assert!(matches!(
-        r.lock_fair_within("minority-fair", Duration::ZERO).await,
+        r.acquire(
+            LockRequest::new("minority-fair")
+                .mode(LockMode::Fair)
+                .wait(Duration::ZERO)
+        )
+        .await,
         Err(LockError::Taken { .. })
     ));
     let order = {
@@ -499,7 +588,7 @@ async fn minority_killed_every_mode_is_still_exclusive() {
 async fn majority_gone_every_mode_answers_503() {
     let mut nodes = nodes(3);
     let r = redlock(&nodes, Duration::from_secs(10)).await;
-    let app = App::start(Locks::from(r.clone())).await;
+    let app = App::start(r.clone()).await;
     nodes[1].kill();
     nodes[2].kill();
     assert_eq!(app.read("gone").await.status(), 503);
@@ -507,18 +596,22 @@ async fn majority_gone_every_mode_answers_503() {
     let fair = app.spawn("/fair/gone").await.unwrap();
     assert_eq!(fair, 503);
     assert!(matches!(
-        r.lock_shared_within("gone", Duration::ZERO).await,
+        r.acquire(
+            LockRequest::new("gone")
+                .mode(LockMode::Shared)
+                .wait(Duration::ZERO)
+        )
+        .await,
         Err(LockError::NoQuorum { .. })
     ));
     assert_eq!(app.entered.load(Ordering::SeqCst), 0, "no handler ran");
 }
 
 #[tokio::test]
-async fn fair_with_shared_is_a_misconfiguration_answered_500() {
-    let layer = LockLayer::by_path_param("doc")
+async fn a_mode_on_several_keys_is_a_misconfiguration_answered_500() {
+    let layer = LockLayer::by_fn_all(|_| Some(vec!["a".to_owned(), "b".to_owned()]))
         .backend(tower_redlock::MemoryLocks::new())
-        .shared()
-        .fair(true);
+        .mode(LockMode::Shared);
     let app = Router::new().route("/read/{doc}", get(|| async { "ran" }).layer(layer));
     let base = serve(app).await;
     let response = reqwest::get(format!("{base}/read/x")).await.unwrap();

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use support::eventually;
 use support::topology::{SERVICE, Sentinels, cli, contract};
+use tower_redlock::Locks;
 use tower_redlock::{Node, Quota, RedisRateLimiter, Redlock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,12 +18,14 @@ async fn requests_reach_the_new_primary_after_the_old_one_is_killed() {
     let node = || Node::sentinel(&sentinels, SERVICE);
     contract("sentinel", || vec![node()], node()).await;
 
-    let redlock = Redlock::from_nodes([node()])
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::from_nodes([node()])
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap(),
+    );
     let limiter = RedisRateLimiter::from_node(node())
         .timeout(Duration::from_millis(300))
         .build()

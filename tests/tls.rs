@@ -7,16 +7,19 @@ mod support;
 use std::time::Duration;
 
 use support::topology::TlsNode;
+use tower_redlock::Locks;
 use tower_redlock::{LockError, Node, Quota, RedisRateLimiter, Redlock};
 
 #[tokio::test]
 async fn locks_and_rate_limits_over_tls_with_a_custom_ca() {
     let node = TlsNode::start();
-    let redlock = Redlock::from_nodes([Node::url(node.url()).root_ca(node.ca_pem.clone())])
-        .ttl(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::from_nodes([Node::url(node.url()).root_ca(node.ca_pem.clone())])
+            .ttl(Duration::from_secs(10))
+            .build()
+            .await
+            .unwrap(),
+    );
     let lease = redlock.lock("tls:1").await.unwrap();
     assert!(matches!(
         redlock.try_lock("tls:1").await,
@@ -42,11 +45,13 @@ async fn a_certificate_no_trusted_root_signed_is_refused() {
     let node = TlsNode::start();
     // The system's roots do not include the test's CA: the handshake fails, the node
     // counts as failed, and no lock is granted.
-    let redlock = Redlock::from_nodes([Node::url(node.url())])
-        .ttl(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::from_nodes([Node::url(node.url())])
+            .ttl(Duration::from_secs(10))
+            .build()
+            .await
+            .unwrap(),
+    );
     match redlock.try_lock("tls:2").await {
         Err(LockError::NoQuorum { failures, .. }) => assert_eq!(failures.len(), 1),
         other => panic!("expected NoQuorum, got {other:?}"),

@@ -9,16 +9,19 @@ use futures_util::StreamExt;
 use axum::Router;
 use axum::routing::post;
 use support::{RedisNode, calls, command_calls, eventually, nodes, serve, subscribers, urls};
+use tower_redlock::LockRequest;
 use tower_redlock::{LockError, LockLayer, Locks, MemoryLocks, Redlock};
 
-async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Redlock {
-    Redlock::builder(urls(nodes))
-        .ttl(ttl)
-        .node_timeout(Duration::from_millis(200))
-        .notify_waiters(notify)
-        .build()
-        .await
-        .unwrap()
+async fn redlock(nodes: &[RedisNode], ttl: Duration, notify: bool) -> Locks {
+    Locks::from(
+        Redlock::builder(urls(nodes))
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(200))
+            .notify_waiters(notify)
+            .build()
+            .await
+            .unwrap(),
+    )
 }
 
 async fn woken_on_release(nodes: &[RedisNode]) {
@@ -30,7 +33,9 @@ async fn woken_on_release(nodes: &[RedisNode]) {
     let waiter = tokio::spawn({
         let r = r.clone();
         async move {
-            let lease = r.lock_within("queue", Duration::from_secs(10)).await;
+            let lease = r
+                .acquire(LockRequest::new("queue").wait(Duration::from_secs(10)))
+                .await;
             (lease, Instant::now())
         }
     });
@@ -74,7 +79,7 @@ async fn wait_is_bounded() {
     let _holder = r.try_lock("busy").await.unwrap();
     let start = Instant::now();
     let err = r
-        .lock_within("busy", Duration::from_millis(400))
+        .acquire(LockRequest::new("busy").wait(Duration::from_millis(400)))
         .await
         .unwrap_err();
     let elapsed = start.elapsed();
@@ -94,7 +99,10 @@ async fn without_notifications_the_fallback_timer_still_acquires() {
     let holder = holder_side.try_lock("slowpoke").await.unwrap();
     let waiter = tokio::spawn({
         let r = r.clone();
-        async move { r.lock_within("slowpoke", Duration::from_secs(5)).await }
+        async move {
+            r.acquire(LockRequest::new("slowpoke").wait(Duration::from_secs(5)))
+                .await
+        }
     });
     holder_side.unlock(holder).await.unwrap();
     assert!(waiter.await.unwrap().is_ok());
@@ -108,7 +116,7 @@ async fn expiry_without_release_wakes_the_waiter() {
     let _abandoned = r.try_lock("expiring").await.unwrap();
     let start = Instant::now();
     let lease = r
-        .lock_within("expiring", Duration::from_secs(5))
+        .acquire(LockRequest::new("expiring").wait(Duration::from_secs(5)))
         .await
         .expect("acquired after expiry");
     assert!(
@@ -127,7 +135,9 @@ async fn in_process_waiter_is_woken_by_release() {
         let locks = locks.clone();
         async move {
             (
-                locks.lock_within("q", Duration::from_secs(10)).await,
+                locks
+                    .acquire(LockRequest::new("q").wait(Duration::from_secs(10)))
+                    .await,
                 Instant::now(),
             )
         }
@@ -148,7 +158,7 @@ async fn in_process_waiter_is_woken_by_release() {
 #[tokio::test]
 async fn layer_waits_for_the_holder_instead_of_409() {
     let nodes = nodes(3);
-    let locks = Locks::from(redlock(&nodes, Duration::from_secs(30), true).await);
+    let locks = redlock(&nodes, Duration::from_secs(30), true).await;
     let app = Router::new()
         .route(
             "/orders",
@@ -194,7 +204,7 @@ async fn failed_attempts_wake_nobody() {
             .unwrap();
     }
     let lease = r
-        .lock_within("partial", Duration::from_secs(5))
+        .acquire(LockRequest::new("partial").wait(Duration::from_secs(5)))
         .await
         .expect("acquired after the holder's TTL");
     let mut publishes = 0;
@@ -259,11 +269,14 @@ async fn marked_lease_extends_and_release_wakes(fencing: bool) {
             .fencing_tokens(fencing)
             .build()
     };
-    let (holder_side, waiter_side) = (build().await.unwrap(), build().await.unwrap());
+    let (holder_side, waiter_side) = (
+        Locks::from(build().await.unwrap()),
+        Locks::from(build().await.unwrap()),
+    );
     let mut holder = holder_side.try_lock("marked").await.unwrap();
     let waiter = tokio::spawn(async move {
         let lease = waiter_side
-            .lock_within("marked", Duration::from_secs(10))
+            .acquire(LockRequest::new("marked").wait(Duration::from_secs(10)))
             .await;
         (lease, Instant::now())
     });
@@ -347,7 +360,7 @@ async fn cancelled_waits_leave_no_subscription() {
     }
     for i in 0..10 {
         let key = format!("cancel-{i}");
-        let wait = r.lock_within(&key, Duration::from_secs(10));
+        let wait = r.acquire(LockRequest::new(&key).wait(Duration::from_secs(10)));
         assert!(
             tokio::time::timeout(Duration::from_millis(200), wait)
                 .await
@@ -386,7 +399,7 @@ async fn waiting_on_a_key_of_another_type_is_taken_not_an_outage() {
         .unwrap();
     // The waiter's attempts try to mark the holder's value; a hash is no token to mark.
     let err = r
-        .lock_within("typed", Duration::from_millis(300))
+        .acquire(LockRequest::new("typed").wait(Duration::from_millis(300)))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
@@ -455,7 +468,7 @@ async fn dropping_every_handle_closes_the_subscriber_connections() {
     for cycle in 0..5 {
         let waiter = redlock(&nodes, Duration::from_secs(30), true).await;
         let err = waiter
-            .lock_within("leak", Duration::from_millis(200))
+            .acquire(LockRequest::new("leak").wait(Duration::from_millis(200)))
             .await
             .unwrap_err();
         assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
@@ -501,15 +514,21 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
     let holder = redlock(&nodes, Duration::from_secs(30), true).await;
     let a = holder.try_lock("a").await.unwrap();
     let _b = holder.try_lock("b").await.unwrap();
-    let waiter = Redlock::builder([format!("redis://waiter:any@127.0.0.1:{}", nodes[0].port())])
-        .ttl(Duration::from_secs(30))
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
+    let waiter = Locks::from(
+        Redlock::builder([format!("redis://waiter:any@127.0.0.1:{}", nodes[0].port())])
+            .ttl(Duration::from_secs(30))
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap(),
+    );
     let waiting_for_a = tokio::spawn({
         let waiter = waiter.clone();
-        async move { waiter.lock_within("a", Duration::from_secs(10)).await }
+        async move {
+            waiter
+                .acquire(LockRequest::new("a").wait(Duration::from_secs(10)))
+                .await
+        }
     });
     let subscribed = eventually(Duration::from_secs(5), || async {
         subscribers(&nodes, "{tower-redlock:a}:released").await == 1
@@ -518,7 +537,7 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
     assert!(subscribed, "the waiter on a did not subscribe");
     // The subscription for b is refused (NOPERM) on the open subscriber connection.
     let err = waiter
-        .lock_within("b", Duration::from_millis(300))
+        .acquire(LockRequest::new("b").wait(Duration::from_millis(300)))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");

@@ -13,6 +13,7 @@ use tower_redlock::{Node, Redlock};
 
 use super::common::{RELEASE_SCRIPT, TTL, TTL_MS, prefixed, token};
 use super::{Locker, Plan, Rate, Row, Samples, Table, cycle_round, next_resource, ratio};
+use tower_redlock::Locks;
 
 /// The bare commands of a lock cycle on one cluster connection.
 pub(super) struct ClusterFloor {
@@ -55,11 +56,13 @@ pub(super) async fn cluster_cycle(plan: &Plan, table: &mut Table) {
         .query_async(&mut conn)
         .await
         .expect("SCRIPT LOAD on every node");
-    let redlock = Redlock::from_nodes([Node::cluster(&urls)])
-        .ttl(TTL)
-        .build()
-        .await
-        .expect("build the Redlock client");
+    let redlock = Locks::from(
+        Redlock::from_nodes([Node::cluster(&urls)])
+            .ttl(TTL)
+            .build()
+            .await
+            .expect("build the Redlock client"),
+    );
     let lockers = [
         Arc::new(Locker::ClusterFloor(ClusterFloor { conn, sha })),
         Arc::new(Locker::Crate(redlock)),

@@ -37,16 +37,18 @@ else
 end
 "#;
 /// This crate's Redlock client on `urls`, with the bench's TTL.
-pub async fn redlock(urls: &[String]) -> tower_redlock::Redlock {
-    tower_redlock::Redlock::builder(urls)
-        .ttl(TTL)
-        .build()
-        .await
-        .expect("build the Redlock client")
+pub async fn redlock(urls: &[String]) -> tower_redlock::Locks {
+    tower_redlock::Locks::from(
+        tower_redlock::Redlock::builder(urls)
+            .ttl(TTL)
+            .build()
+            .await
+            .expect("build the Redlock client"),
+    )
 }
 
 /// One lock cycle of this crate: `try_lock` then `unlock`; false if either failed.
-pub async fn crate_cycle(redlock: &tower_redlock::Redlock, resource: &str) -> bool {
+pub async fn crate_cycle(redlock: &tower_redlock::Locks, resource: &str) -> bool {
     match redlock.try_lock(resource).await {
         Ok(lease) => redlock.unlock(lease).await.is_ok(),
         Err(_) => false,

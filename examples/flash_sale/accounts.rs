@@ -19,6 +19,7 @@ use serde_json::json;
 use tower_redlock::{Problem, Renewal};
 
 use super::{AppState, Store, StoreError, bounded, store_error};
+use tower_redlock::LockRequest;
 
 /// The balances of the in-process store (without `REDIS_URLS`).
 static BALANCES: LazyLock<Mutex<HashMap<String, i64>>> = LazyLock::new(Mutex::default);
@@ -154,7 +155,7 @@ async fn transfer(
         format!("account:{}", transfer.from),
         format!("account:{}", transfer.to),
     ];
-    let lease = match app.locks.try_lock_all(&accounts).await {
+    let lease = match app.locks.acquire(LockRequest::all(&accounts)).await {
         Ok(lease) => lease,
         Err(e) => return Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
     };

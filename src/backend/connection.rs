@@ -25,7 +25,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -45,18 +45,24 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type Connecting = Shared<BoxFuture<'static, RedisResult<Conn>>>;
 
+/// Lua scripts loaded on every new connection of a node (see [`Connection::new`]).
+pub(crate) type Scripts = &'static [&'static LazyLock<redis::Script>];
+
 /// A cheap handle to one node's connection; clones share it. See the module docs.
 #[derive(Clone)]
 pub(crate) struct Connection {
-    shared: Arc<Inner>,
+    shared: Arc<ConnectionCore>,
 }
 
-struct Inner {
+struct ConnectionCore {
     connector: Connector,
     config: AsyncConnectionConfig,
+    /// Loaded on every new connection.
+    scripts: Scripts,
+    connect_timeout: Duration,
     label: String,
     db: i64,
-    state: Mutex<State>,
+    state: Mutex<Link>,
     /// Replies received (any reply, errors of the server included), for telling a silent
     /// connection from a busy one.
     replies: AtomicU64,
@@ -64,7 +70,7 @@ struct Inner {
     failing: AtomicBool,
 }
 
-struct State {
+struct Link {
     connecting: Connecting,
     /// The connection `connecting` made, once it made one: commands take it from here
     /// without polling the shared future.
@@ -136,8 +142,34 @@ impl Replies for Vec<Value> {
     }
 }
 
-fn connect(connector: &Connector, config: &AsyncConnectionConfig) -> Connecting {
-    connector.connect(config).shared()
+fn connect(
+    connector: &Connector,
+    config: &AsyncConnectionConfig,
+    scripts: Scripts,
+    timeout: Duration,
+) -> Connecting {
+    let attempt = connector.connect(config);
+    if scripts.is_empty() {
+        return attempt.shared();
+    }
+    async move {
+        let mut conn = attempt.await?;
+        // A node restarted empty has none of them, and an acquisition that stops
+        // listening once its quorum is decided would never load them there: load them
+        // with the connection. A failure here is left to the commands that follow (a
+        // `NOSCRIPT` loads the script again); the loads share the connection's bound.
+        let loads = async {
+            for script in scripts {
+                if conn.load(script).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, loads).await;
+        Ok(conn)
+    }
+    .boxed()
+    .shared()
 }
 
 impl Connection {
@@ -154,26 +186,29 @@ impl Connection {
             .connector(connect_timeout)
             .map_err(|source| crate::error::ConfigError::InvalidUrl { index: 0, source })?;
         let label = connector.label.clone();
-        Ok((label, Self::new(connector, connect_timeout)))
+        Ok((label, Self::new(connector, connect_timeout, &[])))
     }
 
     /// A connection to `connector`'s node, opened by the first command (not here). Each
     /// attempt, handshake included, is bounded by `connect_timeout` (the connector's
-    /// own); commands have no bound of their own (the callers bound them).
-    pub(crate) fn new(connector: Connector, connect_timeout: Duration) -> Self {
+    /// own), and then loads `scripts` within the same bound; commands have no bound of
+    /// their own (the callers bound them).
+    pub(crate) fn new(connector: Connector, connect_timeout: Duration, scripts: Scripts) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
         let label = connector.label.clone();
         let db = connector.db();
-        let connecting = connect(&connector, &config);
+        let connecting = connect(&connector, &config, scripts, connect_timeout);
         Self {
-            shared: Arc::new(Inner {
+            shared: Arc::new(ConnectionCore {
                 connector,
                 config,
+                scripts,
+                connect_timeout,
                 label,
                 db,
-                state: Mutex::new(State {
+                state: Mutex::new(Link {
                     connecting,
                     ready: None,
                     generation: 0,
@@ -276,8 +311,8 @@ impl ConnectionLike for Connection {
     }
 }
 
-impl Inner {
-    fn state(&self) -> MutexGuard<'_, State> {
+impl ConnectionCore {
+    fn state(&self) -> MutexGuard<'_, Link> {
         // No code panics while holding the lock; recover the state if a panic ever did.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -312,7 +347,12 @@ impl Inner {
         state.generation += 1;
         state.started = Instant::now();
         state.ready = None;
-        state.connecting = connect(&self.connector, &self.config);
+        state.connecting = connect(
+            &self.connector,
+            &self.config,
+            self.scripts,
+            self.connect_timeout,
+        );
         // Connect now, so that the next command finds the connection ready.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(state.connecting.clone().map(drop));
@@ -361,7 +401,7 @@ impl Inner {
 /// A command in flight; when its caller gives it up (drops it) with nothing answered on
 /// the connection since it was sent, the connection is probed.
 struct Pending<'a> {
-    shared: &'a Arc<Inner>,
+    shared: &'a Arc<ConnectionCore>,
     generation: u64,
     replies: u64,
     armed: bool,

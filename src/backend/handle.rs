@@ -1,39 +1,17 @@
 //! [`Locks`]: one cheap handle over either backend.
 
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
-use crate::error::LockError;
+use crate::backend::reentry;
+use crate::backend::request::LockBackend;
+use crate::backend::request::{self, Claim, LockRequest, Options, Wait};
+use crate::backend::settings::Settings;
+use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
-
-/// One call on whichever backend a [`Locks`] holds, written once: `b` is bound to the
-/// [`Redlock`] or the [`MemoryLocks`], and `$call` is the same method call on either
-/// (they share the method's name and arguments).
-///
-/// - `on_backend!(locks, b => b.lock(resource).await)`: the call as written, on both.
-/// - `on_backend!(locks, b => b.try_lock(resource), awaited on Redlock)`: the in-process
-///   backend answers at once, so only the Redlock's call is awaited.
-macro_rules! on_backend {
-    ($locks:expr, $b:ident => $call:expr) => {
-        match &$locks.backend {
-            #[cfg(feature = "redis")]
-            $crate::backend::handle::Backend::Redlock($b) => $call,
-            $crate::backend::handle::Backend::Memory($b) => $call,
-        }
-    };
-    ($locks:expr, $b:ident => $call:expr, awaited on Redlock) => {
-        match &$locks.backend {
-            #[cfg(feature = "redis")]
-            $crate::backend::handle::Backend::Redlock($b) => $call.await,
-            $crate::backend::handle::Backend::Memory($b) => $call,
-        }
-    };
-}
-
-mod modes;
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
 ///
@@ -42,22 +20,29 @@ mod modes;
 /// [`Locks::default`] is the process-wide in-process backend.
 #[derive(Clone, Debug)]
 pub struct Locks {
-    backend: Backend,
+    backend: LockStore,
 }
 
 #[derive(Clone, Debug)]
-enum Backend {
+enum LockStore {
     #[cfg(feature = "redis")]
     Redlock(Redlock),
     Memory(MemoryLocks),
 }
 
+/// The app's default backend: set once by [`Locks::set_default`], or the in-process
+/// backend from its first use on.
+static DEFAULT: OnceLock<Locks> = OnceLock::new();
+
 impl Default for Locks {
-    /// The process-wide [`MemoryLocks`] with default settings, shared by every layer and
-    /// extractor that was given no backend, so they all see the same locks.
+    /// The app's default backend, used by every layer built without
+    /// [`backend`](crate::LockLayer::backend): the one given to [`Locks::set_default`], or,
+    /// when none was, one process-wide [`MemoryLocks`] with default settings (so that they
+    /// all see the same locks). The first call fixes it: a later `set_default` fails.
     fn default() -> Self {
-        static SHARED: OnceLock<MemoryLocks> = OnceLock::new();
-        Locks::from(SHARED.get_or_init(MemoryLocks::new).clone())
+        DEFAULT
+            .get_or_init(|| Locks::from(MemoryLocks::new()))
+            .clone()
     }
 }
 
@@ -66,7 +51,7 @@ impl Default for Locks {
 impl From<Redlock> for Locks {
     fn from(redlock: Redlock) -> Self {
         Self {
-            backend: Backend::Redlock(redlock),
+            backend: LockStore::Redlock(redlock),
         }
     }
 }
@@ -74,147 +59,200 @@ impl From<Redlock> for Locks {
 impl From<MemoryLocks> for Locks {
     fn from(memory: MemoryLocks) -> Self {
         Self {
-            backend: Backend::Memory(memory),
+            backend: LockStore::Memory(memory),
         }
     }
 }
 
 impl Locks {
+    /// Makes `locks` the app's default backend: every [`LockLayer`](crate::LockLayer) and
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) built afterwards without
+    /// `.backend(..)`, and [`Locks::default`], use it. Call it once at start-up, before
+    /// building the app: a layer built earlier has already taken the in-process default,
+    /// and this call then fails rather than leave that layer locking per process.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_redlock::{LockLayer, Locks, Redlock};
+    ///
+    /// let redlock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+    ///     .build()
+    ///     .await?;
+    /// Locks::set_default(redlock)?;
+    /// // On Redis, with no `.backend(..)`:
+    /// let layer = LockLayer::by_header("Idempotency-Key");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::DefaultAlreadyChosen`] when a default was set before, or was already
+    /// used (a layer built without a backend, a call of [`Locks::default`]).
+    pub fn set_default(locks: impl Into<Locks>) -> Result<(), ConfigError> {
+        DEFAULT
+            .set(locks.into())
+            .map_err(|_| ConfigError::DefaultAlreadyChosen)
+    }
+
     /// Whether this is the in-process backend.
     pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_))
+        matches!(self.backend, LockStore::Memory(_))
     }
 
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
-        on_backend!(self, b => b.ttl())
+        self.policy().ttl
     }
 
-    /// One acquisition attempt; see [`Redlock::try_lock`] and [`MemoryLocks::try_lock`].
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`], [`LockError::NoQuorum`], [`LockError::TooSlow`] or
-    /// [`LockError::InvalidKey`].
-    pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        on_backend!(self, b => b.try_lock(resource), awaited on Redlock)
+    /// The prefix the backend puts before every key (default `"tower-redlock:"`).
+    pub fn prefix(&self) -> &str {
+        &self.policy().prefix
     }
 
-    /// Acquisition with retries; see [`Redlock::lock`] and [`MemoryLocks::lock`].
-    ///
-    /// # Errors
-    ///
-    /// The error of the last attempt.
-    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
-        on_backend!(self, b => b.lock(resource).await)
+    /// Which backend instance this is (see `backend::next_backend_id`).
+    fn id(&self) -> u64 {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => r.id(),
+            LockStore::Memory(m) => m.id(),
+        }
     }
 
-    /// One attempt on several resources at once, all of them or none, with one token,
-    /// one validity and one quorum verdict for the set; see [`Redlock::try_lock_all`] and
-    /// [`MemoryLocks::try_lock_all`]. The order of `resources` does not matter (they are
-    /// sorted, duplicates dropped), so callers that name the same keys in other orders
-    /// never deadlock. [`extend`](Self::extend), [`unlock`](Self::unlock) and the
-    /// renewals act on every key of the lease; [`Lease::keys`] lists them.
+    fn policy(&self) -> &Settings {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => r.policy(),
+            LockStore::Memory(m) => m.policy(),
+        }
+    }
+
+    /// Takes what `request` asks for: the one way to take a lock, on either backend (the
+    /// layers and extractors go through it too). A `&str` or a `String` is a request for
+    /// that resource, one attempt, [`LockMode::Plain`](crate::LockMode::Plain).
     ///
     /// ```
     /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::Locks;
+    /// use std::time::Duration;
+    /// use tower_redlock::{LockError, LockRequest, Locks};
     ///
     /// let locks = Locks::default();
-    /// // A transfer holds both accounts, whichever way round it names them.
-    /// let lease = locks.try_lock_all(["account:bob", "account:alice"]).await?;
-    /// assert_eq!(lease.keys().count(), 2);
-    /// assert!(locks.try_lock_all(["account:alice", "account:bob"]).await.is_err());
+    /// let lease = locks.acquire("order:42").await?;
+    /// assert!(matches!(locks.acquire("order:42").await, Err(LockError::Taken { .. })));
+    /// let wait = LockRequest::new("order:42").wait(Duration::from_millis(10));
+    /// assert!(matches!(locks.acquire(&wait).await, Err(LockError::Taken { .. })));
     /// locks.unlock(lease).await?;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// As [`try_lock`](Self::try_lock), [`LockError::Taken`] when any key is held (with
-    /// the time until its longest holder frees it); [`LockError::InvalidKey`] also for
-    /// none or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct
-    /// resources.
-    pub async fn try_lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        on_backend!(self, b => b.try_lock_all(resources), awaited on Redlock)
+    /// - [`LockError::Taken`] when the lock is held (after the wait or the retries), with
+    ///   the time until the holder's lease runs out;
+    /// - [`LockError::NoQuorum`] or [`LockError::TooSlow`] on Redis when too few nodes
+    ///   answered in time (retry later);
+    /// - [`LockError::InvalidKey`] for an empty resource, one with control bytes, one that
+    ///   makes a key over [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes, or a set of none
+    ///   or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) resources;
+    /// - [`LockError::Unsupported`] for a set in another mode than plain, or a set that
+    ///   waits.
+    pub async fn acquire<'a>(
+        &self,
+        request: impl Into<LockRequest<'a>>,
+    ) -> Result<Lease, LockError> {
+        let (claim, options) = request.into().resolve(self.policy())?;
+        self.acquire_claim(claim, options).await
     }
 
-    /// [`try_lock_all`](Self::try_lock_all) with retries; see [`Redlock::lock_all`] and
-    /// [`MemoryLocks::lock_all`].
+    /// One attempt on `resource`: [`acquire`](Self::acquire) with a plain request.
     ///
     /// # Errors
     ///
-    /// The error of the last attempt.
-    pub async fn lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        on_backend!(self, b => b.lock_all(resources).await)
-    }
-
-    /// One attempt on keys that already have the prefix, sorted and distinct.
-    pub(crate) async fn acquire_keys(
-        &self,
-        keys: Vec<std::sync::Arc<str>>,
-    ) -> Result<Lease, LockError> {
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
+        // `acquire` with a plain request, without building one: the backend's attempt,
+        // as `acquire_claim` runs it, one future fewer.
+        let key = self.policy().full_key(resource)?;
+        if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
+            return Ok(lease);
+        }
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.acquire_all(keys.into()).await,
-            Backend::Memory(m) => m.acquire_all(keys),
+            LockStore::Redlock(r) => r.acquire(key, false).await,
+            LockStore::Memory(m) => m.attempt(&Claim::One(key), Default::default(), Instant::now()),
         }
     }
 
-    /// Waits up to `max_wait` for a held lock, woken when the holder releases; see
-    /// [`Redlock::lock_within`] and [`MemoryLocks::lock_within`].
+    /// `resource` with the backend's retries: [`acquire`](Self::acquire) with
+    /// [`LockRequest::retry`].
     ///
     /// # Errors
     ///
-    /// [`LockError::Taken`] when still held at the deadline; the other errors of
-    /// [`try_lock`](Self::try_lock) at once.
-    pub async fn lock_within(
+    /// The error of the last attempt, as [`acquire`](Self::acquire).
+    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
+        self.acquire(LockRequest::new(resource).retry()).await
+    }
+
+    /// The one acquisition path: keys already prefixed and checked. One attempt in the
+    /// plain mode runs in place; the rest (waits, retries, the other modes) in a box, so
+    /// that the future of the common case stays small.
+    pub(crate) async fn acquire_claim(
         &self,
-        resource: &str,
-        max_wait: Duration,
+        claim: Claim,
+        options: Options,
     ) -> Result<Lease, LockError> {
-        on_backend!(self, b => b.lock_within(resource, max_wait).await)
+        if let Some(lease) = reentry::held(self.id(), claim.keys()) {
+            return Ok(lease);
+        }
+        let once = options.wait == Wait::Once;
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => match claim {
+                Claim::One(key) if once && options.mode == super::request::LockMode::Plain => {
+                    r.acquire(key, false).await
+                }
+                claim => Box::pin(request::acquire(r, claim, options)).await,
+            },
+            LockStore::Memory(m) if once => m.attempt(&claim, options.mode, Instant::now()),
+            LockStore::Memory(m) => Box::pin(request::acquire(m, claim, options)).await,
+        }
     }
 
-    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
-    pub(crate) async fn lock_key_within(
-        &self,
-        key: std::sync::Arc<str>,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        on_backend!(self, b => b.lock_key_within(key, max_wait).await)
-    }
-
-    /// The prefix the backend puts before every key.
-    pub fn prefix(&self) -> &str {
-        on_backend!(self, b => b.prefix())
-    }
-
-    /// Extends the lease to a full TTL from now; see [`Redlock::extend`].
+    /// Extends the lease to a full TTL from now (every key of a lease on several keys).
     ///
     /// # Errors
     ///
-    /// [`LockError::Expired`], [`LockError::NoQuorum`] or [`LockError::TooSlow`].
+    /// [`LockError::Expired`] when the lease ran out (`taken_over` when another holder has
+    /// the key now); on Redis, [`LockError::NoQuorum`] or [`LockError::TooSlow`]. The
+    /// lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
-        on_backend!(self, b => b.extend(lease), awaited on Redlock)
+        if lease.reentered {
+            // The request's own lease: its holder renews it.
+            return Ok(());
+        }
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => r.extend(lease).await,
+            LockStore::Memory(m) => m.extend(lease),
+        }
     }
 
-    /// Releases the lease; see [`Redlock::unlock`].
+    /// Releases the lease (every key of it that still holds its token; another holder's
+    /// key is never touched).
     ///
     /// # Errors
     ///
     /// [`LockError::Expired`] when it had already run out, [`LockError::NoQuorum`] when
     /// too few nodes answered.
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
-        on_backend!(self, b => b.unlock(lease), awaited on Redlock)
+        if lease.reentered {
+            // The request's own lease: its holder releases it.
+            return Ok(());
+        }
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => r.unlock(lease).await,
+            LockStore::Memory(m) => m.unlock(lease),
+        }
     }
 
     /// Looks for the idempotency record of `key` and, when there is none, acquires `key`;
@@ -227,8 +265,8 @@ impl Locks {
     ) -> Result<crate::backend::records::Begin, LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redlock(r) => r.begin_idempotent(key, max_wait).await,
-            Backend::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
+            LockStore::Redlock(r) => r.begin_idempotent(key, max_wait).await,
+            LockStore::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
         }
     }
 
@@ -247,11 +285,11 @@ impl Locks {
     ) -> Result<(), LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redlock(r) => match record {
+            LockStore::Redlock(r) => match record {
                 Some(record) => r.finish_idempotent(lease, record, ttl).await,
                 None => r.unlock(lease).await,
             },
-            Backend::Memory(m) => {
+            LockStore::Memory(m) => {
                 m.finish_idempotent(lease, record, ttl);
                 Ok(())
             }
@@ -263,7 +301,11 @@ impl Locks {
     /// backend observed for the key's scope, bounded by `holder_left`; `holder_left`
     /// without an observation (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        on_backend!(self, b => b.retry_estimate(key, holder_left))
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redlock(r) => r.retry_estimate(key, holder_left),
+            LockStore::Memory(m) => m.retry_estimate(key, holder_left),
+        }
     }
 
     /// A lock error with the `Retry-After` of a contended `key` estimated from the hold
@@ -280,9 +322,9 @@ impl Locks {
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {
-            Backend::Memory(m) => Some(m),
+            LockStore::Memory(m) => Some(m),
             #[cfg(feature = "redis")]
-            Backend::Redlock(_) => None,
+            LockStore::Redlock(_) => None,
         }
     }
 
@@ -290,7 +332,7 @@ impl Locks {
     /// [`lock`](Self::lock) would take for it (prefixed, escaped).
     #[cfg(feature = "axum")]
     pub(crate) fn names(&self, lease: &Lease, resource: &str) -> bool {
-        let id = on_backend!(self, b => b.id());
+        let id = self.id();
         lease.backend == id
             && crate::key::with_scratch(|key| {
                 key.push_str(self.prefix());
@@ -304,11 +346,8 @@ impl Locks {
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redlock(r) => match lease.set {
-                Some(keys) => r.release_all_detached(keys, lease.token, true),
-                None => r.release_detached(lease.key, lease.token, true),
-            },
-            Backend::Memory(m) => {
+            LockStore::Redlock(r) => r.release_lease_detached(&lease),
+            LockStore::Memory(m) => {
                 let _ = m.unlock(lease);
             }
         }
@@ -358,16 +397,20 @@ mod tests {
 
     #[tokio::test]
     async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
-        let locks = Locks::from(MemoryLocks::new());
+        let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
         let (key, token, fence) = locks
-            .with_lock("fenced", Renewal::default(), |status| async move {
-                let lease = status.lease();
-                (
-                    lease.key().to_owned(),
-                    lease.token().to_string(),
-                    lease.fencing_token(),
-                )
-            })
+            .with_lock(
+                LockRequest::new("fenced").retry(),
+                Renewal::default(),
+                |status| async move {
+                    let lease = status.lease();
+                    (
+                        lease.key().to_owned(),
+                        lease.token().to_string(),
+                        lease.fencing_token(),
+                    )
+                },
+            )
             .await
             .unwrap();
         assert_eq!(key, "tower-redlock:fenced");
@@ -376,6 +419,17 @@ mod tests {
         // Released at the end: the next holder gets a greater fencing token.
         let next = locks.try_lock("fenced").await.unwrap();
         assert!(next.fencing_token() > fence);
+    }
+
+    #[test]
+    fn the_default_once_used_cannot_be_replaced() {
+        // Any use fixes the default (here, in process): a later choice would leave the
+        // layers built before it locking per process.
+        assert!(Locks::default().is_in_process());
+        assert!(matches!(
+            Locks::set_default(MemoryLocks::new()),
+            Err(ConfigError::DefaultAlreadyChosen)
+        ));
     }
 
     #[test]

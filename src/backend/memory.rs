@@ -3,23 +3,24 @@
 
 use std::collections::hash_map::Entry;
 use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-#[cfg(feature = "idempotency")]
-use std::time::Duration;
 use std::time::Instant;
 
 use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
-use crate::backend::records::{
-    Begin, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords, record_key,
-};
-use crate::backend::settings::{Policy, policy_setters};
-use crate::backend::wait::{Waiters, bounded_wait, waits_by_resource};
+use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
+use crate::backend::request::{Claim, LockBackend, LockMode, SET_MODE};
+use crate::backend::settings::{Settings, policy_setters};
+use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
-use crate::lease::{Lease, Token};
+use crate::lease::{Access, Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
+#[cfg(feature = "idempotency")]
+mod idempotency;
 mod modes;
 
 mod multi;
@@ -36,30 +37,30 @@ mod multi;
 ///
 /// ```
 /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-/// use tower_redlock::{LockError, MemoryLocks};
+/// use tower_redlock::{LockError, Locks, MemoryLocks};
 ///
-/// let locks = MemoryLocks::new();
-/// let lease = locks.try_lock("order:42")?;
-/// assert!(matches!(locks.try_lock("order:42"), Err(LockError::Taken { .. })));
-/// locks.unlock(lease)?;
+/// let locks = Locks::from(MemoryLocks::new());
+/// let lease = locks.try_lock("order:42").await?;
+/// assert!(matches!(locks.try_lock("order:42").await, Err(LockError::Taken { .. })));
+/// locks.unlock(lease).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct MemoryLocks {
-    inner: Arc<Shared>,
+    inner: Arc<MemoryCore>,
 }
 
-struct Shared {
+struct MemoryCore {
     id: u64,
-    policy: Policy,
-    state: Mutex<State>,
+    policy: Settings,
+    state: Mutex<Table>,
     waiters: Waiters,
     #[cfg(feature = "idempotency")]
     records: MemoryRecords,
 }
 
-struct State {
-    held: KeyMap<Arc<str>, Held>,
+struct Table {
+    held: KeyMap<Arc<str>, HeldKey>,
     /// Expired entries are swept when the map grows past this size.
     sweep_at: usize,
     /// The last fencing token issued, for any key.
@@ -70,7 +71,7 @@ struct State {
     holds: HoldTimes,
 }
 
-struct Held {
+struct HeldKey {
     token: Token,
     expires_at: Instant,
     /// When it was acquired, for the hold times behind `Retry-After`.
@@ -99,7 +100,7 @@ impl Default for MemoryLocks {
 #[derive(Debug, Default)]
 #[must_use]
 pub struct MemoryLocksBuilder {
-    policy: Policy,
+    policy: Settings,
     #[cfg(feature = "idempotency")]
     max_records: Option<(usize, usize)>,
 }
@@ -147,7 +148,7 @@ impl MemoryLocks {
     /// `"tower-redlock:"`.
     pub fn new() -> Self {
         Self::with_policy(
-            Policy::default(),
+            Settings::default(),
             #[cfg(feature = "idempotency")]
             MemoryRecords::new(DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES),
         )
@@ -158,12 +159,15 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    fn with_policy(policy: Policy, #[cfg(feature = "idempotency")] records: MemoryRecords) -> Self {
+    fn with_policy(
+        policy: Settings,
+        #[cfg(feature = "idempotency")] records: MemoryRecords,
+    ) -> Self {
         Self {
-            inner: Arc::new(Shared {
+            inner: Arc::new(MemoryCore {
                 id: crate::backend::next_backend_id(),
                 policy,
-                state: Mutex::new(State {
+                state: Mutex::new(Table {
                     held: KeyMap::default(),
                     sweep_at: MIN_SWEEP,
                     fence: 0,
@@ -195,38 +199,12 @@ impl MemoryLocks {
         &self.inner.records
     }
 
-    #[cfg(feature = "axum")]
-    pub(crate) fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    /// The prefix put before every key.
-    pub fn prefix(&self) -> &str {
-        &self.inner.policy.prefix
-    }
-
-    /// The lease TTL.
-    pub fn ttl(&self) -> std::time::Duration {
-        self.inner.policy.ttl
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, Table> {
         // No code panics while holding the lock; recover the map if a panic ever did.
         self.inner
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`). The lease is
-    /// valid for exactly the TTL: there is no clock drift inside one process.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] with the holder's remaining TTL, or [`LockError::InvalidKey`].
-    pub fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.acquire(key)
     }
 
     pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
@@ -247,7 +225,7 @@ impl MemoryLocks {
     /// [`acquire`](Self::acquire) under the state's lock.
     fn acquire_in(
         &self,
-        state: &mut State,
+        state: &mut Table,
         key: Arc<str>,
         now: Instant,
     ) -> Result<Lease, LockError> {
@@ -267,59 +245,66 @@ impl MemoryLocks {
                         retry_after: held.expires_at - now,
                     });
                 }
-                *held = Held {
+                *held = HeldKey {
                     token,
                     expires_at,
                     since: now,
                 };
             }
             Entry::Vacant(entry) => {
-                entry.insert(Held {
+                entry.insert(HeldKey {
                     token,
                     expires_at,
                     since: now,
                 });
             }
         }
+        Ok(self.lease(state, key, Shape::Lock, token, expires_at))
+    }
+
+    /// The exclusive lease of an acquisition that just set `key` (or every key of `set`)
+    /// to `token`; with the next fencing token when they are on.
+    fn lease(
+        &self,
+        state: &mut Table,
+        key: Arc<str>,
+        shape: Shape,
+        token: Token,
+        valid_until: Instant,
+    ) -> Lease {
         state.fence = state.fence.saturating_add(1);
-        Ok(Lease {
+        Lease {
             key,
-            set: None,
+            shape,
             token,
-            ttl,
-            valid_until: expires_at,
-            fencing_token: Some(state.fence),
+            ttl: self.inner.policy.ttl,
+            valid_until,
+            fencing_token: NonZeroU64::new(state.fence).filter(|_| self.inner.policy.fencing),
             backend: self.inner.id,
-        })
+            reentered: false,
+        }
     }
 
-    /// Like [`try_lock`](Self::try_lock), retrying up to the retry count after a random
-    /// delay while the lock is taken.
-    ///
-    /// # Errors
-    ///
-    /// The error of the last attempt.
-    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        // The only error of an attempt on a valid key is `Taken`.
-        self.inner
-            .policy
-            .with_retries(|| std::future::ready(self.acquire(key.clone())))
-            .await
+    /// One attempt, at once, from `now` (read by the caller just before).
+    pub(crate) fn attempt(
+        &self,
+        claim: &Claim,
+        mode: LockMode,
+        now: Instant,
+    ) -> Result<Lease, LockError> {
+        match (claim, mode) {
+            (Claim::One(key), LockMode::Plain) => self.acquire_from(key.clone(), now),
+            (Claim::One(key), LockMode::Shared) => self.acquire_access(key.clone(), Access::Shared),
+            (Claim::One(key), LockMode::Exclusive) => {
+                self.acquire_access(key.clone(), Access::Exclusive)
+            }
+            (Claim::One(key), LockMode::Fair) => self.acquire_fair(key.clone(), None),
+            (Claim::Set(keys), LockMode::Plain) => self.acquire_all(keys),
+            (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
+        }
     }
 
-    waits_by_resource! {
-        /// Waits up to `max_wait` for the lock when it is held: woken at once when the
-        /// holder releases, or when its lease expires. A zero `max_wait` is one attempt.
-        ///
-        /// # Errors
-        ///
-        /// [`LockError::Taken`] when it is still held at the deadline, or
-        /// [`LockError::InvalidKey`].
-        lock_within => lock_key_within();
-    }
-
-    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    /// Waits up to `max_wait` for a plain lock on a prefixed key.
     pub(crate) async fn lock_key_within(
         &self,
         key: Arc<str>,
@@ -340,7 +325,7 @@ impl MemoryLocks {
     ///
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
     /// the key now); the lease is then left as it was.
-    pub fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+    pub(crate) fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.extend", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.extend_untraced(lease), observe::lock_verdict)
     }
@@ -349,7 +334,8 @@ impl MemoryLocks {
         if lease.is_shared() {
             return self.extend_shared(lease);
         }
-        if let Some(keys) = lease.set.clone() {
+        if let Shape::Set(keys) = &lease.shape {
+            let keys = keys.clone();
             return self.extend_all(lease, &keys);
         }
         let now = Instant::now();
@@ -374,7 +360,7 @@ impl MemoryLocks {
     ///
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
-    pub fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+    pub(crate) fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)
     }
@@ -383,7 +369,7 @@ impl MemoryLocks {
         if lease.is_shared() {
             return self.unlock_shared(&lease);
         }
-        if let Some(keys) = &lease.set {
+        if let Shape::Set(keys) = &lease.shape {
             return self.unlock_all(&lease, keys);
         }
         let now = Instant::now();
@@ -415,56 +401,75 @@ impl MemoryLocks {
     }
 }
 
-/// Idempotency records in process, beside the locks.
-#[cfg(feature = "idempotency")]
-impl MemoryLocks {
-    /// The record of `key`, or the lock on `key` when there is none; at once.
-    pub(crate) fn begin_idempotent(&self, key: Arc<str>) -> Result<Begin, LockError> {
-        let record_key = record_key(&key);
-        if let Some(raw) = self.records().get(&record_key) {
-            return Ok(Begin::Found(raw));
-        }
-        let lease = self.acquire(key)?;
-        Ok(self.recheck(lease, &record_key))
+impl LockBackend for MemoryLocks {
+    fn policy(&self) -> &Settings {
+        &self.inner.policy
     }
 
-    /// [`begin_idempotent`](Self::begin_idempotent), waiting up to `max_wait` for a holder
-    /// to finish.
-    pub(crate) async fn begin_idempotent_within(
+    fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        std::future::ready(self.acquire(key))
+    }
+
+    fn try_all(
+        &self,
+        keys: Arc<[Arc<str>]>,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        std::future::ready(self.acquire_all(&keys))
+    }
+
+    fn wait_plain(
         &self,
         key: Arc<str>,
-        max_wait: Duration,
-    ) -> Result<Begin, LockError> {
-        let record_key = record_key(&key);
-        if let Some(raw) = self.records().get(&record_key) {
-            return Ok(Begin::Found(raw));
-        }
-        let lease = self.lock_key_within(key, max_wait).await?;
-        Ok(self.recheck(lease, &record_key))
+        max_wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_key_within(key, max_wait)
     }
 
-    /// Looks again under the lock: a holder may have stored its record and released
-    /// between the first look and the acquisition.
-    fn recheck(&self, lease: Lease, record_key: &str) -> Begin {
-        match self.records().get(record_key) {
-            Some(raw) => {
-                let _ = self.unlock(lease);
-                Begin::Found(raw)
-            }
-            None => Begin::Acquired(lease),
-        }
-    }
-
-    /// Stores `record` for `ttl` while the lease is valid, then releases the lease.
-    pub(crate) fn finish_idempotent(
+    fn wait_access(
         &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        ttl: Duration,
-    ) {
-        if let Some(raw) = record.filter(|_| lease.is_valid()) {
-            self.records().insert(record_key(lease.key()), raw, ttl);
-        }
-        let _ = self.unlock(lease);
+        key: Arc<str>,
+        access: Access,
+        max_wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_access_within(key, access, max_wait)
+    }
+
+    fn wait_fair(
+        &self,
+        key: Arc<str>,
+        max_wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_fair_key_within(key, max_wait)
+    }
+}
+
+/// Requests by resource name, for this module's tests.
+#[cfg(test)]
+impl MemoryLocks {
+    pub(crate) fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
+        let key = self.inner.policy.full_key(resource)?;
+        self.acquire(key)
+    }
+
+    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> Result<Lease, LockError>
+    where
+        I: IntoIterator,
+        I::Item: Into<std::borrow::Cow<'a, str>>,
+    {
+        let request = crate::backend::request::LockRequest::all(resources);
+        let (claim, _) = request.resolve(&self.inner.policy)?;
+        self.attempt(&claim, LockMode::Plain, Instant::now())
+    }
+
+    pub(crate) async fn take(
+        &self,
+        request: crate::backend::request::LockRequest<'_>,
+    ) -> Result<Lease, LockError> {
+        let (claim, options) = request.resolve(&self.inner.policy)?;
+        crate::backend::request::acquire(self, claim, options).await
     }
 }

@@ -40,8 +40,12 @@ pub(crate) mod rate_limit;
 pub(crate) mod records;
 #[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
+#[cfg(feature = "lock")]
+pub(crate) mod reentry;
 #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 pub(crate) mod renewal;
+#[cfg(feature = "lock")]
+pub(crate) mod request;
 pub(crate) mod settings;
 #[cfg(feature = "lock")]
 pub(crate) mod status;

@@ -40,7 +40,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResul
 /// [`RedlockBuilder::node_timeout`]: crate::RedlockBuilder::node_timeout
 #[must_use]
 pub struct Node {
-    kind: Result<Kind, RedisError>,
+    kind: Result<Topology, RedisError>,
     #[cfg(feature = "tls")]
     root_ca: Option<Vec<u8>>,
 }
@@ -48,7 +48,7 @@ pub struct Node {
 // Made once per node and consumed by the builder: the size of the variants does not
 // matter.
 #[allow(clippy::large_enum_variant)]
-enum Kind {
+enum Topology {
     Single(Client),
     #[cfg(feature = "cluster-async")]
     Cluster(Vec<redis::ConnectionInfo>),
@@ -79,12 +79,12 @@ impl Node {
     ///
     /// [`root_ca`]: Node::root_ca
     pub fn url(url: impl AsRef<str>) -> Self {
-        Self::of(Client::open(url.as_ref()).map(Kind::Single))
+        Self::of(Client::open(url.as_ref()).map(Topology::Single))
     }
 
     /// One Redis server, from a ready redis-rs client.
     pub fn client(client: Client) -> Self {
-        Self::of(Ok(Kind::Single(client)))
+        Self::of(Ok(Topology::Single(client)))
     }
 
     /// One Redis Cluster, given by the URLs of some of its nodes (seeds; any one that
@@ -113,7 +113,7 @@ impl Node {
             .into_iter()
             .map(|url| url.as_ref().into_connection_info())
             .collect::<Result<Vec<_>, _>>();
-        Self::of(infos.map(Kind::Cluster))
+        Self::of(infos.map(Topology::Cluster))
     }
 
     /// One Redis Cluster, from a ready redis-rs cluster client, with its own settings
@@ -123,7 +123,7 @@ impl Node {
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster_client(client: redis::cluster::ClusterClient) -> Self {
-        Self::of(Ok(Kind::ClusterClient(client)))
+        Self::of(Ok(Topology::ClusterClient(client)))
     }
 
     /// The primary of the Sentinel service `service_name`, found by asking the sentinels
@@ -150,7 +150,7 @@ impl Node {
             .map(|url| url.as_ref().into_connection_info())
             .collect::<Result<Vec<_>, _>>();
         let service = service_name.into();
-        Self::of(infos.map(|sentinels| Kind::Sentinel { sentinels, service }))
+        Self::of(infos.map(|sentinels| Topology::Sentinel { sentinels, service }))
     }
 
     /// The primary of a Sentinel service, from a ready redis-rs Sentinel client (built
@@ -158,7 +158,7 @@ impl Node {
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
-        Self::of(Ok(Kind::SentinelClient(client)))
+        Self::of(Ok(Topology::SentinelClient(client)))
     }
 
     /// Trust this root certificate (PEM) for the node's `rediss://` connections, instead
@@ -176,7 +176,7 @@ impl Node {
         self
     }
 
-    fn of(kind: Result<Kind, RedisError>) -> Self {
+    fn of(kind: Result<Topology, RedisError>) -> Self {
         Self {
             kind,
             #[cfg(feature = "tls")]
@@ -195,7 +195,7 @@ impl Node {
             root_cert: root.clone(),
         };
         let target = match kind {
-            Kind::Single(client) => {
+            Topology::Single(client) => {
                 #[cfg(feature = "tls")]
                 let client = match &self.root_ca {
                     Some(_) => Client::build_with_tls(
@@ -204,10 +204,10 @@ impl Node {
                     )?,
                     None => client,
                 };
-                Target::Single(client)
+                Endpoint::Single(client)
             }
             #[cfg(feature = "cluster-async")]
-            Kind::Cluster(infos) => {
+            Topology::Cluster(infos) => {
                 let builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
                     .connection_timeout(connect_timeout)
                     // Each command is bounded by its caller; a failed shard's connection
@@ -231,18 +231,18 @@ impl Node {
                         Client::open(info)
                     })
                     .collect::<Result<_, _>>()?;
-                Target::Cluster {
+                Endpoint::Cluster {
                     client: builder.build()?,
                     seeds,
                 }
             }
             #[cfg(feature = "cluster-async")]
-            Kind::ClusterClient(client) => Target::Cluster {
+            Topology::ClusterClient(client) => Endpoint::Cluster {
                 client,
                 seeds: Vec::new(),
             },
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel { sentinels, service } => {
+            Topology::Sentinel { sentinels, service } => {
                 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
                 let first = sentinels.first().map(|info| {
                     (
@@ -272,13 +272,13 @@ impl Node {
                         .set_client_to_redis_certificates(certs(&self.root_ca))
                         .set_client_to_sentinel_certificates(certs(&self.root_ca));
                 }
-                Target::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(
+                Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(
                     builder.build()?,
                 )))
             }
             #[cfg(feature = "sentinel")]
-            Kind::SentinelClient(client) => {
-                Target::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client)))
+            Topology::SentinelClient(client) => {
+                Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client)))
             }
         };
         Ok(Connector {
@@ -289,19 +289,19 @@ impl Node {
     }
 }
 
-impl Kind {
+impl Topology {
     /// A label for logs and errors: addresses only, never credentials.
     fn label(&self) -> String {
         match self {
-            Kind::Single(client) => client.get_connection_info().addr().to_string(),
+            Topology::Single(client) => client.get_connection_info().addr().to_string(),
             #[cfg(feature = "cluster-async")]
-            Kind::Cluster(infos) => list("cluster", infos.iter().map(|i| i.addr().to_string())),
+            Topology::Cluster(infos) => list("cluster", infos.iter().map(|i| i.addr().to_string())),
             #[cfg(feature = "cluster-async")]
-            Kind::ClusterClient(_) => "cluster".to_owned(),
+            Topology::ClusterClient(_) => "cluster".to_owned(),
             #[cfg(feature = "sentinel")]
-            Kind::Sentinel { service, .. } => format!("sentinel service {service}"),
+            Topology::Sentinel { service, .. } => format!("sentinel service {service}"),
             #[cfg(feature = "sentinel")]
-            Kind::SentinelClient(_) => "sentinel service".to_owned(),
+            Topology::SentinelClient(_) => "sentinel service".to_owned(),
         }
     }
 }
@@ -314,7 +314,7 @@ fn list(what: &str, items: impl Iterator<Item = String>) -> String {
 /// Makes connections (and subscriber connections) to one [`Node`].
 #[derive(Clone)]
 pub(crate) struct Connector {
-    target: Target,
+    target: Endpoint,
     pub(crate) label: String,
     connect_timeout: Duration,
 }
@@ -323,7 +323,7 @@ pub(crate) struct Connector {
 // of the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
-enum Target {
+enum Endpoint {
     Single(Client),
     #[cfg(feature = "cluster-async")]
     Cluster {
@@ -355,11 +355,11 @@ impl Connector {
     /// The database number commands run on (0 on a cluster or through Sentinel).
     pub(crate) fn db(&self) -> i64 {
         match &self.target {
-            Target::Single(client) => client.get_connection_info().redis_settings().db(),
+            Endpoint::Single(client) => client.get_connection_info().redis_settings().db(),
             #[cfg(feature = "cluster-async")]
-            Target::Cluster { .. } => 0,
+            Endpoint::Cluster { .. } => 0,
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(_) => 0,
+            Endpoint::Sentinel(_) => 0,
         }
     }
 
@@ -369,7 +369,7 @@ impl Connector {
         config: &AsyncConnectionConfig,
     ) -> BoxFuture<'static, Result<Conn, RedisError>> {
         match &self.target {
-            Target::Single(client) => {
+            Endpoint::Single(client) => {
                 let (client, config) = (client.clone(), config.clone());
                 let timeout = self.connect_timeout;
                 async move {
@@ -382,7 +382,7 @@ impl Connector {
                 .boxed()
             }
             #[cfg(feature = "cluster-async")]
-            Target::Cluster { client, .. } => {
+            Endpoint::Cluster { client, .. } => {
                 let (client, timeout) = (client.clone(), self.connect_timeout);
                 async move {
                     match tokio::time::timeout(timeout, client.get_async_connection()).await {
@@ -393,7 +393,7 @@ impl Connector {
                 .boxed()
             }
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(client) => {
+            Endpoint::Sentinel(client) => {
                 let (client, config) = (client.clone(), config.clone());
                 let timeout = self.connect_timeout;
                 async move {
@@ -418,9 +418,9 @@ impl Connector {
     #[cfg(feature = "lock")]
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         match &self.target {
-            Target::Single(client) => client.get_async_pubsub().await,
+            Endpoint::Single(client) => client.get_async_pubsub().await,
             #[cfg(feature = "cluster-async")]
-            Target::Cluster { seeds, .. } => {
+            Endpoint::Cluster { seeds, .. } => {
                 let mut last = RedisError::from((
                     redis::ErrorKind::InvalidClientConfig,
                     "no seed node known for release notifications",
@@ -434,7 +434,7 @@ impl Connector {
                 Err(last)
             }
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(client) => {
+            Endpoint::Sentinel(client) => {
                 let primary = client.lock().await.async_get_client().await?;
                 primary.get_async_pubsub().await
             }
@@ -458,6 +458,15 @@ impl Conn {
             Conn::Single(conn) => conn.send_packed_command(cmd).await,
             #[cfg(feature = "cluster-async")]
             Conn::Cluster(conn) => conn.req_packed_command(cmd).await,
+        }
+    }
+
+    /// Loads `script` (`SCRIPT LOAD`; on a cluster, on every primary).
+    pub(crate) async fn load(&mut self, script: &redis::Script) -> RedisResult<String> {
+        match self {
+            Conn::Single(conn) => script.load_async(conn).await,
+            #[cfg(feature = "cluster-async")]
+            Conn::Cluster(conn) => script.load_async(conn).await,
         }
     }
 

@@ -44,20 +44,20 @@ const ENTRY_OVERHEAD: usize = 96;
 /// a retry of its request run again: size the bounds for the records a TTL can hold.
 #[derive(Debug)]
 pub(crate) struct MemoryRecords {
-    inner: Mutex<Inner>,
+    inner: Mutex<RecordTable>,
     max_records: usize,
     max_bytes: usize,
 }
 
 #[derive(Debug, Default)]
-struct Inner {
-    records: KeyMap<Arc<str>, Entry>,
+struct RecordTable {
+    records: KeyMap<Arc<str>, StoredRecord>,
     by_expiry: BTreeSet<(Instant, Arc<str>)>,
     bytes: usize,
 }
 
 #[derive(Debug)]
-struct Entry {
+struct StoredRecord {
     expires: Instant,
     raw: Bytes,
 }
@@ -78,7 +78,7 @@ impl MemoryRecords {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecordTable> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -115,7 +115,7 @@ impl MemoryRecords {
         }
         inner.bytes = inner.bytes.saturating_add(size);
         inner.by_expiry.insert((expires, key.clone()));
-        inner.records.insert(key, Entry { expires, raw });
+        inner.records.insert(key, StoredRecord { expires, raw });
         true
     }
 
@@ -127,7 +127,7 @@ impl MemoryRecords {
     }
 }
 
-impl Inner {
+impl RecordTable {
     fn remove(&mut self, key: &Arc<str>) {
         if let Some(entry) = self.records.remove(key) {
             self.by_expiry.remove(&(entry.expires, key.clone()));

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+use crate::keyed::policy::BoxFuture;
 
 /// How a held lease, or a concurrency permit, is renewed while the protected work runs
 /// (the "watchdog").

@@ -74,27 +74,30 @@ pub(crate) fn check_resource(resource: &str) -> Result<(), KeyError> {
 
 #[cfg(feature = "lock")]
 #[derive(Debug, Clone)]
-pub(crate) struct Policy {
+pub(crate) struct Settings {
     pub(crate) ttl: Duration,
     pub(crate) retry_count: u32,
     pub(crate) retry_delay: (Duration, Duration),
     pub(crate) prefix: Arc<str>,
+    /// Whether acquisitions issue fencing tokens.
+    pub(crate) fencing: bool,
 }
 
 #[cfg(feature = "lock")]
-impl Default for Policy {
+impl Default for Settings {
     fn default() -> Self {
         Self {
             ttl: DEFAULT_TTL,
             retry_count: DEFAULT_RETRY_COUNT,
             retry_delay: DEFAULT_RETRY_DELAY,
             prefix: Arc::from(DEFAULT_PREFIX),
+            fencing: false,
         }
     }
 }
 
 #[cfg(feature = "lock")]
-impl Policy {
+impl Settings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
             return Err(ConfigError::InvalidTtl {
@@ -167,7 +170,10 @@ impl Policy {
         let mut retries = 0;
         loop {
             match attempt().await {
-                Err(e) if !matches!(e, LockError::InvalidKey(_)) && retries < self.retry_count => {
+                Err(e)
+                    if !matches!(e, LockError::InvalidKey(_) | LockError::Unsupported(_))
+                        && retries < self.retry_count =>
+                {
                     retries += 1;
                     tokio::time::sleep(self.retry_delay()).await;
                 }
@@ -225,6 +231,18 @@ macro_rules! policy_setters {
         /// or `}` (a lock's own keys use the lock key as a Redis Cluster hash tag).
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.policy.prefix = std::sync::Arc::from(prefix.into());
+            self
+        }
+
+        /// Whether every exclusive lease carries a fencing token
+        /// ([`Lease::fencing_token`](crate::Lease::fencing_token)): strictly greater than
+        /// the token of every earlier lease on the same key, for storage that refuses
+        /// writes from a holder whose lease ran out. Default off, on both backends: on
+        /// Redis it costs one more round trip per acquisition. The
+        /// [lock module docs](crate::lock#fencing-tokens) show a fenced write and give the
+        /// counters' lifetime and assumptions.
+        pub fn fencing_tokens(mut self, enabled: bool) -> Self {
+            self.policy.fencing = enabled;
             self
         }
     };

@@ -17,7 +17,7 @@ use crate::lease::Lease;
 /// What a [`Watchdog`](super::watchdog::Watchdog) shares with the [`LeaseStatus`]
 /// handles: the lease, its validity (moved by renewals), the loss, and whether the holder
 /// is done.
-pub(crate) struct Shared {
+pub(crate) struct LeaseState {
     /// The lease as acquired.
     pub(crate) lease: Lease,
     /// Its backend.
@@ -34,7 +34,7 @@ pub(crate) struct Shared {
     pub(crate) changed: Notify,
 }
 
-impl Shared {
+impl LeaseState {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         Self {
             base: lease.valid_until(),
@@ -81,12 +81,12 @@ impl Shared {
 /// [`Locked`]: crate::Locked
 #[derive(Clone)]
 pub struct LeaseStatus {
-    shared: Arc<Shared>,
+    shared: Arc<LeaseState>,
 }
 
 impl LeaseStatus {
     /// A handle on `shared`.
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<LeaseState>) -> Self {
         Self { shared }
     }
 }

@@ -116,25 +116,6 @@ impl Drop for WaitTicket<'_> {
     }
 }
 
-/// A lock backend's waits by resource name (`lock_within` and the like), each
-/// `name => keyed(args..);`: the wait checks and prefixes `resource` (the policy's
-/// `full_key`) and calls `self.keyed(key, args.., max_wait)`, the wait of the same kind
-/// for a prefixed key. For the `impl` block of a backend with `self.inner.policy`.
-macro_rules! waits_by_resource {
-    ($($(#[$attr:meta])* $name:ident => $keyed:ident($($arg:expr),*);)+) => {$(
-        $(#[$attr])*
-        pub async fn $name(
-            &self,
-            resource: &str,
-            max_wait: std::time::Duration,
-        ) -> Result<crate::lease::Lease, crate::error::LockError> {
-            let key = self.inner.policy.full_key(resource)?;
-            self.$keyed(key, $($arg,)* max_wait).await
-        }
-    )+};
-}
-pub(crate) use waits_by_resource;
-
 /// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
 pub(crate) fn jitter(max: Duration) -> Duration {
     let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);

@@ -8,7 +8,6 @@
 //! a release can never resurrect the lock.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
@@ -17,7 +16,7 @@ use std::time::Instant;
 use crate::backend::handle::Locks;
 pub use crate::backend::renewal::Renewal;
 use crate::backend::renewal::{RenewError, Schedule};
-use crate::backend::status::{LeaseStatus, Shared};
+use crate::backend::status::{LeaseState, LeaseStatus};
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::protect::Watch;
@@ -49,7 +48,7 @@ pub enum OnLockLoss {
 /// work waits: work that answers at once (most handlers on the in-process backend) needs
 /// no schedule, no timer, and reads the clock only to check the validity.
 pub(crate) struct Watchdog {
-    status: Arc<Shared>,
+    status: Arc<LeaseState>,
     schedule: Option<Box<Schedule<LockError>>>,
 }
 
@@ -73,7 +72,7 @@ impl RenewError for LockError {
 impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         Self {
-            status: Arc::new(Shared::new(locks, lease, renewal)),
+            status: Arc::new(LeaseState::new(locks, lease, renewal)),
             schedule: None,
         }
     }
@@ -169,56 +168,6 @@ impl Drop for Watchdog {
         }
         self.status.closed.store(true, Ordering::Release);
         self.notify_status();
-    }
-}
-
-impl Locks {
-    /// Acquires `resource` (with retries, as [`lock`](Self::lock)), runs `work` while the
-    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
-    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
-    /// its token and fencing token), its validity, and its loss.
-    ///
-    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
-    /// found the token gone, or the validity ended without a successful renewal); it is
-    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
-    /// releases the lease in the background.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::{Locks, Renewal};
-    ///
-    /// let locks = Locks::default();
-    /// let rows = locks
-    ///     .with_lock("nightly-report", Renewal::default(), |status| async move {
-    ///         // Fence the writes: storage keeps the highest token it has seen and
-    ///         // refuses older ones.
-    ///         let fence = status.lease().fencing_token();
-    ///         assert!(fence.is_some());
-    ///         // ... long work; status.remaining() says how much validity is left ...
-    ///         42
-    ///     })
-    ///     .await?;
-    /// assert_eq!(rows, 42);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The acquisition's error ([`LockError::Taken`] after the retries,
-    /// [`LockError::NoQuorum`], ...), or [`LockError::Lost`] when the lease was lost
-    /// while `work` ran.
-    pub async fn with_lock<F, Fut>(
-        &self,
-        resource: &str,
-        renewal: Renewal,
-        work: F,
-    ) -> Result<Fut::Output, LockError>
-    where
-        F: FnOnce(LeaseStatus) -> Fut,
-        Fut: Future,
-    {
-        let lease = self.lock(resource).await?;
-        self.with_lease(lease, renewal, work).await
     }
 }
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode, response};
 
-use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, Slot};
+use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
@@ -61,7 +61,10 @@ impl ConcurrencyPolicy {
         }
     }
 
-    fn verdict(&self, acquired: Result<Slot, ConcurrencyError>) -> Verdict<ConcurrencyPermit> {
+    fn verdict(
+        &self,
+        acquired: Result<PermitSlot, ConcurrencyError>,
+    ) -> Verdict<ConcurrencyPermit> {
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
             Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
@@ -127,7 +130,7 @@ impl Policy for ConcurrencyPolicy {
 /// handler panicked); a Redis permit is renewed until then.
 #[doc(hidden)]
 pub struct ConcurrencyPermit {
-    slot: Slot,
+    slot: PermitSlot,
     /// The renewals of a permit that expires (on Redis).
     schedule: Option<Schedule<ConcurrencyError>>,
 }
@@ -143,7 +146,7 @@ impl fmt::Debug for ConcurrencyPermit {
 
 impl ConcurrencyPermit {
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
-    fn new(slot: Slot, renewal: Renewal) -> Self {
+    fn new(slot: PermitSlot, renewal: Renewal) -> Self {
         #[cfg(feature = "redis")]
         let schedule = slot
             .as_redis()

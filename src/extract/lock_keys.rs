@@ -16,7 +16,7 @@ use crate::key::validate_value;
 use crate::problem::Problem;
 
 /// Turns an extracted value into the lock keys [`Locked<T>`] holds: one, or several held
-/// with one lease, all or none (see [`Locks::try_lock_all`]).
+/// with one lease, all or none (see [`LockRequest::all`](crate::LockRequest::all)).
 ///
 /// Every [`LockKey`] is a `LockKeys` with its one key. Implement it for a value that names
 /// several resources at once, such as a transfer between two accounts; each key is
@@ -129,7 +129,11 @@ pub(super) async fn lock<T: LockKeys>(
     let started = std::time::Instant::now();
     let acquired = match &resources[..] {
         [resource] => locks.try_lock(resource).await,
-        _ => locks.try_lock_all(&resources).await,
+        _ => {
+            let all =
+                crate::backend::request::LockRequest::all(resources.iter().map(String::as_str));
+            locks.acquire(all).await
+        }
     };
     crate::observe::lock_outcome(&acquired, started);
     match acquired {
@@ -250,7 +254,7 @@ mod tests {
     async fn a_layer_lease_on_every_key_is_reused() {
         let locks = Locks::from(MemoryLocks::new());
         let layer_lease = locks
-            .try_lock_all(["account:alice", "account:bob"])
+            .acquire(crate::LockRequest::all(["account:alice", "account:bob"]))
             .await
             .unwrap();
         let watchdog = Watchdog::new(locks.clone(), layer_lease.clone(), Renewal::default());

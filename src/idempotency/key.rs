@@ -8,13 +8,13 @@ use std::sync::Arc;
 use http::HeaderName;
 use http::request::Parts;
 
-use crate::key::{HeaderKey, KeyError, KeyExtractor, push_escaped, validate_value};
+use crate::key::{HeaderKey, KeyError, KeyExtractor, validate_value};
 
 pub(crate) type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
-/// The `Idempotency-Key` header's value; the scope is the tenant (when the layer has a
-/// tenant function), then the header's own scope (the header name, the method and the
-/// route).
+/// The `Idempotency-Key` header's value, after the tenant when the layer has a tenant
+/// function (`tenant <length>:<tenant>:<value>`); the scope is the header's own (the header
+/// name, the method and the route), so that hold times are estimated per route.
 #[derive(Clone)]
 pub struct IdempotencyKey {
     header: HeaderKey,
@@ -48,19 +48,21 @@ impl IdempotencyKey {
 
 impl KeyExtractor for IdempotencyKey {
     fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
-        if let Some(tenant) = &self.tenant {
-            let tenant = tenant(parts).ok_or(KeyError::MissingTenant)?;
-            validate_value(&tenant)?;
-        }
-        self.header.extract(parts)
+        let Some(tenant) = &self.tenant else {
+            return self.header.extract(parts);
+        };
+        let tenant = tenant(parts).ok_or(KeyError::MissingTenant)?;
+        validate_value(&tenant)?;
+        // The tenant is part of the value, not of the scope, so that the hold times behind
+        // `Retry-After` are the route's; its length first, so that no tenant and key pair
+        // reads as another's.
+        Ok(self
+            .header
+            .extract(parts)?
+            .map(|value| Cow::Owned(format!("tenant {}:{tenant}:{value}", tenant.len()))))
     }
 
     fn write_scope(&self, parts: &Parts, out: &mut String) {
-        if let Some(tenant) = self.tenant.as_ref().and_then(|t| t(parts)) {
-            out.push_str("tenant ");
-            push_escaped(out, &tenant);
-            out.push(' ');
-        }
         self.header.write_scope(parts, out);
     }
 }

@@ -82,8 +82,8 @@ impl Default for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Keys from the `Idempotency-Key` header, required (400 without), on the process-wide
-    /// in-process backend ([`Locks::default`]), with every default of this page.
+    /// Keys from the `Idempotency-Key` header, required (400 without), on the app's default
+    /// backend ([`Locks::set_default`], else in process), with every default of this page.
     pub fn new() -> Self {
         Self::with_header(HeaderName::from_static("idempotency-key"))
     }
@@ -117,6 +117,7 @@ impl IdempotencyLayer {
         /// ([`Redlock`](crate::Redlock)) they live on the lock's nodes and are shared by
         /// every replica; in process, beside the locks, in bounded memory
         /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
+        /// Default: the app's default backend ([`Locks::set_default`]).
         fn backend(locks: impl Into<Locks>) => locks;
 
         /// How long a record is kept, from the end of its first request. Default 24 hours

@@ -42,7 +42,7 @@ pub const MAX_KEY_LEN: usize = 256;
 /// ([`Locks::lock`](crate::Locks::lock) and the others), in bytes: 1024.
 pub const MAX_RESOURCE_LEN: usize = 1024;
 
-/// The most keys one lease may name ([`Locks::lock_all`](crate::Locks::lock_all) and the
+/// The most keys one lease may name ([`LockRequest::all`](crate::LockRequest::all) and the
 /// others): 64. Each node checks and sets them in one script, so the bound keeps that
 /// script short.
 pub const MAX_KEYS_PER_LEASE: usize = 64;
@@ -75,10 +75,6 @@ pub enum KeyError {
     /// The value contains a control character (such as NUL, CR, LF or DEL).
     #[error("the key contains a control character")]
     ControlCharacter,
-    /// The key is one the backend keeps for itself (the fencing counter,
-    /// `{prefix}fencing-counter`, when fencing tokens are on).
-    #[error("the key is reserved by the backend; pick another name")]
-    Reserved,
     /// A header value is not visible ASCII, or a quoted string (RFC 8941) is malformed.
     #[error("the {0} header is not a valid string: use a bare token or an RFC 8941 quoted string")]
     MalformedHeader(HeaderName),

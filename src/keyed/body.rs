@@ -28,13 +28,13 @@ pin_project! {
         // What the response future already took from the body, handed on first.
         first: Option<Item>,
         #[pin]
-        kind: Kind<B, P::Permit>,
+        kind: BodyKind<B, P::Permit>,
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<B, H> {
+    #[project = BodyKindProj]
+    enum BodyKind<B, H> {
         Answer {
             data: Option<Bytes>,
         },
@@ -112,9 +112,9 @@ impl Item {
 impl<B, P: Policy> fmt::Debug for ResponseBody<B, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
-            Kind::Answer { .. } => "Answer",
-            Kind::Plain { .. } => "Plain",
-            Kind::Held { .. } => "Held",
+            BodyKind::Answer { .. } => "Answer",
+            BodyKind::Plain { .. } => "Plain",
+            BodyKind::Held { .. } => "Held",
         };
         f.debug_struct("ResponseBody")
             .field("kind", &kind)
@@ -127,7 +127,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
     pub(crate) fn answer(data: Bytes) -> Self {
         Self {
             first: None,
-            kind: Kind::Answer {
+            kind: BodyKind::Answer {
                 data: (!data.is_empty()).then_some(data),
             },
         }
@@ -137,7 +137,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
     pub(crate) fn plain(body: B, first: Option<Item>) -> Self {
         Self {
             first,
-            kind: Kind::Plain { body },
+            kind: BodyKind::Plain { body },
         }
     }
 
@@ -150,7 +150,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
         let remaining = body.size_hint().exact();
         Self {
             first,
-            kind: Kind::Held {
+            kind: BodyKind::Held {
                 body,
                 state: Holding::Streaming { permit, lost },
                 remaining,
@@ -177,9 +177,9 @@ where
             return Poll::Ready(first.into_poll());
         }
         match this.kind.project() {
-            KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Held {
+            BodyKindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            BodyKindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
+            BodyKindProj::Held {
                 body,
                 state,
                 remaining,
@@ -194,19 +194,19 @@ where
             None => {}
         }
         match &self.kind {
-            Kind::Answer { data } => data.is_none(),
-            Kind::Plain { body } => body.is_end_stream(),
-            Kind::Held { state, .. } => matches!(state, Holding::Done),
+            BodyKind::Answer { data } => data.is_none(),
+            BodyKind::Plain { body } => body.is_end_stream(),
+            BodyKind::Held { state, .. } => matches!(state, Holding::Done),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         let inner = match &self.kind {
-            Kind::Answer { data } => {
+            BodyKind::Answer { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Plain { body } => body.size_hint(),
-            Kind::Held { body, state, .. } => match state {
+            BodyKind::Plain { body } => body.size_hint(),
+            BodyKind::Held { body, state, .. } => match state {
                 Holding::Streaming { .. } => body.size_hint(),
                 Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
                 Holding::Done => SizeHint::with_exact(0),

@@ -29,13 +29,13 @@ pin_project! {
         P: Policy,
     {
         #[pin]
-        state: State<S, ReqB, P::Permit>,
+        state: Phase<S, ReqB, P::Permit>,
     }
 }
 
 pin_project! {
-    #[project = StateProj]
-    enum State<S, ReqB, H>
+    #[project = PhaseProj]
+    enum Phase<S, ReqB, H>
     where
         S: Service<Request<ReqB>>,
     {
@@ -74,10 +74,10 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Deciding { .. } => "Deciding",
-            State::Running { .. } => "Running",
-            State::Releasing { .. } => "Releasing",
-            State::Answered { .. } => "Answered",
+            Phase::Deciding { .. } => "Deciding",
+            Phase::Running { .. } => "Running",
+            Phase::Releasing { .. } => "Releasing",
+            Phase::Answered { .. } => "Answered",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -93,7 +93,7 @@ where
     #[inline]
     pub(crate) fn answered(response: Response<Bytes>) -> Self {
         Self {
-            state: State::Answered {
+            state: Phase::Answered {
                 response: Some(response),
             },
         }
@@ -114,7 +114,7 @@ where
         request: Request<ReqB>,
     ) -> Self {
         Self {
-            state: State::from_verdict::<P>(verdict, fail_open, service, request),
+            state: Phase::from_verdict::<P>(verdict, fail_open, service, request),
         }
     }
 
@@ -126,7 +126,7 @@ where
         request: Request<ReqB>,
     ) -> Self {
         Self {
-            state: State::Deciding {
+            state: Phase::Deciding {
                 decision,
                 call: Some((service, request)),
                 fail_open,
@@ -136,18 +136,18 @@ where
 }
 
 #[inline]
-fn run<S, ReqB, H>(service: &mut S, request: Request<ReqB>, permit: Option<H>) -> State<S, ReqB, H>
+fn run<S, ReqB, H>(service: &mut S, request: Request<ReqB>, permit: Option<H>) -> Phase<S, ReqB, H>
 where
     S: Service<Request<ReqB>>,
 {
-    State::Running {
+    Phase::Running {
         future: service.call(request),
         permit,
         lost: false,
     }
 }
 
-impl<S, ReqB, H> State<S, ReqB, H>
+impl<S, ReqB, H> Phase<S, ReqB, H>
 where
     S: Service<Request<ReqB>>,
     H: Permit,
@@ -162,7 +162,7 @@ where
         let permit = match verdict {
             Verdict::Admit(permit) => Some(permit),
             Verdict::Answer(response) => {
-                return State::Answered {
+                return Phase::Answered {
                     response: Some(*response),
                 };
             }
@@ -177,7 +177,7 @@ where
                     open
                 } else {
                     tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
-                    return State::Answered {
+                    return Phase::Answered {
                         response: Some(answer),
                     };
                 }
@@ -204,7 +204,7 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Deciding {
+                PhaseProj::Deciding {
                     decision,
                     call,
                     fail_open,
@@ -212,17 +212,19 @@ where
                     let verdict = ready!(decision.as_mut().poll(cx));
                     let (mut service, request) =
                         call.take().expect("Deciding is left once decided");
-                    let next = State::from_verdict::<P>(verdict, *fail_open, &mut service, request);
+                    let next = Phase::from_verdict::<P>(verdict, *fail_open, &mut service, request);
                     this.state.set(next);
                 }
-                StateProj::Running {
+                PhaseProj::Running {
                     future,
                     permit,
                     lost,
                 } => {
                     let output = match permit.as_mut().filter(|_| !*lost) {
                         // Never polled once the permit is lost (a lease past its validity).
-                        Some(guard) => match poll_guarded(guard, cx, |cx| future.poll(cx)) {
+                        Some(guard) => match guard
+                            .scoped(|guard| poll_guarded(guard, cx, |cx| future.poll(cx)))
+                        {
                             Poll::Pending => return Poll::Pending,
                             Poll::Ready(Ok(output)) => output,
                             Poll::Ready(Err(Lost)) => {
@@ -231,7 +233,7 @@ where
                                     // Dropping the inner future here; the permit releases
                                     // whatever is left in the background.
                                     let response = held.lost_response();
-                                    this.state.set(State::Answered {
+                                    this.state.set(Phase::Answered {
                                         response: Some(response),
                                     });
                                 } else {
@@ -253,21 +255,21 @@ where
                     };
                     match finish(held, output, *lost, cx) {
                         Finish::Ready(output) => return Poll::Ready(output),
-                        Finish::Lost(response) => this.state.set(State::Answered {
+                        Finish::Lost(response) => this.state.set(Phase::Answered {
                             response: Some(response),
                         }),
                         Finish::Releasing {
                             release,
                             output,
                             first,
-                        } => this.state.set(State::Releasing {
+                        } => this.state.set(Phase::Releasing {
                             release,
                             output: Some(output),
                             first,
                         }),
                     }
                 }
-                StateProj::Releasing {
+                PhaseProj::Releasing {
                     release,
                     output,
                     first,
@@ -277,7 +279,7 @@ where
                     let first = first.take();
                     return Poll::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first))));
                 }
-                StateProj::Answered { response } => {
+                PhaseProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(response.map(ResponseBody::answer)));
                 }

@@ -303,9 +303,8 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             Some(decision) => Step::Decided(decision),
             None => Step::Answer(Box::new(self.misconfiguration(&Misconfiguration::new(
                 format!(
-                    "{} takes one key per request with these settings (several keys take the plain \
-                 lock only: not shared(), exclusive() or fair(true)), and its key extractor \
-                 names several",
+                    "{} takes one key per request (several keys are for LockLayer::by_fn_all), \
+                 and its key extractor names several",
                     P::LAYER
                 ),
             )))),

@@ -172,6 +172,16 @@ pub trait Permit: Watch + Send + 'static {
     /// Puts what the inner service may read on its request (extensions, headers).
     fn admit<B>(&mut self, request: &mut Request<B>);
 
+    /// Runs `poll`, a poll of the inner service's future, in the permit's scope: a lock
+    /// permit makes its lease the request's own there (reentrancy). The default runs it
+    /// as it is.
+    fn scoped<R>(&mut self, poll: impl FnOnce(&mut Self) -> R) -> R
+    where
+        Self: Sized,
+    {
+        poll(self)
+    }
+
     /// Whether a loss stops the work (`true`), or lets it run on unprotected.
     fn abort_on_loss(&self) -> bool {
         true

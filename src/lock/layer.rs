@@ -5,11 +5,13 @@ use http::{HeaderName, StatusCode};
 
 use super::policy::LockPolicy;
 use crate::backend::handle::Locks;
+#[cfg(doc)]
+use crate::backend::request::LockRequest;
+use crate::backend::request::{LockMode, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal};
 use crate::key::{FnKey, FnKeys, HeaderKey, KeyExtractor};
 use crate::keyed::layer::header_name;
 use crate::keyed::{Keyed, KeyedLayer};
-use crate::lease::Access;
 
 /// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
 /// the [module docs](crate::lock).
@@ -50,9 +52,10 @@ impl LockLayer<HeaderKey> {
     /// This stops *concurrent* duplicates; a retry after the first request completed runs
     /// again unless the handler stores and replays the first result.
     ///
-    /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
-    /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
-    /// replica locks on its own.
+    /// The backend is the app's default ([`Locks::set_default`], else in process): with
+    /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
+    /// give this layer one with [`backend`](Self::backend), or each replica locks on its
+    /// own.
     pub fn by_header<N>(name: N) -> Self
     where
         N: TryInto<HeaderName>,
@@ -75,9 +78,10 @@ impl LockLayer<crate::key::PathParamKey> {
     /// outside the `Router`, or on a route without the parameter, it answers **500** and
     /// logs the fix once ([`PathParamKey`](crate::key::PathParamKey)).
     ///
-    /// The backend defaults to the in-process one: set [`backend`](Self::backend) to a
-    /// [`Redlock`](crate::Redlock) when the service runs more than one replica, or each
-    /// replica locks on its own.
+    /// The backend is the app's default ([`Locks::set_default`], else in process): with
+    /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
+    /// give this layer one with [`backend`](Self::backend), or each replica locks on its
+    /// own.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
         KeyedLayer::from_path_param(
             name,
@@ -114,7 +118,7 @@ where
 {
     /// Locks on every key that `f` returns for the request head, with one lease: all of
     /// them or none, one quorum verdict for the set, released together when the response
-    /// is done (see [`Locks::try_lock_all`]). The order does not matter (the keys are
+    /// is done (see [`LockRequest::all`](crate::LockRequest::all)). The order does not matter (the keys are
     /// sorted, duplicates dropped), so two requests that name the same keys in opposite
     /// orders never deadlock. `None` or an empty list means the request has no key (400
     /// unless [`optional`](Self::optional)); a key value is checked as any other (400), and
@@ -125,7 +129,7 @@ where
     ///
     /// Keys in the request body need the body: lock them in the handler with
     /// [`Locked<Json<T>>`](crate::Locked) and [`LockKeys`](crate::LockKeys), or
-    /// [`Locks::try_lock_all`].
+    /// [`LockRequest::all`](crate::LockRequest::all).
     ///
     /// ```
     /// use axum::{Router, routing::post};
@@ -145,7 +149,7 @@ where
 }
 
 impl<K: KeyExtractor> LockLayer<K> {
-    /// Locks on the key that `extractor` finds. Defaults: in-process backend
+    /// Locks on the key that `extractor` finds. Defaults: the app's default backend
     /// ([`Locks::default`]), 423 on contention, key required, fail closed, lease held until
     /// the response body has ended.
     pub fn new(extractor: K) -> Self {
@@ -160,21 +164,13 @@ impl<K: KeyExtractor> LockLayer<K> {
 impl<K> LockLayer<K> {
     crate::keyed::layer_setters! {
         /// The lock backend: a [`Redlock`](crate::Redlock),
-        /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the process-wide
-        /// in-process backend ([`Locks::default`]).
+        /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the app's default
+        /// backend ([`Locks::set_default`], else the process-wide in-process one).
         fn backend(locks: impl Into<Locks>) => locks;
 
         /// The status sent when the lock is held by another request. Default 409 Conflict
         /// for `by_header` (a request with that key is in flight), 423 Locked otherwise.
         fn taken_status(status: StatusCode) => taken_status;
-
-        /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
-        /// woken when the holder releases (Redis pub/sub; see
-        /// [`Redlock::lock_within`](crate::Redlock::lock_within)), then tries again.
-        /// Default zero: answer at once. The wait counts against the client's own timeout,
-        /// so keep it short. An acquisition attempt in flight at the deadline runs to its
-        /// end, so the answer can come up to one node timeout after `max_wait`.
-        fn max_wait(max_wait: Duration) => max_wait;
 
         /// How the lease is renewed while the request runs (its inner future and its
         /// response body). Default: every TTL/3, for at most 10 × TTL in all
@@ -219,54 +215,36 @@ impl<K> LockLayer<K> {
         self.misconfigured_by(mistake)
     }
 
-    /// Takes the key **shared**: requests through this layer hold it together (readers,
-    /// such as a report that must not see a half-applied change), while a request through
-    /// an [`exclusive`](Self::exclusive) layer on the same key (scope and value) waits
-    /// for them all and excludes them. Contention is answered as usual (423/409 with
-    /// `Retry-After`, or waited for up to [`max_wait`](Self::max_wait)).
+    /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
+    /// woken when the holder releases (see [`LockRequest::wait`]), then tries again.
+    /// Default zero: answer at once. The wait counts against the client's own timeout,
+    /// so keep it short. An acquisition attempt in flight at the deadline runs to its
+    /// end, so the answer can come up to one node timeout after `max_wait`. A layer on
+    /// several keys ([`by_fn_all`](LockLayer::by_fn_all)) answers at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.policy_mut().options.wait = Wait::up_to(max_wait);
+        self
+    }
+
+    /// How the request holds its key; default [`LockMode::Plain`]. With
+    /// [`LockMode::Shared`], requests through this layer hold the key together (readers,
+    /// such as a report that must not see a half-applied change), while a request
+    /// through a [`LockMode::Exclusive`] layer on the same key (scope and value) waits for
+    /// them all and excludes them; every writer of a key that has readers must be
+    /// exclusive. [`LockMode::Fair`] makes waiters ([`max_wait`](Self::max_wait)) acquire
+    /// in arrival order across every replica. Contention is answered as usual (423/409
+    /// with `Retry-After`). The [module docs](crate::lock#modes) give the guarantees and
+    /// costs.
     ///
-    /// Guarantees: each reader's lease expires on its own (renewed while its request
-    /// runs), so a crashed reader frees the key at its TTL; while an exclusive request
-    /// waits, no new reader is admitted, so readers cannot starve it. On Redlock, the
-    /// quorum and validity rules of the plain lock. Costs: see the README, "Shared and
-    /// exclusive". Shared leases carry no fencing token.
-    ///
-    /// Not with [`fair`](Self::fair): that is a misconfiguration (500, logged once).
-    pub fn shared(self) -> Self {
-        self.access(Access::Shared)
-    }
-
-    /// Takes the key **exclusively**, excluding the readers of [`shared`](Self::shared)
-    /// layers on the same key: the request waits (up to [`max_wait`](Self::max_wait)) for
-    /// them to leave, and keeps new ones out meanwhile. Every writer of a key that has
-    /// readers must use this; a plain layer on that key does not see the readers.
-    pub fn exclusive(self) -> Self {
-        self.access(Access::Exclusive)
-    }
-
-    fn access(mut self, access: Access) -> Self {
-        self.policy_mut().access = Some(access);
-        self.check_modes()
-    }
-
-    /// Whether waiters ([`max_wait`](Self::max_wait)) acquire in arrival order, across
-    /// every replica, instead of whoever retries first after a release. Default `false`.
-    /// A waiter that gives up leaves the queue at once; one that crashes within 2 s plus
-    /// the node timeout; no queue entry outlives its waiter's `max_wait`. With a zero
-    /// `max_wait`, a request is admitted only when nobody waits. Plain layers on the same
-    /// key do not queue. See [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
-    ///
-    /// Not with [`shared`](Self::shared) or [`exclusive`](Self::exclusive): that is a
-    /// misconfiguration (500, logged once).
-    pub fn fair(mut self, fair: bool) -> Self {
-        self.policy_mut().fair = fair;
-        self.check_modes()
-    }
-
-    fn check_modes(self) -> Self {
-        let policy = &self.core.policy;
-        let mistake = (policy.fair && policy.access.is_some()).then(|| {
-            "LockLayer: fair(true) does not combine with shared() or exclusive()".to_owned()
+    /// A layer on several keys ([`by_fn_all`](LockLayer::by_fn_all)) takes
+    /// [`LockMode::Plain`] only: another mode there answers 500 and logs why once.
+    pub fn mode(mut self, mode: LockMode) -> Self
+    where
+        K: KeyExtractor,
+    {
+        self.policy_mut().options.mode = mode;
+        let mistake = (K::SEVERAL && mode != LockMode::Plain).then(|| {
+            "LockLayer: a layer on several keys (by_fn_all) takes LockMode::Plain only".to_owned()
         });
         self.misconfigured_by(mistake)
     }

@@ -11,12 +11,13 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::request::{Claim, Options, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
-use crate::lease::{Access, Lease};
+use crate::lease::Lease;
 use crate::observe;
 use crate::problem::Problem;
 use crate::protect::Watch;
@@ -30,12 +31,9 @@ pub struct LockPolicy {
     pub(crate) renewal: Renewal,
     pub(crate) on_loss: OnLockLoss,
     pub(crate) fencing_header: Option<HeaderName>,
-    pub(crate) max_wait: Duration,
     pub(crate) release_at_head: bool,
-    /// Plain, shared or exclusive (excluding readers).
-    pub(crate) access: Option<Access>,
-    /// Waiters acquire in arrival order.
-    pub(crate) fair: bool,
+    /// The mode and the wait of every acquisition.
+    pub(crate) options: Options,
 }
 
 impl fmt::Debug for LockPolicy {
@@ -46,10 +44,8 @@ impl fmt::Debug for LockPolicy {
             .field("renewal", &self.renewal)
             .field("on_loss", &self.on_loss)
             .field("fencing_header", &self.fencing_header)
-            .field("max_wait", &self.max_wait)
             .field("release_at_head", &self.release_at_head)
-            .field("access", &self.access)
-            .field("fair", &self.fair)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -63,10 +59,8 @@ impl LockPolicy {
             renewal: Renewal::default(),
             on_loss: OnLockLoss::default(),
             fencing_header: None,
-            max_wait: Duration::ZERO,
             release_at_head: false,
-            access: None,
-            fair: false,
+            options: Options::default(),
         }
     }
 
@@ -123,56 +117,35 @@ impl Policy for LockPolicy {
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
-        let key = Arc::<str>::from(key);
-        let started = Instant::now();
-        if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            let acquired = match (self.access, self.fair) {
-                (Some(access), _) => memory.acquire_access(key.clone(), access),
-                (None, false) => memory.acquire_from(key.clone(), started),
-                (None, true) => return self.pending(key, started),
-            };
-            return Decision::Ready(self.verdict(&key, acquired, started));
-        }
-        self.pending(key, started)
+        self.decide_claim(Claim::One(Arc::from(key)), self.options)
     }
 
     fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Option<Decision<LockPermit>> {
-        // Several keys take the plain, exclusive, unfair lock only: the layer answers 500
-        // for a combination with `shared()`, `exclusive()` or `fair(true)`.
-        if self.access.is_some() || self.fair {
-            return None;
-        }
-        let started = Instant::now();
-        // The hold times of the set's scope: its first key names it.
-        let first = keys.first()?.clone();
-        // One attempt: `max_wait` applies to one key only.
-        if let Some(memory) = self.locks.as_memory() {
-            let acquired = memory.acquire_all(keys);
-            return Some(Decision::Ready(self.verdict(&first, acquired, started)));
-        }
-        let policy = self.clone();
-        Some(Decision::Pending(Box::pin(async move {
-            let acquired = policy.locks.acquire_keys(keys).await;
-            policy.verdict(&first, acquired, started)
-        })))
+        // One attempt: a set does not wait (`Claim::check`).
+        let options = Options {
+            wait: Wait::Once,
+            ..self.options
+        };
+        Some(self.decide_claim(Claim::Set(keys.into()), options))
     }
 }
 
 impl LockPolicy {
-    fn pending(&self, key: Arc<str>, started: Instant) -> Decision<LockPermit> {
+    /// Runs the acquisition: at once on the in-process backend when it does not wait,
+    /// else as a future.
+    fn decide_claim(&self, claim: Claim, options: Options) -> Decision<LockPermit> {
+        let started = Instant::now();
+        if options.wait == Wait::Once {
+            if let Some(memory) = self.locks.as_memory() {
+                let acquired = memory.attempt(&claim, options.mode, started);
+                return Decision::Ready(self.verdict(claim.first(), acquired, started));
+            }
+        }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
-            let (locks, max_wait) = (&policy.locks, policy.max_wait);
-            let acquired = match (policy.access, policy.fair) {
-                (Some(access), _) => {
-                    locks
-                        .lock_access_key_within(key.clone(), access, max_wait)
-                        .await
-                }
-                (None, true) => locks.lock_fair_key_within(key.clone(), max_wait).await,
-                (None, false) => locks.lock_key_within(key.clone(), max_wait).await,
-            };
-            policy.verdict(&key, acquired, started)
+            let first = claim.first().clone();
+            let acquired = policy.locks.acquire_claim(claim, options).await;
+            policy.verdict(&first, acquired, started)
         }))
     }
 }
@@ -258,6 +231,10 @@ impl Watch for LockPermit {
 }
 
 impl Permit for LockPermit {
+    fn scoped<R>(&mut self, poll: impl FnOnce(&mut Self) -> R) -> R {
+        crate::backend::reentry::scoped(self.watchdog.status(), || poll(self))
+    }
+
     fn admit<B>(&mut self, request: &mut Request<B>) {
         let status = self.watchdog.status();
         if let (Some(name), Some(token)) = (&self.fencing_header, status.lease().fencing_token()) {

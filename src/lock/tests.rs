@@ -194,7 +194,7 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
 
 #[tokio::test]
 async fn the_handler_gets_one_status_that_carries_the_lease() {
-    let locks = Locks::from(MemoryLocks::new());
+    let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
     let response = by_job()
         .backend(locks)
         .layer(service_fn(|req: Request<()>| async move {

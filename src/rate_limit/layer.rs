@@ -177,16 +177,18 @@ impl<K> RateLimitLayer<K> {
     /// several rate limit layers answer one request, each adds its own item to both
     /// headers: give them different names so clients can tell them apart.
     ///
-    /// # Panics
-    ///
-    /// When `name` has characters other than printable ASCII (space to `~`), which an
-    /// RFC 8941 string cannot carry.
+    /// A name with characters other than printable ASCII (space to `~`), which an RFC
+    /// 8941 string cannot carry, is a misconfiguration, as a bad header name is: the layer
+    /// answers every request 500 and logs why once.
     pub fn policy_name(mut self, name: impl AsRef<str>) -> Self {
         let name = name.as_ref();
-        assert!(
-            name.chars().all(|c| matches!(c, ' '..='~')),
-            "invalid rate limit policy name {name:?}: use printable ASCII"
-        );
+        if !name.chars().all(|c| matches!(c, ' '..='~')) {
+            let mistake = format!(
+                "RateLimitLayer::policy_name: {name:?} is not printable ASCII, which the \
+                 RateLimit headers need"
+            );
+            return self.misconfigured_by(Some(mistake));
+        }
         let headers = &self.core.policy.headers;
         let rebuilt = Headers::new(headers.quota, name, headers.legacy);
         self.policy_mut().headers = Arc::new(rebuilt);
@@ -214,9 +216,13 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "printable ASCII")]
-    fn policy_name_refuses_control_characters() {
-        let _ = RateLimitLayer::global("1/1".parse().unwrap()).policy_name("a\nb");
+    fn policy_name_with_control_characters_is_a_misconfiguration() {
+        let layer = RateLimitLayer::global("1/1".parse().unwrap()).policy_name("a\nb");
+        assert!(layer.core.misconfigured.is_some());
+        assert_eq!(
+            layer.core.policy.headers.policy_value,
+            "\"default\";q=1;w=1"
+        );
     }
 
     #[test]

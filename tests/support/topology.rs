@@ -7,6 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tower_redlock::LockRequest;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -499,13 +500,15 @@ pub async fn contract(
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tower_redlock::{IdempotencyLayer, LockError, Locks, Quota, RedisRateLimiter, Redlock};
 
-    let redlock = Redlock::from_nodes(nodes())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(500))
-        .fencing_tokens(true)
-        .build()
-        .await
-        .unwrap();
+    let redlock = Locks::from(
+        Redlock::from_nodes(nodes())
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(500))
+            .fencing_tokens(true)
+            .build()
+            .await
+            .unwrap(),
+    );
     let mut lease = redlock.lock("contract:a").await.unwrap();
     let first = lease.fencing_token().expect("a fencing token");
     assert!(
@@ -520,7 +523,7 @@ pub async fn contract(
         let redlock = redlock.clone();
         tokio::spawn(async move {
             redlock
-                .lock_within("contract:a", Duration::from_secs(20))
+                .acquire(LockRequest::new("contract:a").wait(Duration::from_secs(20)))
                 .await
         })
     };
@@ -550,7 +553,7 @@ pub async fn contract(
             let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
             async move { (axum::http::StatusCode::CREATED, format!("order {run}")) }
         })
-        .layer(IdempotencyLayer::new().backend(Locks::from(redlock))),
+        .layer(IdempotencyLayer::new().backend(redlock)),
     );
     let base = super::serve(app).await;
     let client = reqwest::Client::new();

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{ConcurrencyError, Slot};
+use super::{ConcurrencyError, PermitSlot};
 use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
@@ -110,7 +110,11 @@ impl MemoryConcurrencyLimiter {
     }
 
     /// Takes a permit on `key` if fewer than `limit` are held.
-    pub(crate) fn acquire_slot(&self, key: &str, limit: u32) -> Result<Slot, ConcurrencyError> {
+    pub(crate) fn acquire_slot(
+        &self,
+        key: &str,
+        limit: u32,
+    ) -> Result<PermitSlot, ConcurrencyError> {
         check_resource(key)?;
         let mut counts = self.counts();
         let max_keys = counts.max_keys;
@@ -127,7 +131,7 @@ impl MemoryConcurrencyLimiter {
         };
         *counts.in_flight.entry(key.clone()).or_insert(0) += 1;
         drop(counts);
-        Ok(Slot::memory(self.clone(), key))
+        Ok(PermitSlot::memory(self.clone(), key))
     }
 
     /// Gives back a permit on `key`; the key is forgotten with its last permit.

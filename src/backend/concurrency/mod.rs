@@ -2,8 +2,6 @@
 //! ([`RedisConcurrencyLimiter`]) or this process's memory ([`MemoryConcurrencyLimiter`]),
 //! behind one cheap handle ([`ConcurrencyLimiter`]).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,8 +18,7 @@ pub use redis::{
     RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
 };
 
-/// A boxed future, for a release that waits on Redis.
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) use crate::keyed::policy::BoxFuture;
 
 /// Why a request got no permit.
 #[derive(Debug, thiserror::Error)]
@@ -81,11 +78,11 @@ impl crate::backend::renewal::RenewError for ConcurrencyError {
 /// process-wide in-process store.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter {
-    backend: Backend,
+    backend: PermitStore,
 }
 
 #[derive(Clone, Debug)]
-enum Backend {
+enum PermitStore {
     #[cfg(feature = "redis")]
     Redis(RedisConcurrencyLimiter),
     Memory(MemoryConcurrencyLimiter),
@@ -105,7 +102,7 @@ impl Default for ConcurrencyLimiter {
 impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
     fn from(redis: RedisConcurrencyLimiter) -> Self {
         Self {
-            backend: Backend::Redis(redis),
+            backend: PermitStore::Redis(redis),
         }
     }
 }
@@ -113,15 +110,15 @@ impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
 impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
     fn from(memory: MemoryConcurrencyLimiter) -> Self {
         Self {
-            backend: Backend::Memory(memory),
+            backend: PermitStore::Memory(memory),
         }
     }
 }
 
 /// A permit held on one key; released in the background if dropped unreleased.
-pub(crate) struct Slot(Option<Held>);
+pub(crate) struct PermitSlot(Option<HeldPermit>);
 
-enum Held {
+enum HeldPermit {
     /// In process: a count, which never expires (a dead holder takes the store with it).
     Memory {
         store: MemoryConcurrencyLimiter,
@@ -132,17 +129,17 @@ enum Held {
     Redis(redis::RedisSlot),
 }
 
-impl Slot {
+impl PermitSlot {
     pub(crate) fn memory(store: MemoryConcurrencyLimiter, key: Arc<str>) -> Self {
-        Self(Some(Held::Memory { store, key }))
+        Self(Some(HeldPermit::Memory { store, key }))
     }
 
     /// The key, as the store keeps it.
     pub(crate) fn key(&self) -> &str {
         match &self.0 {
-            Some(Held::Memory { key, .. }) => key,
+            Some(HeldPermit::Memory { key, .. }) => key,
             #[cfg(feature = "redis")]
-            Some(Held::Redis(slot)) => &slot.key,
+            Some(HeldPermit::Redis(slot)) => &slot.key,
             None => "",
         }
     }
@@ -151,7 +148,7 @@ impl Slot {
     #[cfg(feature = "redis")]
     pub(crate) fn as_redis(&self) -> Option<&redis::RedisSlot> {
         match &self.0 {
-            Some(Held::Redis(slot)) => Some(slot),
+            Some(HeldPermit::Redis(slot)) => Some(slot),
             _ => None,
         }
     }
@@ -161,17 +158,17 @@ impl Slot {
     /// permit is released in the background.
     pub(crate) fn release(mut self) -> Option<BoxFuture<()>> {
         match self.0.take()? {
-            Held::Memory { store, key } => {
+            HeldPermit::Memory { store, key } => {
                 store.release(&key);
                 None
             }
             #[cfg(feature = "redis")]
-            Held::Redis(slot) => {
+            HeldPermit::Redis(slot) => {
                 let (limiter, key, token) =
                     (slot.limiter.clone(), slot.key.clone(), slot.token.clone());
                 // Armed again until the release is done: dropped midway, it goes on in the
                 // background.
-                self.0 = Some(Held::Redis(slot));
+                self.0 = Some(HeldPermit::Redis(slot));
                 Some(Box::pin(async move {
                     if let Err(e) = limiter.release(&key, &token).await {
                         tracing::debug!(error = %e, "concurrency permit release");
@@ -184,13 +181,13 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for PermitSlot {
     fn drop(&mut self) {
         match self.0.take() {
             None => {}
-            Some(Held::Memory { store, key }) => store.release(&key),
+            Some(HeldPermit::Memory { store, key }) => store.release(&key),
             #[cfg(feature = "redis")]
-            Some(Held::Redis(slot)) => {
+            Some(HeldPermit::Redis(slot)) => {
                 // No runtime (it is shutting down): the permit's TTL frees it.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
@@ -210,15 +207,15 @@ const WAIT_STEP: (Duration, Duration) = (Duration::from_millis(5), Duration::fro
 impl ConcurrencyLimiter {
     /// Whether this is the in-process store.
     pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_))
+        matches!(self.backend, PermitStore::Memory(_))
     }
 
     /// The in-process store, when this is one: it answers without `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
         match &self.backend {
-            Backend::Memory(m) => Some(m),
+            PermitStore::Memory(m) => Some(m),
             #[cfg(feature = "redis")]
-            Backend::Redis(_) => None,
+            PermitStore::Redis(_) => None,
         }
     }
 
@@ -227,14 +224,14 @@ impl ConcurrencyLimiter {
         &self,
         resource: &str,
         limit: u32,
-    ) -> Result<Slot, ConcurrencyError> {
+    ) -> Result<PermitSlot, ConcurrencyError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => r
+            PermitStore::Redis(r) => r
                 .acquire(resource, limit)
                 .await
-                .map(|slot| Slot(Some(Held::Redis(slot)))),
-            Backend::Memory(m) => m.acquire_slot(resource, limit),
+                .map(|slot| PermitSlot(Some(HeldPermit::Redis(slot)))),
+            PermitStore::Memory(m) => m.acquire_slot(resource, limit),
         }
     }
 
@@ -247,7 +244,7 @@ impl ConcurrencyLimiter {
         resource: &str,
         limit: u32,
         max_wait: Duration,
-    ) -> Result<Slot, ConcurrencyError> {
+    ) -> Result<PermitSlot, ConcurrencyError> {
         let deadline = Instant::now().checked_add(max_wait);
         let mut step = WAIT_STEP.0;
         loop {

@@ -7,11 +7,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{MemoryLocks, State};
+use super::{MemoryLocks, Table};
 use crate::backend::KeyMap;
-use crate::backend::wait::{bounded_wait, waits_by_resource};
+use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
-use crate::lease::{Access, Lease, Token, readers_key, readers_of};
+use crate::lease::{Access, Lease, Shape, Token, readers_key};
 
 /// How long a waiter that is not the head sleeps, at most, when the lock is free.
 const TURN: Duration = Duration::from_millis(100);
@@ -62,7 +62,7 @@ impl Modes {
     }
 }
 
-impl State {
+impl Table {
     /// How long the plain lock on `key` is still held, if it is.
     fn held_for(&self, key: &str, now: Instant) -> Option<Duration> {
         self.held
@@ -73,35 +73,6 @@ impl State {
 }
 
 impl MemoryLocks {
-    waits_by_resource! {
-        /// Takes `resource` shared; see
-        /// [`Redlock::lock_shared_within`](crate::Redlock::lock_shared_within).
-        ///
-        /// # Errors
-        ///
-        /// [`LockError::Taken`] when a writer holds or waits for it at the deadline, or
-        /// [`LockError::InvalidKey`].
-        lock_shared_within => lock_access_within(Access::Shared);
-
-        /// Takes `resource` exclusively, excluding its readers; see
-        /// [`Redlock::lock_exclusive_within`](crate::Redlock::lock_exclusive_within).
-        ///
-        /// # Errors
-        ///
-        /// [`LockError::Taken`] when still held at the deadline, or
-        /// [`LockError::InvalidKey`].
-        lock_exclusive_within => lock_access_within(Access::Exclusive);
-
-        /// Waits in arrival order; see
-        /// [`Redlock::lock_fair_within`](crate::Redlock::lock_fair_within).
-        ///
-        /// # Errors
-        ///
-        /// [`LockError::Taken`] when still held at the deadline, or
-        /// [`LockError::InvalidKey`].
-        lock_fair_within => lock_fair_key_within();
-    }
-
     /// One attempt at shared or exclusive access, at once.
     pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> Result<Lease, LockError> {
         let now = Instant::now();
@@ -123,12 +94,13 @@ impl MemoryLocks {
                 })?;
                 Ok(Lease {
                     key: readers_key(&key),
+                    shape: Shape::Reader { lock: key.clone() },
                     token,
                     ttl,
                     valid_until: now + ttl,
                     fencing_token: None,
                     backend: self.inner.id,
-                    set: None,
+                    reentered: false,
                 })
             }
             Access::Exclusive => {
@@ -161,7 +133,7 @@ impl MemoryLocks {
     }
 
     pub(super) fn extend_shared(&self, lease: &mut Lease) -> Result<(), LockError> {
-        let Some(lock_key) = readers_of(&lease.key) else {
+        let Shape::Reader { lock: lock_key } = &lease.shape else {
             return Err(LockError::Expired { taken_over: false });
         };
         let now = Instant::now();
@@ -178,18 +150,17 @@ impl MemoryLocks {
     }
 
     pub(super) fn unlock_shared(&self, lease: &Lease) -> Result<(), LockError> {
-        let Some(lock_key) = readers_of(&lease.key) else {
+        let Shape::Reader { lock: lock_key } = &lease.shape else {
             return Err(LockError::Expired { taken_over: false });
         };
-        let lock_key = Arc::<str>::from(lock_key);
         let now = Instant::now();
         let mut state = self.state();
-        let (expires_at, last) = state.modes.with(&lock_key, now, |entry| {
+        let (expires_at, last) = state.modes.with(lock_key, now, |entry| {
             (entry.readers.remove(&lease.token), entry.readers.is_empty())
         });
         drop(state);
         if last {
-            self.inner.waiters.wake(&lock_key);
+            self.inner.waiters.wake(lock_key);
         }
         match expires_at {
             Some(at) if at > now => Ok(()),
@@ -198,7 +169,11 @@ impl MemoryLocks {
     }
 
     /// One fair attempt: only the head of the queue, or anyone when it is empty.
-    fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> Result<Lease, LockError> {
+    pub(super) fn acquire_fair(
+        &self,
+        key: Arc<str>,
+        id: Option<Token>,
+    ) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
         let turn = state
@@ -315,6 +290,25 @@ impl Drop for LeaveQueue<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::request::{LockMode, LockRequest};
+
+    fn read(resource: &str, max_wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(resource)
+            .mode(LockMode::Shared)
+            .wait(max_wait)
+    }
+
+    fn write(resource: &str, max_wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(resource)
+            .mode(LockMode::Exclusive)
+            .wait(max_wait)
+    }
+
+    fn fair(resource: &str, max_wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(resource)
+            .mode(LockMode::Fair)
+            .wait(max_wait)
+    }
 
     /// Polls `check` every 10 ms for up to 5 s.
     async fn until(mut check: impl FnMut() -> bool) -> bool {
@@ -335,19 +329,19 @@ mod tests {
     async fn readers_share_and_a_writer_waits_for_them() {
         let locks = locks(Duration::from_secs(10));
         let zero = Duration::ZERO;
-        let a = locks.lock_shared_within("doc", zero).await.unwrap();
-        let b = locks.lock_shared_within("doc", zero).await.unwrap();
+        let a = locks.take(read("doc", zero)).await.unwrap();
+        let b = locks.take(read("doc", zero)).await.unwrap();
         assert!(a.is_shared() && b.is_shared());
         assert!(matches!(
-            locks.lock_exclusive_within("doc", zero).await,
+            locks.take(write("doc", zero)).await,
             Err(LockError::Taken { .. })
         ));
         locks.unlock(a).unwrap();
         locks.unlock(b).unwrap();
-        let w = locks.lock_exclusive_within("doc", zero).await.unwrap();
+        let w = locks.take(write("doc", zero)).await.unwrap();
         assert!(!w.is_shared());
         assert!(matches!(
-            locks.lock_shared_within("doc", zero).await,
+            locks.take(read("doc", zero)).await,
             Err(LockError::Taken { .. })
         ));
         locks.unlock(w).unwrap();
@@ -357,17 +351,10 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_writer_keeps_new_readers_out() {
         let locks = locks(Duration::from_secs(10));
-        let reader = locks
-            .lock_shared_within("doc", Duration::ZERO)
-            .await
-            .unwrap();
+        let reader = locks.take(read("doc", Duration::ZERO)).await.unwrap();
         let writer = tokio::spawn({
             let locks = locks.clone();
-            async move {
-                locks
-                    .lock_exclusive_within("doc", Duration::from_secs(10))
-                    .await
-            }
+            async move { locks.take(write("doc", Duration::from_secs(10))).await }
         });
         let waiting = until(|| {
             locks
@@ -380,31 +367,23 @@ mod tests {
         .await;
         assert!(waiting);
         assert!(matches!(
-            locks.lock_shared_within("doc", Duration::ZERO).await,
+            locks.take(read("doc", Duration::ZERO)).await,
             Err(LockError::Taken { .. })
         ));
         locks.unlock(reader).unwrap();
         let lease = writer.await.unwrap().unwrap();
         locks.unlock(lease).unwrap();
-        assert!(
-            locks
-                .lock_shared_within("doc", Duration::ZERO)
-                .await
-                .is_ok()
-        );
+        assert!(locks.take(read("doc", Duration::ZERO)).await.is_ok());
     }
 
     #[tokio::test]
     async fn shared_leases_extend_and_expire() {
         let locks = locks(Duration::from_millis(50));
-        let mut lease = locks
-            .lock_shared_within("doc", Duration::ZERO)
-            .await
-            .unwrap();
+        let mut lease = locks.take(read("doc", Duration::ZERO)).await.unwrap();
         locks.extend(&mut lease).unwrap();
         // The writer waits out the reader's TTL.
         let w = locks
-            .lock_exclusive_within("doc", Duration::from_secs(5))
+            .take(write("doc", Duration::from_secs(5)))
             .await
             .unwrap();
         assert!(matches!(
@@ -425,7 +404,7 @@ mod tests {
             let (waiter, order) = (locks.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let lease = waiter
-                    .lock_fair_within("q", Duration::from_secs(10))
+                    .take(fair("q", Duration::from_secs(10)))
                     .await
                     .unwrap();
                 order.lock().unwrap().push(i);
@@ -444,7 +423,7 @@ mod tests {
             assert!(joined);
         }
         // A newcomer does not jump the queue, and leaves it when it gives up.
-        assert!(locks.lock_fair_within("q", Duration::ZERO).await.is_err());
+        assert!(locks.take(fair("q", Duration::ZERO)).await.is_err());
         locks.unlock(holder).unwrap();
         for task in tasks {
             task.await.unwrap();

@@ -3,70 +3,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Held, MemoryLocks};
+use super::{HeldKey, MemoryLocks};
 use crate::error::LockError;
-use crate::lease::{Lease, Token};
+use crate::lease::{Lease, Shape, Token};
 
 impl MemoryLocks {
-    /// One acquisition attempt on every resource in `resources` at once (each stored as
-    /// `{prefix}{resource}`): all of them are taken, under one token and one fencing token,
-    /// or none is. The order of `resources` does not matter and duplicates count once, so
-    /// two callers that name the same keys in opposite orders never deadlock: one gets
-    /// them all, the other is told they are taken.
-    ///
-    /// A single distinct resource is the same as [`try_lock`](Self::try_lock). Extend,
-    /// release and renew the lease as any other: the operations act on every key.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Taken`] when any of the keys is held, with the time until the last of
-    /// their holders' leases runs out; [`LockError::InvalidKey`] for an invalid resource,
-    /// or for none or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE)
-    /// distinct ones.
-    ///
-    /// ```
-    /// # fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::{LockError, MemoryLocks};
-    ///
-    /// let locks = MemoryLocks::new();
-    /// let both = locks.try_lock_all(["account:alice", "account:bob"])?;
-    /// assert_eq!(both.keys().count(), 2);
-    /// assert!(matches!(
-    ///     locks.try_lock_all(["account:bob", "account:carol"]),
-    ///     Err(LockError::Taken { .. })
-    /// ));
-    /// locks.unlock(both)?;
-    /// # Ok(()) }
-    /// ```
-    pub fn try_lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        let keys = self.inner.policy.key_set(resources)?;
-        self.acquire_all(keys)
-    }
-
-    /// Like [`try_lock_all`](Self::try_lock_all), retrying up to the retry count after a
-    /// random delay while any key is taken.
-    ///
-    /// # Errors
-    ///
-    /// The error of the last attempt.
-    pub async fn lock_all<I>(&self, resources: I) -> Result<Lease, LockError>
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        let keys = self.inner.policy.key_set(resources)?;
-        self.inner
-            .policy
-            .with_retries(|| std::future::ready(self.acquire_all(keys.clone())))
-            .await
-    }
-
     /// Takes the sorted, distinct `keys`, all or none.
-    pub(crate) fn acquire_all(&self, keys: Vec<Arc<str>>) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> Result<Lease, LockError> {
         if let [key] = &keys[..] {
             return self.acquire(key.clone());
         }
@@ -88,26 +31,24 @@ impl MemoryLocks {
             state.held.retain(|_, held| held.expires_at > now);
             state.sweep_at = (state.held.len() * 2).max(super::MIN_SWEEP);
         }
-        for key in &keys {
+        for key in keys.iter() {
             state.held.insert(
                 key.clone(),
-                Held {
+                HeldKey {
                     token,
                     expires_at,
                     since: now,
                 },
             );
         }
-        state.fence = state.fence.saturating_add(1);
-        Ok(Lease {
-            key: keys[0].clone(),
-            set: Some(Arc::from(keys)),
+        let first = keys[0].clone();
+        Ok(self.lease(
+            &mut state,
+            first,
+            Shape::Set(keys.clone()),
             token,
-            ttl,
-            valid_until: expires_at,
-            fencing_token: Some(state.fence),
-            backend: self.inner.id,
-        })
+            expires_at,
+        ))
     }
 
     /// Extends every key of a set lease, if every one of them still holds its token.
@@ -275,7 +216,7 @@ mod tests {
         let lease = locks.try_lock_all(&repeated).unwrap();
         assert_eq!(lease.keys().count(), 2);
         let one = locks.try_lock_all(["same", "same"]).unwrap();
-        assert!(one.set.is_none());
+        assert_eq!(one.shape, Shape::Lock);
         assert_eq!(one.keys().count(), 1);
         assert!(matches!(
             locks.try_lock_all(["ok", ""]),

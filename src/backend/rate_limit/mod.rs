@@ -64,11 +64,11 @@ fn rate_verdict(counted: &Result<Usage, RateLimitError>) -> &'static str {
 /// in-process store.
 #[derive(Clone, Debug)]
 pub struct RateLimiter {
-    backend: Backend,
+    backend: RateStore,
 }
 
 #[derive(Clone, Debug)]
-enum Backend {
+enum RateStore {
     #[cfg(feature = "redis")]
     Redis(RedisRateLimiter),
     Memory(MemoryRateLimiter),
@@ -88,7 +88,7 @@ impl Default for RateLimiter {
 impl From<RedisRateLimiter> for RateLimiter {
     fn from(redis: RedisRateLimiter) -> Self {
         Self {
-            backend: Backend::Redis(redis),
+            backend: RateStore::Redis(redis),
         }
     }
 }
@@ -96,7 +96,7 @@ impl From<RedisRateLimiter> for RateLimiter {
 impl From<MemoryRateLimiter> for RateLimiter {
     fn from(memory: MemoryRateLimiter) -> Self {
         Self {
-            backend: Backend::Memory(memory),
+            backend: RateStore::Memory(memory),
         }
     }
 }
@@ -104,7 +104,7 @@ impl From<MemoryRateLimiter> for RateLimiter {
 impl RateLimiter {
     /// Whether this is the in-process store.
     pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_))
+        matches!(self.backend, RateStore::Memory(_))
     }
 
     /// Counts one request on `resource` under `quota`; see [`RedisRateLimiter::hit`] and
@@ -117,17 +117,17 @@ impl RateLimiter {
     pub async fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => r.hit(resource, quota).await,
-            Backend::Memory(m) => m.hit(resource, quota),
+            RateStore::Redis(r) => r.hit(resource, quota).await,
+            RateStore::Memory(m) => m.hit(resource, quota),
         }
     }
 
     /// The in-process store, when this is one: it answers without `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
         match &self.backend {
-            Backend::Memory(m) => Some(m),
+            RateStore::Memory(m) => Some(m),
             #[cfg(feature = "redis")]
-            Backend::Redis(_) => None,
+            RateStore::Redis(_) => None,
         }
     }
 }

@@ -4,18 +4,68 @@
 //! node operation (a script, or the native `SET NX PX` of a plain attempt) and gets its
 //! answers as [`Attempted`].
 
+use std::future::Future;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use super::hot::{Entry, Outcome};
+use super::hot::{Admission, Outcome};
 use super::keys::Keys;
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
-use super::tally::{Rule, Verdict, Vote};
+use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::request::LockBackend;
+use crate::backend::settings::Settings;
 use crate::error::{LockError, NodeFailureReason};
-use crate::lease::{Lease, Token};
+use crate::lease::{Access, Lease, Token};
+
+impl LockBackend for Redlock {
+    fn policy(&self) -> &Settings {
+        &self.inner.policy
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.acquire(key, false)
+    }
+
+    fn try_all(
+        &self,
+        keys: Arc<[Arc<str>]>,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.acquire_all(keys)
+    }
+
+    fn wait_plain(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_key_within(key, max_wait)
+    }
+
+    fn wait_access(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_access_within(key, access, max_wait)
+    }
+
+    fn wait_fair(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        self.lock_fair_key_within(key, max_wait)
+    }
+}
 
 impl Redlock {
     /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the lock's
@@ -32,7 +82,7 @@ impl Redlock {
     ) -> Result<Lease, LockError> {
         loop {
             match self.inner.hot.enter(&key, waiting) {
-                Entry::Held { left } => {
+                Admission::Held { left } => {
                     // Answered in process: no node was asked.
                     crate::observe::nodes_answered(0);
                     // The keys outlive the validity by up to the drift allowance.
@@ -40,15 +90,15 @@ impl Redlock {
                         retry_after: left.saturating_add(self.inner.drift),
                     });
                 }
-                Entry::Follow(flight) => match flight.outcome().await {
+                Admission::Follow(flight) => match flight.outcome().await {
                     Outcome::Taken(retry_after) => return Err(LockError::Taken { retry_after }),
                     Outcome::Failed(e) => return Err(e),
                     // Won: the next look finds the holder (or, released meanwhile, a
                     // free key). Abandoned: nobody asked Redis yet.
                     Outcome::Won | Outcome::Abandoned => {}
                 },
-                Entry::Lead(flight) => {
-                    let result = self.attempt(&key, waiting, flight.entered).await;
+                Admission::Lead(flight) => {
+                    let result = self.attempt_round(&key, waiting, flight.entered).await;
                     flight.finish(&result);
                     return result;
                 }
@@ -57,7 +107,7 @@ impl Redlock {
     }
 
     /// One acquisition attempt on the nodes, started at `start`.
-    async fn attempt(
+    async fn attempt_round(
         &self,
         key: &Arc<str>,
         waiting: bool,
@@ -134,11 +184,11 @@ impl Redlock {
             )
             .await;
         match round.verdict {
-            Verdict::Won => Ok(fencing_token),
-            Verdict::Lost => Err(LockError::TooSlow {
+            QuorumVerdict::Won => Ok(fencing_token),
+            QuorumVerdict::Lost => Err(LockError::TooSlow {
                 elapsed: start.elapsed(),
             }),
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
 
@@ -261,9 +311,9 @@ impl<'a> Acquisition<'a> {
             )
             .await;
         match round.verdict {
-            Verdict::Won => return Ok(round),
-            Verdict::NoQuorum => return Err(redlock.no_quorum(round)),
-            Verdict::Lost => {}
+            QuorumVerdict::Won => return Ok(round),
+            QuorumVerdict::NoQuorum => return Err(redlock.no_quorum(round)),
+            QuorumVerdict::Lost => {}
         }
         // Taken: the answers tell how long the holders have left.
         let retry_after = redlock.retry_after(&round, turn);
@@ -307,7 +357,7 @@ impl<'a> Acquisition<'a> {
                     .unwrap_or(0);
                 let raised =
                     redlock.raise_fence(&self.keys, self.token, highest, fence_ms, self.start);
-                Some(raised.await?)
+                NonZeroU64::new(raised.await?)
             }
             None => None,
         };
@@ -318,12 +368,13 @@ impl<'a> Acquisition<'a> {
         self.armed = false;
         Ok(Lease {
             key: self.keys.lease_key(),
-            set: self.keys.set(),
+            shape: self.keys.shape(),
             token: self.token,
             ttl: redlock.inner.policy.ttl,
             valid_until: self.start + validity,
             fencing_token,
             backend: redlock.inner.id,
+            reentered: false,
         })
     }
 }
@@ -334,12 +385,7 @@ impl Drop for Acquisition<'_> {
             return;
         }
         let (redlock, token, publish) = (self.redlock, self.token, self.quorum);
-        match &self.keys {
-            Keys::Lock(key) | Keys::Readers(key) => {
-                redlock.release_detached(key.clone(), token, publish);
-            }
-            Keys::Set(keys) => redlock.release_all_detached(keys.clone(), token, publish),
-        }
+        redlock.release_detached(self.keys.clone(), token, publish);
     }
 }
 

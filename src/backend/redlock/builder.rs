@@ -4,14 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::connection::Connection;
-use crate::backend::node::Node as Target;
+use crate::backend::node::Node;
 
 use super::hot::HotKeys;
 use super::notify::Notifier;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
-use super::{Inner, Node, Redlock, scripts};
-use crate::backend::settings::{Policy, policy_setters};
+use super::{NodeConn, Redlock, RedlockCore, scripts};
+use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
 use crate::error::ConfigError;
 
@@ -26,12 +26,11 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 #[derive(Debug)]
 #[must_use]
 pub struct RedlockBuilder {
-    nodes: Vec<Target>,
+    nodes: Vec<Node>,
     node_timeout: Option<Duration>,
     drift_factor: f64,
-    fencing: bool,
     notify_waiters: bool,
-    policy: Policy,
+    policy: Settings,
 }
 
 /// The shortest life of a fencing counter after its last write-back or renewal: 24 h.
@@ -40,14 +39,13 @@ const FENCE_LIFETIME_MIN: Duration = Duration::from_secs(24 * 3600);
 const FENCE_LIFETIME_TTLS: u32 = 100;
 
 impl RedlockBuilder {
-    pub(super) fn new(nodes: Vec<Target>) -> Self {
+    pub(super) fn new(nodes: Vec<Node>) -> Self {
         Self {
             nodes,
             node_timeout: None,
             drift_factor: DEFAULT_DRIFT_FACTOR,
-            fencing: false,
             notify_waiters: true,
-            policy: Policy::default(),
+            policy: Settings::default(),
         }
     }
 
@@ -85,7 +83,7 @@ impl RedlockBuilder {
         self
     }
 
-    /// Whether [`lock_within`](Redlock::lock_within) waiters subscribe to release
+    /// Whether [`LockRequest::wait`](crate::LockRequest::wait) waiters subscribe to release
     /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber
     /// connection per node, opened on the first wait and closed when the last handle of
     /// the client is dropped). Default on; off, waiters only re-try on their fallback
@@ -95,55 +93,6 @@ impl RedlockBuilder {
     /// `PUBLISH`.
     pub fn notify_waiters(mut self, enabled: bool) -> Self {
         self.notify_waiters = enabled;
-        self
-    }
-
-    /// Issue a fencing token with every acquisition ([`Lease::fencing_token`]). Default
-    /// off: it costs one more round trip per acquisition.
-    ///
-    /// Each lock key has its own counter on every node, `{<lock key>}:fence` (in the lock
-    /// key's Redis Cluster slot; no lock key can take that name). An acquisition reads
-    /// the counter on every node atomically with its `SET NX`, takes one above the
-    /// highest value seen, and writes it back (raising, never lowering) on every node
-    /// where it holds the key, requiring a quorum of those writes before it succeeds.
-    ///
-    /// Why the token is monotonic across quorums, not just per node: a later acquisition
-    /// of the same key succeeds on a quorum, and any two quorums share a node. On that
-    /// shared node the later `SET NX` succeeded only after the earlier holder's key was
-    /// gone, hence after the earlier holder's write-back there (which ran while its key
-    /// held its token). So the later acquisition reads at least the earlier token and
-    /// issues a strictly greater one, even if its quorum misses the node that holds the
-    /// highest counter.
-    ///
-    /// Lifetime: so that counters do not fill the keyspace, a counter expires
-    /// `max(24 h, 100 × TTL)` after the last write-back or renewal
-    /// ([`Redlock::extend`]) of a fenced lease of its key on that node. The argument
-    /// above needs the shared node's counter to still be there, so the order holds
-    /// between two acquisitions of a key less than that apart, counting from the earlier
-    /// lease's last renewal on the shared node. After a longer idle time the counter
-    /// starts again from 1: storage that keeps the highest token of a key for longer than
-    /// that will refuse the new, smaller tokens (forget its tokens sooner, or keep a
-    /// key busy), and a holder paused for that long past its last renewal could write
-    /// with a token above the new holder's.
-    ///
-    /// A counter that holds anything but a decimal integer below 2^53 was not written by
-    /// this crate: it is left as it is, and that node counts as failed for fenced
-    /// acquisitions of the key ([`NodeFailureReason::InvalidFencingCounter`], naming the
-    /// key; [`LockError::NoQuorum`] when too few nodes are left).
-    ///
-    /// Assumptions: nodes keep their data. A node restarted empty forgets its counter;
-    /// while every other node of a later quorum took part in the earlier write-back the
-    /// order still holds, but a restart combined with another failure can issue a smaller
-    /// token (A writes back on X and Z while Y is down; X restarts empty; B acquires on X
-    /// and Y). Delayed restarts protect the lock, not the counter. Run the nodes with
-    /// persistence (`appendonly yes`, `appendfsync always`) where fencing matters. Tokens
-    /// are exact up to 2^53 (Lua numbers).
-    ///
-    /// [`NodeFailureReason::InvalidFencingCounter`]: crate::NodeFailureReason::InvalidFencingCounter
-    /// [`LockError::NoQuorum`]: crate::LockError::NoQuorum
-    /// [`Lease::fencing_token`]: crate::Lease::fencing_token
-    pub fn fencing_tokens(mut self, enabled: bool) -> Self {
-        self.fencing = enabled;
         self
     }
 
@@ -193,8 +142,8 @@ impl RedlockBuilder {
                 .map_err(|source| ConfigError::InvalidUrl { index, source })?;
             connectors.push(connector.clone());
             let label = connector.label.clone();
-            let conn = Connection::new(connector, connect_timeout);
-            nodes.push(Node {
+            let conn = Connection::new(connector, connect_timeout, scripts::ALL);
+            nodes.push(NodeConn {
                 label: label.into(),
                 conn,
             });
@@ -202,7 +151,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
-            inner: Arc::new(Inner {
+            inner: Arc::new(RedlockCore {
                 id: crate::backend::next_backend_id(),
                 nodes,
                 notifier: self.notify_waiters.then(|| {
@@ -214,7 +163,7 @@ impl RedlockBuilder {
                 }),
                 waiters,
                 hot: HotKeys::default(),
-                fence_ms: self.fencing.then(|| {
+                fence_ms: self.policy.fencing.then(|| {
                     millis(FENCE_LIFETIME_MIN.max(ttl.saturating_mul(FENCE_LIFETIME_TTLS)))
                 }),
                 mark_ms: millis(MAX_FALLBACK.saturating_mul(2).saturating_add(node_timeout)),
@@ -224,17 +173,17 @@ impl RedlockBuilder {
                 policy: self.policy,
             }),
         };
-        // Loading the scripts now also checks that the nodes answer. An acquisition
-        // returns once the quorum is decided and drops the slower nodes' commands, so on
-        // a node that lacks a script (flushed, restarted) the `NOSCRIPT` fallback might
-        // never run there; releases and extensions finish theirs and load it again.
+        // Connecting now loads every script and checks that the nodes answer. Each new
+        // connection loads them again: an acquisition returns once the quorum is decided
+        // and drops the slower nodes' commands, so on a node that lacks a script
+        // (restarted empty) its `NOSCRIPT` fallback might never run there.
         let loads = round::run(
             round::Ops::new(
                 redlock
                     .inner
                     .nodes
                     .iter()
-                    .map(|node| scripts::load_all(node.conn.clone())),
+                    .map(|node| scripts::connect(node.conn.clone())),
             ),
             std::time::Instant::now(),
             node_timeout,

@@ -30,7 +30,6 @@ use super::scripts::{Attempted, COUNTER_VALID, evalsha, run};
 use super::shared::{NOW, run_attempt};
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -46,7 +45,7 @@ const TURN: Duration = Duration::from_millis(100);
 /// Returns the fencing counter (0 when unfenced) when set, `-10 - pttl` when it is not
 /// ours to take (`pttl` of the lock key: -2 when it is free but another waiter is first),
 /// -2 (before anything is set) when the counter holds anything but an integer below 2^53.
-static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
@@ -87,7 +86,7 @@ return -10 - redis.call('PTTL', KEYS[1])
 
 /// Leaves the queue. KEYS: the queue, the deadlines. ARGV: waiter id, the lock key.
 /// Wakes the others (on `{<lock key>}:released`) when the leaver was the head.
-static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
@@ -186,30 +185,8 @@ impl Drop for LeaveOnDrop {
 }
 
 impl Redlock {
-    waits_by_resource! {
-        /// Like [`lock_within`](Self::lock_within), but the waiters of `resource`, across
-        /// all clients, acquire in arrival order: each joins a queue on every node (see the
-        /// crate's README, "Fair waiting"), and only the head may take the lock. A waiter
-        /// that gives up leaves the queue at once; one that crashes drops out within 2 s
-        /// plus the node timeout, and no entry outlives its waiter's `max_wait`. With a
-        /// zero `max_wait`, one attempt that succeeds only when nobody waits.
-        ///
-        /// Arrival is stamped by the waiter's clock: waiters on replicas whose clocks
-        /// differ by `d` may be served out of order when they arrive less than `d` apart.
-        /// Plain acquisitions ([`try_lock`](Self::try_lock),
-        /// [`lock_within`](Self::lock_within)) ignore the queue.
-        ///
-        /// Cost: one round trip (a script on every node) per attempt; a waiter that
-        /// acquired on fewer than all nodes, or gave up, removes its entries with one more,
-        /// in the background.
-        ///
-        /// # Errors
-        ///
-        /// As [`lock_within`](Self::lock_within).
-        lock_fair_within => lock_fair_key_within();
-    }
-
-    /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.
+    /// A fair wait on a prefixed key, up to `max_wait` (zero: one attempt, granted only
+    /// when nobody waits).
     pub(crate) async fn lock_fair_key_within(
         &self,
         key: Arc<str>,

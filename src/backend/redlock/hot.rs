@@ -31,12 +31,12 @@ const MIN_SWEEP: usize = 1024;
 /// This client's holders and acquisitions in flight, and the hold times of its releases.
 #[derive(Default)]
 pub(super) struct HotKeys {
-    state: Mutex<State>,
+    state: Mutex<HotTable>,
 }
 
 #[derive(Default)]
-struct State {
-    slots: KeyMap<Arc<str>, Slot>,
+struct HotTable {
+    slots: KeyMap<Arc<str>, HotSlot>,
     /// The hold times of this client's releases, recorded as they leave `slots`.
     holds: HoldTimes,
     sweep_at: usize,
@@ -44,7 +44,7 @@ struct State {
     attempts: u64,
 }
 
-enum Slot {
+enum HotSlot {
     /// An attempt of this process is in flight.
     Acquiring(InFlight),
     /// This process holds the key.
@@ -53,7 +53,7 @@ enum Slot {
 
 /// The slot of an attempt in flight.
 struct InFlight {
-    /// Which attempt (see [`State::attempts`]).
+    /// Which attempt (see [`HotTable::attempts`]).
     attempt: u64,
     /// A waiter's attempt, which marks the lock where it is held.
     waiting: bool,
@@ -90,7 +90,7 @@ pub(super) enum Outcome {
 }
 
 /// What to do about an attempt on a key.
-pub(super) enum Entry<'a> {
+pub(super) enum Admission<'a> {
     /// Nothing known here: send the attempt, and report its outcome through the guard.
     Lead(FlightGuard<'a>),
     /// Another attempt on the key is in flight: share its outcome.
@@ -100,20 +100,20 @@ pub(super) enum Entry<'a> {
 }
 
 impl HotKeys {
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, HotTable> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Where an attempt on `key` stands. A `waiting` attempt marks the lock where it is
     /// held, so a waiting attempt arriving during a plain one's flight sends its own (and
     /// the plain one's followers follow it instead).
-    pub(super) fn enter<'a>(&'a self, key: &'a Arc<str>, waiting: bool) -> Entry<'a> {
+    pub(super) fn enter<'a>(&'a self, key: &'a Arc<str>, waiting: bool) -> Admission<'a> {
         let now = Instant::now();
         let mut state = self.state();
         if state.slots.len() >= state.sweep_at.max(MIN_SWEEP) {
             state.slots.retain(|_, slot| match slot {
-                Slot::Held(holder) => holder.valid_until > now,
-                Slot::Acquiring(_) => true,
+                HotSlot::Held(holder) => holder.valid_until > now,
+                HotSlot::Acquiring(_) => true,
             });
             state.sweep_at = state.slots.len().saturating_mul(2);
         }
@@ -126,26 +126,26 @@ impl HotKeys {
         let attempt = ours.attempt;
         let displaced = match state.slots.entry(key.clone()) {
             SlotEntry::Vacant(vacant) => {
-                vacant.insert(Slot::Acquiring(ours));
+                vacant.insert(HotSlot::Acquiring(ours));
                 None
             }
             SlotEntry::Occupied(mut occupied) => match occupied.get_mut() {
-                Slot::Held(holder) if holder.valid_until > now => {
-                    return Entry::Held {
+                HotSlot::Held(holder) if holder.valid_until > now => {
+                    return Admission::Held {
                         left: holder.valid_until - now,
                     };
                 }
-                Slot::Acquiring(flight) if flight.waiting || !waiting => {
+                HotSlot::Acquiring(flight) if flight.waiting || !waiting => {
                     let followers = flight.followers.get_or_insert_with(Flight::new);
-                    return Entry::Follow(followers.clone());
+                    return Admission::Follow(followers.clone());
                 }
                 // A holder whose validity ended, or a plain attempt in flight: its
                 // followers enter again (and follow this one); when it ends, it leaves
                 // the slot alone unless it won (a lease takes the slot whoever is in it,
                 // and tells this attempt's followers).
-                slot => match std::mem::replace(slot, Slot::Acquiring(ours)) {
-                    Slot::Acquiring(plain) => plain.followers,
-                    Slot::Held(_) => None,
+                slot => match std::mem::replace(slot, HotSlot::Acquiring(ours)) {
+                    HotSlot::Acquiring(plain) => plain.followers,
+                    HotSlot::Held(_) => None,
                 },
             },
         };
@@ -153,7 +153,7 @@ impl HotKeys {
         if let Some(followers) = displaced {
             followers.report(Outcome::Abandoned);
         }
-        Entry::Lead(FlightGuard {
+        Admission::Lead(FlightGuard {
             hot: self,
             entered: now,
             key,
@@ -166,7 +166,7 @@ impl HotKeys {
     pub(super) fn holder(&self, key: &str) -> Option<Instant> {
         let now = Instant::now();
         match self.state().slots.get(key) {
-            Some(Slot::Held(holder)) if holder.valid_until > now => Some(holder.valid_until),
+            Some(HotSlot::Held(holder)) if holder.valid_until > now => Some(holder.valid_until),
             _ => None,
         }
     }
@@ -185,7 +185,7 @@ impl HotKeys {
         let mut state = self.state();
         // One lookup: taken out, and put back in the rare case it is not this lease.
         let since = match state.slots.remove_entry(key) {
-            Some((_, Slot::Held(holder))) if holder.token == token => holder.since,
+            Some((_, HotSlot::Held(holder))) if holder.token == token => holder.since,
             Some((key, slot)) => {
                 state.slots.insert(key, slot);
                 return false;
@@ -218,7 +218,7 @@ impl HotKeys {
 
     /// A renewal moved the lease's validity to `valid_until`.
     pub(super) fn renewed(&self, key: &str, token: Token, valid_until: Instant) {
-        if let Some(Slot::Held(holder)) = self.state().slots.get_mut(key) {
+        if let Some(HotSlot::Held(holder)) = self.state().slots.get_mut(key) {
             if holder.token == token {
                 holder.valid_until = valid_until;
             }
@@ -233,7 +233,7 @@ impl HotKeys {
         state
             .slots
             .entry(lease.key.clone())
-            .or_insert_with(|| Slot::Held(Holder::of(lease, Instant::now())));
+            .or_insert_with(|| HotSlot::Held(Holder::of(lease, Instant::now())));
     }
 }
 
@@ -309,19 +309,19 @@ impl FlightGuard<'_> {
             match (state.slots.get_mut(&**self.key), lease) {
                 (Some(slot), Some(lease)) => {
                     // A lease is this process's holder, whoever is in the slot now.
-                    match std::mem::replace(slot, Slot::Held(Holder::of(lease, self.entered))) {
-                        Slot::Acquiring(flight) => flight.followers.map(|f| (f, Outcome::Won)),
-                        Slot::Held(_) => None,
+                    match std::mem::replace(slot, HotSlot::Held(Holder::of(lease, self.entered))) {
+                        HotSlot::Acquiring(flight) => flight.followers.map(|f| (f, Outcome::Won)),
+                        HotSlot::Held(_) => None,
                     }
                 }
                 (None, Some(lease)) => {
                     state.slots.insert(
                         self.key.clone(),
-                        Slot::Held(Holder::of(lease, self.entered)),
+                        HotSlot::Held(Holder::of(lease, self.entered)),
                     );
                     None
                 }
-                (Some(Slot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
+                (Some(HotSlot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
                     let followers = flight.followers.take();
                     state.slots.remove(&**self.key);
                     followers.map(|f| (f, outcome_of(result)))
@@ -360,12 +360,13 @@ mod tests {
     fn lease(key: &Arc<str>, valid_for: Duration) -> Lease {
         Lease {
             key: key.clone(),
-            set: None,
+            shape: crate::lease::Shape::Lock,
             token: Token::random(),
             ttl: valid_for,
             valid_until: Instant::now() + valid_for,
             fencing_token: None,
             backend: 0,
+            reentered: false,
         }
     }
 
@@ -373,10 +374,10 @@ mod tests {
     async fn attempts_during_a_flight_share_its_outcome_and_then_see_the_holder() {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
-        let Entry::Lead(guard) = hot.enter(&key, false) else {
+        let Admission::Lead(guard) = hot.enter(&key, false) else {
             panic!("the first attempt leads");
         };
-        let Entry::Follow(flight) = hot.enter(&key, false) else {
+        let Admission::Follow(flight) = hot.enter(&key, false) else {
             panic!("the second follows");
         };
         let waiting = tokio::spawn({
@@ -386,12 +387,12 @@ mod tests {
         let held = lease(&key, Duration::from_secs(10));
         guard.finish(&Ok(held.clone()));
         assert!(matches!(waiting.await.unwrap(), Outcome::Won));
-        assert!(matches!(hot.enter(&key, false), Entry::Held { .. }));
+        assert!(matches!(hot.enter(&key, false), Admission::Held { .. }));
         assert!(hot.holder(&key).is_some());
         // Released: gone at once, and a free key leads again.
         assert!(hot.released(&key, held.token, "p:"));
         assert!(!hot.contains(&key));
-        assert!(matches!(hot.enter(&key, false), Entry::Lead(_)));
+        assert!(matches!(hot.enter(&key, false), Admission::Lead(_)));
     }
 
     #[test]
@@ -400,27 +401,27 @@ mod tests {
         let key: Arc<str> = Arc::from("p:k");
         let _plain = hot.enter(&key, false);
         let waiting = hot.enter(&key, true);
-        assert!(matches!(waiting, Entry::Lead(_)));
+        assert!(matches!(waiting, Admission::Lead(_)));
         // A plain attempt follows the waiting one.
-        assert!(matches!(hot.enter(&key, false), Entry::Follow(_)));
+        assert!(matches!(hot.enter(&key, false), Admission::Follow(_)));
     }
 
     #[tokio::test]
     async fn the_followers_of_a_displaced_plain_attempt_follow_the_waiting_one() {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
-        let Entry::Lead(plain) = hot.enter(&key, false) else {
+        let Admission::Lead(plain) = hot.enter(&key, false) else {
             panic!("the plain attempt leads");
         };
-        let Entry::Follow(flight) = hot.enter(&key, false) else {
+        let Admission::Follow(flight) = hot.enter(&key, false) else {
             panic!("a plain attempt follows it");
         };
-        let Entry::Lead(waiting) = hot.enter(&key, true) else {
+        let Admission::Lead(waiting) = hot.enter(&key, true) else {
             panic!("a waiting attempt sends its own");
         };
         // Told at once: they enter again and follow the waiting attempt.
         assert!(matches!(flight.outcome().await, Outcome::Abandoned));
-        let Entry::Follow(flight) = hot.enter(&key, false) else {
+        let Admission::Follow(flight) = hot.enter(&key, false) else {
             panic!("a plain attempt follows the waiting one");
         };
         // The displaced attempt, refused, leaves the waiting one's slot alone.
@@ -439,20 +440,20 @@ mod tests {
     async fn a_lease_that_takes_another_attempts_slot_tells_its_followers() {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
-        let Entry::Lead(plain) = hot.enter(&key, false) else {
+        let Admission::Lead(plain) = hot.enter(&key, false) else {
             panic!("the plain attempt leads");
         };
-        let Entry::Lead(_waiting) = hot.enter(&key, true) else {
+        let Admission::Lead(_waiting) = hot.enter(&key, true) else {
             panic!("a waiting attempt sends its own");
         };
-        let Entry::Follow(flight) = hot.enter(&key, false) else {
+        let Admission::Follow(flight) = hot.enter(&key, false) else {
             panic!("a plain attempt follows the waiting one");
         };
         // The displaced plain attempt wins after all: its lease is the holder, and the
         // waiting attempt's followers find it when they look again.
         plain.finish(&Ok(lease(&key, Duration::from_secs(10))));
         assert!(matches!(flight.outcome().await, Outcome::Won));
-        assert!(matches!(hot.enter(&key, false), Entry::Held { .. }));
+        assert!(matches!(hot.enter(&key, false), Admission::Held { .. }));
     }
 
     #[test]
@@ -460,7 +461,7 @@ mod tests {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
         let guard = hot.enter(&key, false);
-        let Entry::Follow(flight) = hot.enter(&key, false) else {
+        let Admission::Follow(flight) = hot.enter(&key, false) else {
             panic!("follows");
         };
         drop(guard);
@@ -472,7 +473,7 @@ mod tests {
     fn a_holder_leaves_when_lost_or_expired_and_moves_when_renewed() {
         let hot = HotKeys::default();
         let key: Arc<str> = Arc::from("p:k");
-        let Entry::Lead(guard) = hot.enter(&key, false) else {
+        let Admission::Lead(guard) = hot.enter(&key, false) else {
             panic!("leads");
         };
         let held = lease(&key, Duration::from_millis(1));
@@ -485,11 +486,11 @@ mod tests {
         hot.lost(&key, held.token);
         assert!(hot.holder(&key).is_none(), "lost");
 
-        let Entry::Lead(guard) = hot.enter(&key, false) else {
+        let Admission::Lead(guard) = hot.enter(&key, false) else {
             panic!("leads");
         };
         guard.finish(&Ok(lease(&key, Duration::ZERO)));
         assert!(hot.holder(&key).is_none(), "expired");
-        assert!(matches!(hot.enter(&key, false), Entry::Lead(_)));
+        assert!(matches!(hot.enter(&key, false), Admission::Lead(_)));
     }
 }

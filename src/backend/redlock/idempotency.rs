@@ -16,14 +16,15 @@ use bytes::Bytes;
 use redis::{Script, Value};
 
 use super::Redlock;
-use super::keys::Aux;
+use super::keys::{Aux, Keys};
 use super::round::Stragglers;
 use super::scripts;
-use super::tally::{Rule, Verdict, Vote};
+use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::backend::records::Begin;
+use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
-use crate::lease::{Lease, Token};
+use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
 /// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
@@ -168,11 +169,11 @@ impl Redlock {
             )
             .await;
         if let Some(record) = round.values().flatten().next().cloned() {
-            self.release_detached(lease.key, lease.token, true);
+            self.release_detached(Keys::Lock(lease.key), lease.token, true);
             return Ok(Begin::Found(record));
         }
         if round.values().count() < self.inner.quorum {
-            self.release_detached(lease.key.clone(), lease.token, true);
+            self.release_detached(Keys::Lock(lease.key.clone()), lease.token, true);
             return Err(self.no_quorum(round));
         }
         Ok(Begin::Acquired(lease))
@@ -197,37 +198,38 @@ impl Redlock {
         });
         let set_any = round.values().any(|found| matches!(found, Found::Set));
         if let Some(record) = record {
-            if set_any || round.verdict != Verdict::Lost {
-                self.release_detached(key, token, false);
+            if set_any || round.verdict != QuorumVerdict::Lost {
+                self.release_detached(Keys::Lock(key), token, false);
             }
             return Ok(Begin::Found(record));
         }
         match round.verdict {
-            Verdict::Won => {
+            QuorumVerdict::Won => {
                 let elapsed = start.elapsed();
                 match self.validity(elapsed) {
                     Some(validity) => {
                         let lease = Lease {
                             key,
-                            set: None,
+                            shape: Shape::Lock,
                             token,
                             ttl: self.inner.policy.ttl,
                             valid_until: start + validity,
                             fencing_token: None,
                             backend: self.inner.id,
+                            reentered: false,
                         };
                         self.inner.hot.hold(&lease);
                         Ok(Begin::Acquired(lease))
                     }
                     None => {
-                        self.release_detached(key, token, true);
+                        self.release_detached(Keys::Lock(key), token, true);
                         Err(LockError::TooSlow { elapsed })
                     }
                 }
             }
-            Verdict::Lost => {
+            QuorumVerdict::Lost => {
                 if set_any {
-                    self.release_detached(key, token, false);
+                    self.release_detached(Keys::Lock(key), token, false);
                 }
                 let ttl = self.inner.policy.ttl;
                 let retry_after = round
@@ -243,8 +245,8 @@ impl Redlock {
                     .min(ttl);
                 Err(LockError::Taken { retry_after })
             }
-            Verdict::NoQuorum => {
-                self.release_detached(key, token, false);
+            QuorumVerdict::NoQuorum => {
+                self.release_detached(Keys::Lock(key), token, false);
                 Err(self.no_quorum(round))
             }
         }
@@ -293,9 +295,9 @@ impl Redlock {
             self.inner.waiters.wake(&lease.key);
         }
         match round.verdict {
-            Verdict::Won => Ok(()),
-            Verdict::Lost => Err(LockError::Expired { taken_over: true }),
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::Won => Ok(()),
+            QuorumVerdict::Lost => Err(LockError::Expired { taken_over: true }),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
 }

@@ -13,56 +13,52 @@ use redis::{RedisWrite, ToRedisArgs};
 use super::Redlock;
 use super::multi::scripts::{extend_on, fence_on, release_on};
 use super::round::{Answers, Stragglers};
-use super::scripts::{self, Release};
+use super::scripts::{self, ReleaseReply};
 use super::shared;
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
-use crate::lease::{Lease, Token, readers_of};
+use crate::lease::{Lease, Shape, Token};
 
 /// The keys of a lease (or of an attempt at one) on each node.
 #[derive(Debug, Clone)]
 pub(super) enum Keys {
     /// One lock key.
     Lock(Arc<str>),
-    /// A shared lease's readers' set, `{<lock key>}:readers`.
-    Readers(Arc<str>),
+    /// A reader of `lock`: its token in the readers' set `set`, `{<lock key>}:readers`.
+    Readers { set: Arc<str>, lock: Arc<str> },
     /// Several lock keys, sorted and distinct, held together
-    /// ([`try_lock_all`](Redlock::try_lock_all)).
+    /// (`LockRequest::all`).
     Set(Arc<[Arc<str>]>),
 }
 
 impl Keys {
-    /// One key of a lease: a readers' set or a lock key, told apart by its name.
-    pub(super) fn one(key: Arc<str>) -> Self {
-        if readers_of(&key).is_some() {
-            Keys::Readers(key)
-        } else {
-            Keys::Lock(key)
-        }
-    }
-
-    /// The keys `lease` holds.
+    /// The keys `lease` holds, from its shape.
     pub(super) fn of(lease: &Lease) -> Self {
-        match &lease.set {
-            Some(keys) => Keys::Set(keys.clone()),
-            None => Self::one(lease.key.clone()),
+        match &lease.shape {
+            Shape::Lock => Keys::Lock(lease.key.clone()),
+            Shape::Reader { lock } => Keys::Readers {
+                set: lease.key.clone(),
+                lock: lock.clone(),
+            },
+            Shape::Set(keys) => Keys::Set(keys.clone()),
         }
     }
 
-    /// The lease's [`key`](Lease::key): the first of a set.
+    /// The lease's [`key`](Lease::key): the readers' set of a reader, the first of a set.
     pub(super) fn lease_key(&self) -> Arc<str> {
         match self {
-            Keys::Lock(key) | Keys::Readers(key) => key.clone(),
+            Keys::Lock(key) | Keys::Readers { set: key, .. } => key.clone(),
             Keys::Set(keys) => keys[0].clone(),
         }
     }
 
-    /// Every key of a set; `None` for one key.
-    pub(super) fn set(&self) -> Option<Arc<[Arc<str>]>> {
+    /// The lease's shape.
+    pub(super) fn shape(&self) -> Shape {
         match self {
-            Keys::Set(keys) => Some(keys.clone()),
-            Keys::Lock(_) | Keys::Readers(_) => None,
+            Keys::Lock(_) => Shape::Lock,
+            Keys::Readers { lock, .. } => Shape::Reader { lock: lock.clone() },
+            Keys::Set(keys) => Shape::Set(keys.clone()),
         }
     }
 
@@ -78,7 +74,7 @@ impl Keys {
     ) -> Result<i64, NodeFailureReason> {
         match self {
             Keys::Lock(key) => scripts::extend(conn, key, token, ttl_ms, fence_ms).await,
-            Keys::Readers(key) => shared::extend_reader(conn, key, token, ttl_ms).await,
+            Keys::Readers { set, .. } => shared::extend_reader(conn, set, token, ttl_ms).await,
             Keys::Set(keys) => extend_on(conn, keys, token, ttl_ms, fence_ms).await,
         }
     }
@@ -90,10 +86,12 @@ impl Keys {
         conn: Connection,
         token: Token,
         publish: bool,
-    ) -> Result<Release, NodeFailureReason> {
+    ) -> Result<ReleaseReply, NodeFailureReason> {
         match self {
             Keys::Lock(key) => scripts::release(conn, key, token, publish).await,
-            Keys::Readers(key) => shared::release_reader(conn, key, token, publish).await,
+            Keys::Readers { set, lock } => {
+                shared::release_reader(conn, set, lock, token, publish).await
+            }
             Keys::Set(keys) => release_on(conn, keys, token, publish).await,
         }
     }
@@ -109,7 +107,7 @@ impl Keys {
         fence_ms: u64,
     ) -> Result<i64, NodeFailureReason> {
         match self {
-            Keys::Lock(key) | Keys::Readers(key) => {
+            Keys::Lock(key) | Keys::Readers { set: key, .. } => {
                 scripts::raise_fence(conn, key, token, fencing_token, fence_ms).await
             }
             Keys::Set(keys) => fence_on(conn, keys, token, fencing_token, fence_ms).await,
@@ -127,9 +125,9 @@ impl Redlock {
         keys: Keys,
         token: Token,
         publish: bool,
-        vote: fn(&Release) -> Vote,
+        vote: fn(&ReleaseReply) -> Vote,
         stragglers: Stragglers,
-    ) -> impl Future<Output = Answers<Release>> {
+    ) -> impl Future<Output = Answers<ReleaseReply>> {
         self.on_nodes(
             Instant::now(),
             move |conn| keys.clone().release(conn, token, publish),

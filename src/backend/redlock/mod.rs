@@ -54,8 +54,9 @@ use futures_util::FutureExt as _;
 use redis::Client;
 
 use crate::backend::connection::Connection;
-use crate::backend::node::Node as Target;
-use crate::backend::settings::Policy;
+use crate::backend::node::Node;
+use crate::backend::request::LockBackend;
+use crate::backend::settings::Settings;
 use crate::backend::wait::Waiters;
 use crate::error::{LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
@@ -65,8 +66,8 @@ use hot::HotKeys;
 use keys::Keys;
 use notify::Notifier;
 use round::{Answers, Stragglers};
-use scripts::Release;
-use tally::{Rule, Verdict, Vote};
+use scripts::ReleaseReply;
+use tally::{QuorumVerdict, Rule, Vote};
 
 /// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
 ///
@@ -81,25 +82,26 @@ use tally::{Rule, Verdict, Vote};
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_redlock::Redlock;
+/// use tower_redlock::{Locks, Redlock};
 ///
 /// let redlock = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
 ///     .ttl(Duration::from_secs(10))
 ///     .build()
 ///     .await?;
-/// let lease = redlock.lock("report:2026-11").await?;
+/// let locks = Locks::from(redlock);
+/// let lease = locks.lock("report:2026-11").await?;
 /// // ... work while lease.remaining() > 0 ...
-/// redlock.unlock(lease).await?;
+/// locks.unlock(lease).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct Redlock {
-    inner: Arc<Inner>,
+    inner: Arc<RedlockCore>,
 }
 
-struct Inner {
+struct RedlockCore {
     id: u64,
-    nodes: Vec<Node>,
+    nodes: Vec<NodeConn>,
     /// This process's waiters, woken by release notifications and by this client's own
     /// releases.
     waiters: Arc<Waiters>,
@@ -115,10 +117,10 @@ struct Inner {
     quorum: usize,
     node_timeout: Duration,
     drift: Duration,
-    policy: Policy,
+    policy: Settings,
 }
 
-struct Node {
+struct NodeConn {
     /// `host:port`, for logs, errors and the node-error metric.
     label: Arc<str>,
     conn: Connection,
@@ -153,7 +155,7 @@ impl Redlock {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        Self::from_nodes(urls.into_iter().map(Target::url))
+        Self::from_nodes(urls.into_iter().map(Node::url))
     }
 
     /// Starts a builder from ready redis-rs clients, one per independent master.
@@ -161,7 +163,7 @@ impl Redlock {
     where
         I: IntoIterator<Item = Client>,
     {
-        Self::from_nodes(clients.into_iter().map(Target::client))
+        Self::from_nodes(clients.into_iter().map(Node::client))
     }
 
     /// Starts a builder from [`Node`](crate::Node)s, one per independent Redlock node,
@@ -171,7 +173,7 @@ impl Redlock {
     /// [`Node::cluster`](crate::Node::cluster) for what a failover can lose).
     pub fn from_nodes<I>(nodes: I) -> RedlockBuilder
     where
-        I: IntoIterator<Item = Target>,
+        I: IntoIterator<Item = Node>,
     {
         RedlockBuilder::new(nodes.into_iter().collect())
     }
@@ -186,61 +188,8 @@ impl Redlock {
         self.inner.quorum
     }
 
-    #[cfg(feature = "axum")]
-    pub(crate) fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    /// The prefix put before every key.
-    pub fn prefix(&self) -> &str {
-        &self.inner.policy.prefix
-    }
-
-    /// The lease TTL.
-    pub fn ttl(&self) -> Duration {
-        self.inner.policy.ttl
-    }
-
-    /// One acquisition attempt on `resource` (stored as `{prefix}{resource}`).
-    ///
-    /// While this client holds the key, the answer is [`LockError::Taken`] at once,
-    /// without Redis; while another attempt of this client on the key is in flight, this
-    /// one waits for it and shares its outcome (a burst on one key costs Redis one
-    /// attempt). Otherwise the native `SET key token NX PX ttl` on every node at once; a
-    /// node that refuses it is then asked the holder's `PTTL` (for the error's
-    /// `retry_after`), and there is no cleanup where nothing was set.
-    ///
-    /// # Errors
-    ///
-    /// - [`LockError::Taken`] when another holder has it (at least a quorum of nodes
-    ///   answered, and too many of them said "held"), with how long until it frees;
-    /// - [`LockError::NoQuorum`] when fewer than a quorum of nodes answered within the
-    ///   node timeout, whatever the others said;
-    /// - [`LockError::TooSlow`] when a quorum agreed but too late to leave any validity;
-    /// - [`LockError::InvalidKey`] for an empty key, one over
-    ///   [`MAX_RESOURCE_LEN`](crate::key::MAX_RESOURCE_LEN) bytes, or one with control
-    ///   characters.
-    pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.acquire(key, false).await
-    }
-
-    /// Like [`try_lock`](Self::try_lock), retrying up to the retry count after a random
-    /// delay when the lock is taken or no quorum answered.
-    ///
-    /// # Errors
-    ///
-    /// The error of the last attempt, as [`try_lock`](Self::try_lock).
-    pub async fn lock(&self, resource: &str) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.inner
-            .policy
-            .with_retries(|| self.acquire(key.clone(), false))
-            .await
-    }
-
     /// One acquisition attempt, in a `tower_redlock.acquire` span.
-    async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+    pub(crate) async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), self.quorum());
         observe::traced(
             span,
@@ -253,7 +202,7 @@ impl Redlock {
     /// Extends the lease to a full TTL from now on every node where it still holds the
     /// token; succeeds with a quorum and a positive recomputed validity, and then moves
     /// `lease.valid_until()`.
-    /// A lease on several keys ([`try_lock_all`](Self::try_lock_all)) is extended on a
+    /// A lease on several keys (`LockRequest::all`) is extended on a
     /// node only where every one of its keys holds the token, in one script.
     ///
     /// # Errors
@@ -262,7 +211,7 @@ impl Redlock {
     /// (the lease is lost), [`LockError::NoQuorum`] when the nodes that failed leave it
     /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
     /// answers came too late. On error the lease is left as it was.
-    pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+    pub(crate) async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.extend",
             lease.key(),
@@ -288,7 +237,7 @@ impl Redlock {
             .await;
         // The table of this process's holders has no sets: for them, these find nothing.
         match round.verdict {
-            Verdict::Won => {
+            QuorumVerdict::Won => {
                 let elapsed = start.elapsed();
                 let validity = self
                     .validity(elapsed)
@@ -297,13 +246,13 @@ impl Redlock {
                 self.inner.hot.renewed(&lease.key, token, lease.valid_until);
                 Ok(())
             }
-            Verdict::Lost => {
+            QuorumVerdict::Lost => {
                 self.inner.hot.lost(&lease.key, token);
                 Err(LockError::Expired {
                     taken_over: round.values().any(|reply| *reply == -1),
                 })
             }
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
 
@@ -317,7 +266,7 @@ impl Redlock {
     /// (it had run out; `taken_over` says whether another holder has it now), or
     /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
     /// left behind expire by their TTL).
-    pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+    pub(crate) async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.release",
             lease.key(),
@@ -329,21 +278,23 @@ impl Redlock {
 
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         let local = self.forget(&lease.key, lease.token);
-        if let Some(keys) = lease.set {
-            return self.unlock_all(keys, lease.token).await;
-        }
+        // Every shape: one script per node (a set's releases each of its keys that holds
+        // our token); this client's table of holders has no sets, so `local` is false there.
+        let keys = Keys::of(&lease);
         let round = self
-            .release_all(&lease.key, lease.token, true, deleted, Stragglers::Finish)
+            .release_keys(keys, lease.token, true, deleted, Stragglers::Finish)
             .await;
         if local {
             self.inner.waiters.wake(&lease.key);
         }
         match round.verdict {
-            Verdict::Won => Ok(()),
-            Verdict::Lost => Err(LockError::Expired {
-                taken_over: round.values().any(|r| matches!(r, Release::HeldByOther)),
+            QuorumVerdict::Won => Ok(()),
+            QuorumVerdict::Lost => Err(LockError::Expired {
+                taken_over: round
+                    .values()
+                    .any(|r| matches!(r, ReleaseReply::HeldByOther)),
             }),
-            Verdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
         }
     }
 
@@ -373,18 +324,6 @@ impl Redlock {
             .checked_sub(elapsed)?
             .checked_sub(self.inner.drift)
             .filter(|v| !v.is_zero())
-    }
-
-    /// [`release_keys`](Self::release_keys) for the key of a lease on one key.
-    fn release_all(
-        &self,
-        key: &Arc<str>,
-        token: Token,
-        publish: bool,
-        vote: fn(&Release) -> Vote,
-        stragglers: Stragglers,
-    ) -> impl Future<Output = Answers<Release>> {
-        self.release_keys(Keys::one(key.clone()), token, publish, vote, stragglers)
     }
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout, counted from
@@ -441,8 +380,14 @@ impl Redlock {
         self.inner.hot.retry_after(key, self.prefix(), holder_left)
     }
 
-    /// Releases in the background: for guards dropped outside an async context.
-    pub(crate) fn release_detached(&self, key: Arc<str>, token: Token, publish: bool) {
+    /// Releases `lease` in the background: for guards dropped outside an async context.
+    pub(crate) fn release_lease_detached(&self, lease: &Lease) {
+        self.release_detached(Keys::of(lease), lease.token, true);
+    }
+
+    /// Releases `keys` in the background.
+    fn release_detached(&self, keys: Keys, token: Token, publish: bool) {
+        let key = keys.lease_key();
         let local = self.forget(&key, token);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -451,14 +396,14 @@ impl Redlock {
                 handle.spawn(async move {
                     let release = async {
                         let round = redlock
-                            .release_all(&key, token, publish, deleted, Stragglers::Await)
+                            .release_keys(keys, token, publish, deleted, Stragglers::Await)
                             .await;
                         Ok::<_, ()>(round.verdict)
                     };
                     let _ = observe::traced(span, release, |round| match round {
-                        Ok(Verdict::Won) => "ok",
-                        Ok(Verdict::Lost) => "expired",
-                        Ok(Verdict::NoQuorum) | Err(()) => "no_quorum",
+                        Ok(QuorumVerdict::Won) => "ok",
+                        Ok(QuorumVerdict::Lost) => "expired",
+                        Ok(QuorumVerdict::NoQuorum) | Err(()) => "no_quorum",
                     })
                     .await;
                     if local {
@@ -475,11 +420,11 @@ impl Redlock {
 }
 
 /// A release's vote: for where it deleted our token.
-fn deleted(release: &Release) -> Vote {
-    Vote::of(matches!(release, Release::Deleted))
+fn deleted(release: &ReleaseReply) -> Vote {
+    Vote::of(matches!(release, ReleaseReply::Deleted))
 }
 
-impl Node {
+impl NodeConn {
     fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
         NodeFailure {
             node: self.label.to_string(),

@@ -12,7 +12,7 @@ use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use smallvec::SmallVec;
 
-use super::tally::{Rule, Tally, Verdict, Vote};
+use super::tally::{QuorumVerdict, Rule, Tally, Vote};
 use crate::error::NodeFailureReason;
 
 /// What to do with the nodes still answering once the verdict is known.
@@ -30,7 +30,7 @@ pub(super) enum Stragglers {
 /// Every node's answer in node order (`None` for a node whose answer was not awaited),
 /// and the verdict they gave.
 pub(super) struct Answers<T> {
-    pub(super) verdict: Verdict,
+    pub(super) verdict: QuorumVerdict,
     pub(super) answers: NodeAnswers<T>,
 }
 
@@ -166,7 +166,9 @@ where
         let mut tally = Tally::new(1);
         tally.record(answer.as_ref().ok().map(vote));
         Answers {
-            verdict: tally.verdict(quorum, rule).unwrap_or(Verdict::NoQuorum),
+            verdict: tally
+                .verdict(quorum, rule)
+                .unwrap_or(QuorumVerdict::NoQuorum),
             answers: SmallVec::from_buf([Some(answer)]),
         }
     })
@@ -239,7 +241,7 @@ where
         verdict: round
             .tally
             .verdict(quorum, rule)
-            .unwrap_or(Verdict::NoQuorum),
+            .unwrap_or(QuorumVerdict::NoQuorum),
         answers: round.answers,
     }
 }
@@ -324,7 +326,7 @@ mod tests {
         let started = std::time::Instant::now();
         let answers = run_now(ops, timeout, Stragglers::Drop).await;
         assert!(started.elapsed() < Duration::from_secs(5));
-        assert_eq!(answers.verdict, Verdict::Won);
+        assert_eq!(answers.verdict, QuorumVerdict::Won);
         assert!(
             answers.answers[1].is_none(),
             "the hung node was not awaited"
@@ -341,7 +343,7 @@ mod tests {
             Box::pin(std::future::pending()),
         ];
         let answers = run_now(ops, timeout, Stragglers::Finish).await;
-        assert_eq!(answers.verdict, Verdict::NoQuorum);
+        assert_eq!(answers.verdict, QuorumVerdict::NoQuorum);
         assert!(matches!(
             answers.answers[1],
             Some(Err(NodeFailureReason::Timeout(t))) if t == timeout
@@ -359,7 +361,7 @@ mod tests {
             }),
         ];
         let answers = run_now(ops, Duration::from_secs(5), Stragglers::Await).await;
-        assert_eq!(answers.verdict, Verdict::Won);
+        assert_eq!(answers.verdict, QuorumVerdict::Won);
         assert!(answers.answers.iter().all(Option::is_some));
     }
 }

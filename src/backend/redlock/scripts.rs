@@ -28,12 +28,22 @@ pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
 }
 
 /// Every script, to load on each node when the client is built.
-static ALL: &[&LazyLock<Script>] = &[
+pub(super) static ALL: &[&LazyLock<Script>] = &[
     &RELEASE,
     &EXTEND,
     &ACQUIRE,
     &ACQUIRE_FENCED,
     &FENCE,
+    &super::shared::SHARED_ACQUIRE,
+    &super::shared::EXCLUSIVE_ACQUIRE,
+    &super::shared::SHARED_EXTEND,
+    &super::shared::SHARED_RELEASE,
+    &super::fair::FAIR_ACQUIRE,
+    &super::fair::FAIR_LEAVE,
+    &super::multi::scripts::ACQUIRE_ALL,
+    &super::multi::scripts::FENCE_ALL,
+    &super::multi::scripts::EXTEND_ALL,
+    &super::multi::scripts::RELEASE_ALL,
     #[cfg(feature = "idempotency")]
     &super::idempotency::BEGIN,
     #[cfg(feature = "idempotency")]
@@ -196,7 +206,7 @@ return 1
 });
 
 /// One node's answer to a release.
-pub(super) enum Release {
+pub(super) enum ReleaseReply {
     /// The key held our token and is deleted.
     Deleted,
     /// The key was gone.
@@ -351,7 +361,7 @@ pub(super) async fn release(
     key: Arc<str>,
     token: Token,
     publish: bool,
-) -> Result<Release, NodeFailureReason> {
+) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
     cmd.arg(&*key);
     if publish {
@@ -360,9 +370,9 @@ pub(super) async fn release(
     cmd.arg(token.as_bytes());
     let code: i64 = run(&mut conn, &RELEASE, &cmd).await?;
     Ok(match code {
-        1 => Release::Deleted,
-        0 => Release::Absent,
-        _ => Release::HeldByOther,
+        1 => ReleaseReply::Deleted,
+        0 => ReleaseReply::Absent,
+        _ => ReleaseReply::HeldByOther,
     })
 }
 
@@ -388,11 +398,10 @@ pub(super) async fn raise_fence(
     Ok(reply)
 }
 
-/// Loads every script on the node.
-pub(super) async fn load_all(mut conn: Connection) -> Result<(), NodeFailureReason> {
-    for script in ALL {
-        script.load_async(&mut conn).await?;
-    }
+/// Connects to the node, which loads every script ([`ALL`], see `Connection::new`), and
+/// checks that it answers.
+pub(super) async fn connect(mut conn: Connection) -> Result<(), NodeFailureReason> {
+    let _: Value = conn.query(&redis::cmd("PING")).await?;
     Ok(())
 }
 

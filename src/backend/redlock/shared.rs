@@ -27,11 +27,10 @@ use redis::{Cmd, Script};
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Aux, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, invalid_counter, run};
+use super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run};
 use crate::backend::connection::Connection;
-use crate::backend::wait::waits_by_resource;
 use crate::error::{LockError, NodeFailureReason};
-use crate::lease::{Access, Lease, Token, readers_key, readers_of};
+use crate::lease::{Access, Lease, Token, readers_key};
 
 /// The node's clock in ms, as `now`.
 pub(super) const NOW: &str = "local t = redis.call('TIME')
@@ -46,7 +45,7 @@ if last[2] then redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]))) e
 ///
 /// Returns 0 when admitted, `-10 - pttl` when the lock key or a writer intent is there
 /// (`pttl` the time it has left in ms, -1 for no expiry).
-static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
@@ -71,7 +70,7 @@ return 0
 /// Returns the fencing counter (0 when unfenced or unset) when set, `-10 - pttl` when
 /// readers hold (`pttl` until the last of them expires) or the lock key is held, -2
 /// (before anything is set) when the counter holds anything but an integer below 2^53.
-static EXCLUSIVE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static EXCLUSIVE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
@@ -103,7 +102,7 @@ return -10 - redis.call('PTTL', KEYS[2])
 
 /// Extends a reader. KEYS: the readers' set. ARGV: token, TTL (ms). Returns 1 when
 /// extended, 0 when the token is gone or expired.
-static SHARED_EXTEND: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static SHARED_EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
@@ -123,7 +122,7 @@ return 1
 /// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to
 /// wake the marked waiters when the last reader leaves, the lock key (for its release
 /// channel `{<lock key>}:released`). Returns 1 when removed, 0 when gone or expired.
-static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
@@ -212,11 +211,11 @@ pub(super) async fn extend_reader(
 pub(super) async fn release_reader(
     mut conn: Connection,
     key: Arc<str>,
+    lock_key: Arc<str>,
     token: Token,
     publish: bool,
-) -> Result<Release, NodeFailureReason> {
-    // A readers' set always names its lock key.
-    let lock_key = readers_of(&key).unwrap_or(&key);
+) -> Result<ReleaseReply, NodeFailureReason> {
+    let lock_key = &*lock_key;
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
         .arg(Aux::waiters(lock_key))
@@ -225,51 +224,14 @@ pub(super) async fn release_reader(
         .arg(lock_key);
     let code: i64 = run(&mut conn, &SHARED_RELEASE, &cmd).await?;
     Ok(if code == 1 {
-        Release::Deleted
+        ReleaseReply::Deleted
     } else {
-        Release::Absent
+        ReleaseReply::Absent
     })
 }
 
 impl Redlock {
-    waits_by_resource! {
-        /// Takes `resource` shared: many readers hold it together, none while an exclusive
-        /// holder ([`lock_exclusive_within`](Self::lock_exclusive_within)) holds it or
-        /// waits for it. Waits up to `max_wait` as [`lock_within`](Self::lock_within) does
-        /// (woken when the writer releases). The lease's key is the readers' set `{<lock
-        /// key>}:readers` ([`Lease::is_shared`]); release and extend it as any lease. A
-        /// reader that crashes drops out at its TTL. Shared leases carry no fencing token.
-        ///
-        /// Cost: one round trip (a script on every node at once) when admitted; two when
-        /// refused (the attempt, and the cleanup of the nodes that admitted it).
-        ///
-        /// # Errors
-        ///
-        /// As [`lock_within`](Self::lock_within): [`LockError::Taken`] when a writer holds
-        /// or waits for the key at the deadline.
-        lock_shared_within => lock_access_within(Access::Shared);
-
-        /// Takes `resource` exclusively, excluding the readers of
-        /// [`lock_shared_within`](Self::lock_shared_within): it waits (up to `max_wait`)
-        /// for the readers to leave or expire, and, while it waits, keeps new readers out
-        /// (the writer intent `{<lock key>}:writer-waiting`), so a stream of readers cannot
-        /// starve it. The lease is a plain lease on the lock key (fenced when the client
-        /// is).
-        ///
-        /// Plain acquisitions ([`try_lock`](Self::try_lock),
-        /// [`lock_within`](Self::lock_within)) do not look at readers: every writer of a
-        /// key that has readers must use this.
-        ///
-        /// Cost: one round trip when granted (two with fencing tokens); two when refused.
-        ///
-        /// # Errors
-        ///
-        /// As [`lock_within`](Self::lock_within).
-        lock_exclusive_within => lock_access_within(Access::Exclusive);
-    }
-
-    /// [`lock_shared_within`](Self::lock_shared_within) or
-    /// [`lock_exclusive_within`](Self::lock_exclusive_within) for a prefixed key.
+    /// Shared or exclusive access to a prefixed key, waiting up to `max_wait`.
     pub(crate) async fn lock_access_within(
         &self,
         key: Arc<str>,
@@ -289,7 +251,10 @@ impl Redlock {
         waiting: bool,
     ) -> Result<Lease, LockError> {
         let lease_keys = match access {
-            Access::Shared => Keys::Readers(readers_key(&key)),
+            Access::Shared => Keys::Readers {
+                set: readers_key(&key),
+                lock: key.clone(),
+            },
             Access::Exclusive => Keys::Lock(key.clone()),
         };
         let mut acquisition = Acquisition::new(self, lease_keys);

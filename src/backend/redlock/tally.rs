@@ -23,7 +23,7 @@ impl Vote {
 
 /// What the answers of a round say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(super) enum QuorumVerdict {
     /// A quorum voted for.
     Won,
     /// The answers rule the operation out.
@@ -71,9 +71,9 @@ impl Tally {
     /// The verdict under `rule`, once the answers so far decide it (whatever the pending
     /// nodes say); `None` while they could still change it. Always `Some` once nothing
     /// is pending.
-    pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<Verdict> {
+    pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<QuorumVerdict> {
         if self.won >= quorum {
-            return Some(Verdict::Won);
+            return Some(QuorumVerdict::Won);
         }
         let can_win = self.won + self.pending >= quorum;
         match rule {
@@ -82,9 +82,9 @@ impl Tally {
                 if can_win {
                     None
                 } else if answered >= quorum {
-                    Some(Verdict::Lost)
+                    Some(QuorumVerdict::Lost)
                 } else if answered + self.pending < quorum {
-                    Some(Verdict::NoQuorum)
+                    Some(QuorumVerdict::NoQuorum)
                 } else {
                     None
                 }
@@ -93,9 +93,9 @@ impl Tally {
                 // Against on N - quorum + 1 nodes: the rest cannot make a quorum.
                 let proof = self.nodes().saturating_sub(quorum) + 1;
                 if self.against >= proof {
-                    Some(Verdict::Lost)
+                    Some(QuorumVerdict::Lost)
                 } else if !can_win && self.against + self.pending < proof {
-                    Some(Verdict::NoQuorum)
+                    Some(QuorumVerdict::NoQuorum)
                 } else {
                     None
                 }
@@ -136,9 +136,9 @@ mod tests {
     #[test]
     fn a_quorum_of_votes_wins_whatever_is_pending() {
         for rule in RULES {
-            assert_eq!(tally(2, 0, 0, 1).verdict(2, rule), Some(Verdict::Won));
-            assert_eq!(tally(3, 1, 1, 0).verdict(3, rule), Some(Verdict::Won));
-            assert_eq!(tally(1, 0, 0, 0).verdict(1, rule), Some(Verdict::Won));
+            assert_eq!(tally(2, 0, 0, 1).verdict(2, rule), Some(QuorumVerdict::Won));
+            assert_eq!(tally(3, 1, 1, 0).verdict(3, rule), Some(QuorumVerdict::Won));
+            assert_eq!(tally(1, 0, 0, 0).verdict(1, rule), Some(QuorumVerdict::Won));
         }
     }
 
@@ -147,34 +147,34 @@ mod tests {
         // 5 nodes, 3 killed: two "held" answers decide nothing.
         assert_eq!(
             tally(0, 2, 3, 0).verdict(3, Rule::Contest),
-            Some(Verdict::NoQuorum)
+            Some(QuorumVerdict::NoQuorum)
         );
         // Two held and one failed, two to come: a quorum of OKs is out of reach, but
         // whether a quorum answers is not known yet.
         assert_eq!(tally(0, 2, 1, 2).verdict(3, Rule::Contest), None);
         assert_eq!(
             tally(0, 3, 1, 1).verdict(3, Rule::Contest),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         // 3 nodes, one hung: two held answers are a quorum of answers.
         assert_eq!(
             tally(0, 2, 0, 1).verdict(2, Rule::Contest),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         // One OK, one held, the third could still be an OK.
         assert_eq!(tally(1, 1, 0, 1).verdict(2, Rule::Contest), None);
         // A quorum answered, with the failed node's OK it still would not be a quorum.
         assert_eq!(
             tally(1, 2, 1, 0).verdict(3, Rule::Contest),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         assert_eq!(
             tally(1, 1, 1, 0).verdict(2, Rule::Contest),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         assert_eq!(
             tally(1, 0, 2, 0).verdict(2, Rule::Contest),
-            Some(Verdict::NoQuorum)
+            Some(QuorumVerdict::NoQuorum)
         );
     }
 
@@ -183,40 +183,40 @@ mod tests {
         // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
         assert_eq!(
             tally(2, 2, 1, 0).verdict(3, Rule::Proof),
-            Some(Verdict::NoQuorum)
+            Some(QuorumVerdict::NoQuorum)
         );
         assert_eq!(tally(2, 2, 0, 1).verdict(3, Rule::Proof), None);
         // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
         assert_eq!(
             tally(0, 3, 0, 2).verdict(3, Rule::Proof),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         assert_eq!(
             tally(1, 3, 1, 0).verdict(3, Rule::Proof),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         assert_eq!(
             tally(0, 2, 0, 1).verdict(2, Rule::Proof),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         // 3 nodes: gone on 1, one failed, one holds: no proof either way.
         assert_eq!(
             tally(1, 1, 1, 0).verdict(2, Rule::Proof),
-            Some(Verdict::NoQuorum)
+            Some(QuorumVerdict::NoQuorum)
         );
         // 4 nodes, quorum 3: gone on 2 leaves at most 2.
         assert_eq!(
             tally(1, 2, 0, 1).verdict(3, Rule::Proof),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         // 1 node.
         assert_eq!(
             tally(0, 1, 0, 0).verdict(1, Rule::Proof),
-            Some(Verdict::Lost)
+            Some(QuorumVerdict::Lost)
         );
         assert_eq!(
             tally(0, 0, 1, 0).verdict(1, Rule::Proof),
-            Some(Verdict::NoQuorum)
+            Some(QuorumVerdict::NoQuorum)
         );
     }
 
@@ -243,11 +243,11 @@ mod tests {
                             Rule::Proof => against > nodes - quorum,
                         };
                         let expected = if won >= quorum {
-                            Verdict::Won
+                            QuorumVerdict::Won
                         } else if lost {
-                            Verdict::Lost
+                            QuorumVerdict::Lost
                         } else {
-                            Verdict::NoQuorum
+                            QuorumVerdict::NoQuorum
                         };
                         assert_eq!(
                             verdict,

@@ -7,32 +7,12 @@ use std::time::{Duration, Instant};
 
 use super::Redlock;
 use super::notify::UnsubscribeOnDrop;
-use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait, waits_by_resource};
+use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait};
 use crate::error::LockError;
 use crate::lease::Lease;
 
 impl Redlock {
-    waits_by_resource! {
-        /// Waits up to `max_wait` for the lock when it is held: the waiter is woken when
-        /// the holder releases (waiters subscribe to the channel `{<key>}:released` on
-        /// every node and set a short-lived mark `{<key>}:waiters` beside the lock, leaving
-        /// the holder's value alone; the release of a marked lock publishes on that
-        /// channel), and re-tries on a jittered fallback timer (the holder's remaining TTL,
-        /// at most 1 s) in case a notification is missed, the holder is another client that
-        /// does not publish, or the lease simply expires. Behind a holder of this client,
-        /// the waiter queues in process (woken by its release, or at the end of its
-        /// validity) without touching Redis. A zero `max_wait` is one attempt, like
-        /// [`try_lock`](Self::try_lock). An attempt in flight at the deadline runs to its
-        /// end (bounded by the node timeout) rather than being cut off.
-        ///
-        /// # Errors
-        ///
-        /// [`LockError::Taken`] when the lock is still held at the deadline; the other
-        /// errors of [`try_lock`](Self::try_lock) at once.
-        lock_within => lock_key_within();
-    }
-
-    /// [`lock_within`](Self::lock_within) for a key that already has the prefix.
+    /// Waits up to `max_wait` for a plain lock on a prefixed key (zero: one attempt).
     pub(crate) async fn lock_key_within(
         &self,
         key: Arc<str>,

@@ -4,49 +4,70 @@ use std::future::Future;
 
 use super::{Renewal, Watchdog};
 use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::request::LockRequest;
 use crate::backend::status::LeaseStatus;
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::protect::{Lost, Protected};
 
 impl Locks {
-    /// Like [`with_lock`](Self::with_lock), on several resources at once: acquires all of
-    /// them or none ([`lock_all`](Self::lock_all), with retries), runs `work` while the
-    /// lease on the set is renewed, and releases every key at the end.
+    /// Takes what `request` asks for (as [`acquire`](Self::acquire)), runs `work` while the
+    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
+    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
+    /// its token and fencing token), its validity, and its loss.
+    ///
+    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
+    /// found the token gone, or the validity ended without a successful renewal); it is
+    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
+    /// releases the lease in the background.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{LockRequest, Locks, Renewal};
+    ///
+    /// let locks = Locks::default();
+    /// let rows = locks
+    ///     .with_lock(LockRequest::new("nightly-report").retry(), Renewal::default(), |status| async move {
+    ///         // ... long work; status.remaining() says how much validity is left ...
+    ///         let _fence = status.lease().fencing_token();
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// The acquisition's error (see [`try_lock_all`](Self::try_lock_all)), or
-    /// [`LockError::Lost`] when the lease was lost while `work` ran.
-    pub async fn with_lock_all<I, F, Fut>(
+    /// The acquisition's error (see [`acquire`](Self::acquire)), or [`LockError::Lost`]
+    /// when the lease was lost while `work` ran.
+    pub async fn with_lock<'a, F, Fut>(
         &self,
-        resources: I,
+        request: impl Into<LockRequest<'a>>,
         renewal: Renewal,
         work: F,
     ) -> Result<Fut::Output, LockError>
     where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
         F: FnOnce(LeaseStatus) -> Fut,
         Fut: Future,
     {
-        let lease = self.lock_all(resources).await?;
+        let lease = self.acquire(request).await?;
         self.with_lease(lease, renewal, work).await
     }
 
     /// Runs `work` under a lease already taken from this backend (by
-    /// [`try_lock`](Self::try_lock), [`try_lock_all`](Self::try_lock_all), ...), as
+    /// [`acquire`](Self::acquire) and the like), as
     /// [`with_lock`](Self::with_lock) does: the lease is renewed while `work` runs, `work`
     /// is never polled once it is lost, and the lease is released at the end (in the
     /// background if the returned future is dropped).
     ///
     /// ```
     /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-    /// use tower_redlock::{Locks, Renewal};
+    /// use tower_redlock::{LockRequest, Locks, Renewal};
     ///
     /// let locks = Locks::default();
     /// // One attempt (answer "locked" at once rather than wait), then the work under it.
-    /// let lease = locks.try_lock_all(["account:alice", "account:bob"]).await?;
+    /// let lease = locks.acquire(&LockRequest::all(["account:alice", "account:bob"])).await?;
     /// let moved = locks
     ///     .with_lease(lease, Renewal::default(), |_status| async { 25 })
     ///     .await?;

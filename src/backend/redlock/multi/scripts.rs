@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 use redis::Script;
 
 use super::super::keys::Aux;
-use super::super::scripts::{Attempted, COUNTER_VALID, Release, evalsha, run};
+use super::super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, run};
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
@@ -17,7 +17,7 @@ use crate::lease::Token;
 /// unset or unfenced), `{0, pttl}` when any key is held, with nothing set (`pttl`: the
 /// longest remaining TTL of the held keys in ms, -1 when one has no expiry), `{-2, i}`
 /// with nothing set when the counter of the `i`-th key is not an integer below 2^53.
-static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 local n = tonumber(ARGV[3])
@@ -57,7 +57,7 @@ return {{1, top}}
 ///
 /// Returns 1 when done, 0 when a key does not hold the token, -2 when a counter is not an
 /// integer below 2^53 (nothing written).
-static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 local n = tonumber(ARGV[4])
@@ -87,7 +87,7 @@ return 1
 ///
 /// Returns 1 when extended, -1 when a key holds anything else (nothing extended), 0 when
 /// a key is gone and none is held by another (nothing extended).
-static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 local n = tonumber(ARGV[3])
@@ -124,7 +124,7 @@ return 1
 /// Returns 1 when every key was deleted, 0 when some were gone and none held by another,
 /// and `-3 - pttl` when any holds anything else (`pttl`: the longest remaining TTL among
 /// those, -1 when one has no expiry).
-static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
+pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local n = tonumber(ARGV[3])
@@ -247,15 +247,15 @@ pub(in crate::backend::redlock) async fn release_on(
     keys: Arc<[Arc<str>]>,
     token: Token,
     publish: bool,
-) -> Result<Release, NodeFailureReason> {
+) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = set_command(&RELEASE_ALL, &keys, Some(Beside::Waiters));
     cmd.arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
     let code: i64 = run(&mut conn, &RELEASE_ALL, &cmd).await?;
     Ok(match code {
-        1 => Release::Deleted,
-        0 => Release::Absent,
-        _ => Release::HeldByOther,
+        1 => ReleaseReply::Deleted,
+        0 => ReleaseReply::Absent,
+        _ => ReleaseReply::HeldByOther,
     })
 }

@@ -1,0 +1,61 @@
+//! Idempotency records in process, beside the locks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::MemoryLocks;
+use crate::backend::records::{Begin, record_key};
+use crate::error::LockError;
+use crate::lease::Lease;
+
+impl MemoryLocks {
+    /// The record of `key`, or the lock on `key` when there is none; at once.
+    pub(crate) fn begin_idempotent(&self, key: Arc<str>) -> Result<Begin, LockError> {
+        let record_key = record_key(&key);
+        if let Some(raw) = self.records().get(&record_key) {
+            return Ok(Begin::Found(raw));
+        }
+        let lease = self.acquire(key)?;
+        Ok(self.recheck(lease, &record_key))
+    }
+
+    /// [`begin_idempotent`](Self::begin_idempotent), waiting up to `max_wait` for a holder
+    /// to finish.
+    pub(crate) async fn begin_idempotent_within(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Result<Begin, LockError> {
+        let record_key = record_key(&key);
+        if let Some(raw) = self.records().get(&record_key) {
+            return Ok(Begin::Found(raw));
+        }
+        let lease = self.lock_key_within(key, max_wait).await?;
+        Ok(self.recheck(lease, &record_key))
+    }
+
+    /// Looks again under the lock: a holder may have stored its record and released
+    /// between the first look and the acquisition.
+    fn recheck(&self, lease: Lease, record_key: &str) -> Begin {
+        match self.records().get(record_key) {
+            Some(raw) => {
+                let _ = self.unlock(lease);
+                Begin::Found(raw)
+            }
+            None => Begin::Acquired(lease),
+        }
+    }
+
+    /// Stores `record` for `ttl` while the lease is valid, then releases the lease.
+    pub(crate) fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Option<bytes::Bytes>,
+        ttl: Duration,
+    ) {
+        if let Some(raw) = record.filter(|_| lease.is_valid()) {
+            self.records().insert(record_key(lease.key()), raw, ttl);
+        }
+        let _ = self.unlock(lease);
+    }
+}

@@ -1,0 +1,315 @@
+//! [`LockRequest`]: what to take, as data; [`Locks::acquire`](crate::Locks::acquire) runs it.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::settings::Settings;
+use crate::error::LockError;
+use crate::lease::{Access, Lease};
+
+/// How a lease holds its key.
+///
+/// The modes of one key work together only as the table says: a plain lease does not see
+/// readers, so every writer of a key that has readers takes it [`Exclusive`](Self::Exclusive).
+///
+/// | mode | holders at once | waits for |
+/// | --- | --- | --- |
+/// | [`Plain`](Self::Plain) | one | the plain or exclusive holder |
+/// | [`Shared`](Self::Shared) | any number of readers | the holder, and any exclusive waiter |
+/// | [`Exclusive`](Self::Exclusive) | one | the holder and every reader; keeps new readers out while it waits |
+/// | [`Fair`](Self::Fair) | one | the holder and every fair waiter that came first |
+///
+/// The [lock module docs](crate::lock#modes) give the guarantees and the round trips of each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// One holder; the cheapest (one `SET NX PX` per node on Redis).
+    #[default]
+    Plain,
+    /// A reader: held together with other readers, never with an exclusive holder. A
+    /// reader's lease carries no fencing token.
+    Shared,
+    /// A writer over readers: one holder, once every reader has left; new readers are
+    /// refused while it waits.
+    Exclusive,
+    /// Plain, with waiters served in arrival order across every process
+    /// ([`LockRequest::wait`]); with no wait, it is granted only when nobody waits.
+    Fair,
+}
+
+/// How long an acquisition waits for a held lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// One attempt.
+    #[default]
+    Once,
+    /// The backend's retries: up to its retry count, after a random delay each.
+    Retries,
+    /// Woken when the holder releases, up to this long.
+    Within(Duration),
+}
+
+impl Wait {
+    /// A wait of up to `max_wait`; zero is one attempt.
+    pub(crate) fn up_to(max_wait: Duration) -> Self {
+        if max_wait.is_zero() {
+            Wait::Once
+        } else {
+            Wait::Within(max_wait)
+        }
+    }
+}
+
+/// How to take a lock: the mode and the wait. `Copy`, so that a layer keeps one and uses
+/// it for every request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Options {
+    pub(crate) mode: LockMode,
+    pub(crate) wait: Wait,
+}
+
+/// What to lock: the resource or resources, the [mode](LockMode), and how long to wait.
+/// Build one, then hand it to [`Locks::acquire`](crate::Locks::acquire) or
+/// [`Locks::with_lock`](crate::Locks::with_lock); it can be kept and used again.
+///
+/// Defaults: one attempt, [`LockMode::Plain`]. A resource is stored as
+/// `{prefix}{resource}` (see [`Locks::prefix`](crate::Locks::prefix)).
+///
+/// ```
+/// # async fn demo() -> Result<(), tower_redlock::LockError> {
+/// use std::time::Duration;
+/// use tower_redlock::{LockMode, LockRequest, Locks};
+///
+/// let locks = Locks::default();
+/// // A reader that waits up to 2 s for a writer to finish.
+/// let report = LockRequest::new("ledger").mode(LockMode::Shared).wait(Duration::from_secs(2));
+/// let lease = locks.acquire(&report).await?;
+/// locks.unlock(lease).await?;
+///
+/// // Both accounts of a transfer, all or none, whichever way round they are named.
+/// let both = locks.acquire(&LockRequest::all(["account:bob", "account:alice"])).await?;
+/// assert_eq!(both.keys().count(), 2);
+/// locks.unlock(both).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct LockRequest<'a> {
+    resources: Resources<'a>,
+    options: Options,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Resources<'a> {
+    One(Cow<'a, str>),
+    All(Vec<Cow<'a, str>>),
+}
+
+impl<'a> LockRequest<'a> {
+    /// A request for one resource.
+    pub fn new(resource: impl Into<Cow<'a, str>>) -> Self {
+        Self {
+            resources: Resources::One(resource.into()),
+            options: Options::default(),
+        }
+    }
+
+    /// A request for every resource of `resources` at once, with one lease: all of them or
+    /// none, one token, one validity and, on Redis, one quorum verdict for the set. The
+    /// order does not matter (they are sorted, duplicates dropped), so two callers that
+    /// name the same keys in opposite orders never deadlock. One distinct resource is a
+    /// plain request for it. [`Lease::keys`](crate::Lease::keys) lists what is held.
+    ///
+    /// A set takes [`LockMode::Plain`] only, and waits with [`retry`](Self::retry) only
+    /// ([`Locks::acquire`](crate::Locks::acquire) refuses other combinations).
+    pub fn all<I>(resources: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<Cow<'a, str>>,
+    {
+        Self {
+            resources: Resources::All(resources.into_iter().map(Into::into).collect()),
+            options: Options::default(),
+        }
+    }
+
+    /// The mode; default [`LockMode::Plain`].
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.options.mode = mode;
+        self
+    }
+
+    /// Waits up to `max_wait` while the lock is held: woken at once when the holder
+    /// releases (on Redis through pub/sub, see the [lock module docs](crate::lock#waiting)),
+    /// else on a fallback timer (the holder's remaining TTL, at most 1 s). Zero is one
+    /// attempt, the default. An attempt in flight at the deadline runs to its end
+    /// (bounded by the node timeout on Redis).
+    pub fn wait(mut self, max_wait: Duration) -> Self {
+        self.options.wait = Wait::up_to(max_wait);
+        self
+    }
+
+    /// Tries again while the lock is held or no quorum answered, up to the backend's retry
+    /// count, after a random delay from its retry delay range each time (the Redlock
+    /// algorithm's retry; defaults 3 retries, 50 to 250 ms apart).
+    pub fn retry(mut self) -> Self {
+        self.options.wait = Wait::Retries;
+        self
+    }
+
+    /// The keys to take, prefixed and checked, with the options.
+    pub(crate) fn resolve(&self, policy: &Settings) -> Result<(Claim, Options), LockError> {
+        let claim = match &self.resources {
+            Resources::One(resource) => Claim::One(policy.full_key(resource)?),
+            Resources::All(resources) => {
+                let mut keys = policy.key_set(resources)?;
+                if keys.len() == 1 {
+                    Claim::One(keys.swap_remove(0))
+                } else {
+                    Claim::Set(keys.into())
+                }
+            }
+        };
+        claim.check(self.options)?;
+        Ok((claim, self.options))
+    }
+}
+
+impl<'a> From<&'a str> for LockRequest<'a> {
+    fn from(resource: &'a str) -> Self {
+        Self::new(resource)
+    }
+}
+
+impl From<String> for LockRequest<'static> {
+    fn from(resource: String) -> Self {
+        Self::new(resource)
+    }
+}
+
+impl<'a> From<&LockRequest<'a>> for LockRequest<'a> {
+    fn from(request: &LockRequest<'a>) -> Self {
+        request.clone()
+    }
+}
+
+/// Why a set of keys in another mode is refused.
+pub(crate) const SET_MODE: &str = "a lease on several keys takes LockMode::Plain only";
+/// Why a set of keys that waits is refused.
+const SET_WAIT: &str = "a lease on several keys waits with retry() only, not wait(..)";
+
+/// The prefixed, checked keys of a request: one, or a sorted set of distinct keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    One(Arc<str>),
+    Set(Arc<[Arc<str>]>),
+}
+
+impl Claim {
+    /// The key that names the claim in spans, logs and hold times: the first of a set.
+    pub(crate) fn first(&self) -> &Arc<str> {
+        match self {
+            Claim::One(key) => key,
+            Claim::Set(keys) => &keys[0],
+        }
+    }
+
+    /// Every key of the claim.
+    pub(crate) fn keys(&self) -> &[Arc<str>] {
+        match self {
+            Claim::One(key) => std::slice::from_ref(key),
+            Claim::Set(keys) => keys,
+        }
+    }
+
+    /// Refuses what no backend does: a set in another mode than plain, or waiting on one.
+    pub(crate) fn check(&self, options: Options) -> Result<(), LockError> {
+        if let Claim::Set(_) = self {
+            if options.mode != LockMode::Plain {
+                return Err(LockError::Unsupported(SET_MODE));
+            }
+            if let Wait::Within(_) = options.wait {
+                return Err(LockError::Unsupported(SET_WAIT));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a lock backend does, mode by mode, for [`acquire`]: one attempt, and a wait of up
+/// to `max_wait` woken by releases. Keys are prefixed and checked.
+pub(crate) trait LockBackend: Sync {
+    fn policy(&self) -> &Settings;
+    /// Which backend instance this is (see `backend::next_backend_id`), so that a lease
+    /// can tell which one issued it.
+    fn id(&self) -> u64;
+    /// The prefix put before every key.
+    fn prefix(&self) -> &str {
+        &self.policy().prefix
+    }
+    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send;
+    fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send;
+    fn wait_plain(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send;
+    /// Shared or exclusive (over readers); a zero `max_wait` is one attempt.
+    fn wait_access(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send;
+    /// In arrival order; a zero `max_wait` is one attempt, granted only when nobody waits.
+    fn wait_fair(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send;
+}
+
+type LockResult = Result<Lease, LockError>;
+
+/// The one acquisition path, on either backend: runs a request on prefixed keys.
+pub(crate) async fn acquire<B: LockBackend>(
+    backend: &B,
+    claim: Claim,
+    options: Options,
+) -> LockResult {
+    let mode = options.mode;
+    match (options.wait, claim) {
+        (Wait::Once, claim) => attempt(backend, claim, mode).await,
+        (Wait::Retries, claim) => {
+            let policy = backend.policy();
+            policy
+                .with_retries(|| attempt(backend, claim.clone(), mode))
+                .await
+        }
+        (Wait::Within(max_wait), Claim::One(key)) => match mode {
+            LockMode::Plain => backend.wait_plain(key, max_wait).await,
+            LockMode::Shared => backend.wait_access(key, Access::Shared, max_wait).await,
+            LockMode::Exclusive => backend.wait_access(key, Access::Exclusive, max_wait).await,
+            LockMode::Fair => backend.wait_fair(key, max_wait).await,
+        },
+        // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
+        (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
+    }
+}
+
+/// One attempt, without waiting.
+async fn attempt<B: LockBackend>(backend: &B, claim: Claim, mode: LockMode) -> LockResult {
+    let zero = Duration::ZERO;
+    match (claim, mode) {
+        (Claim::One(key), LockMode::Plain) => backend.try_plain(key).await,
+        (Claim::One(key), LockMode::Shared) => backend.wait_access(key, Access::Shared, zero).await,
+        (Claim::One(key), LockMode::Exclusive) => {
+            backend.wait_access(key, Access::Exclusive, zero).await
+        }
+        (Claim::One(key), LockMode::Fair) => backend.wait_fair(key, zero).await,
+        (Claim::Set(keys), LockMode::Plain) => backend.try_all(keys).await,
+        (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
+    }
+}
