@@ -101,13 +101,14 @@ async fn three_of_five_killed_is_never_taken() {
 
 #[tokio::test]
 async fn expired_only_when_the_answers_prove_it() {
-    // A lease on 5 nodes; its token gone from 2, one node killed that still held it. The
-    // token may be on 3 nodes, a quorum: neither extend nor unlock may say Expired.
+    // A lease on 5 nodes; its token replaced by another holder's on 2, one node killed
+    // that still held it. The token may be on 3 nodes, a quorum: neither extend nor
+    // unlock may say Expired.
     let mut nodes = nodes(5);
     let r = redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await;
     let mut lease = r.try_lock("unproven").await.unwrap();
     let key = lease.key().to_owned();
-    delete(&nodes[3], &key).await;
+    hold(&nodes[3], &key, "another-holder", 30_000).await;
     hold(&nodes[4], &key, "another-holder", 30_000).await;
     nodes[2].kill();
     let before = lease.valid_until();
@@ -124,8 +125,9 @@ async fn expired_only_when_the_answers_prove_it() {
         Err(LockError::NoQuorum { failures, .. }) => assert_eq!(failures.len(), 1),
         other => panic!("unlock: expected NoQuorum, got {other:?}"),
     }
-    // The unlock deleted the key where it held the token; now 3 nodes answer that the
-    // token is gone (N - quorum + 1 = 3): that is proof, and another holder has one.
+    // The unlock deleted the key where it held the token; now 4 nodes answer that the
+    // token is gone, and any 3 of them (N - quorum + 1) are proof. Any 3 include one of
+    // the nodes where another holder has the key, whichever answer first.
     match r.extend(&mut lease).await {
         Err(LockError::Expired { taken_over: true }) => {}
         other => panic!("extend: expected Expired {{ taken_over: true }}, got {other:?}"),

@@ -60,15 +60,24 @@ struct MemoryCore {
 }
 
 struct Table {
-    held: KeyMap<Arc<str>, HeldKey>,
+    /// One entry per key that is held, has readers or has waiters.
+    keys: KeyMap<Arc<str>, KeyState>,
     /// Expired entries are swept when the map grows past this size.
     sweep_at: usize,
     /// The last fencing token issued, for any key.
     fence: u64,
-    /// Readers, waiting writers and fair queues, per key.
-    modes: modes::Modes,
-    /// The hold times of the releases, recorded as they leave `held`.
+    /// The hold times of the releases, recorded as holders leave.
     holds: HoldTimes,
+}
+
+/// Everything on one key: its exclusive holder, and its readers and waiters.
+#[derive(Default)]
+struct KeyState {
+    /// A plain lock, a writer or a member of a set: the model of the Redis lock key. It
+    /// may have expired (swept later).
+    holder: Option<HeldKey>,
+    /// Readers, waiting writers and the fair queue, only on keys taken in those modes.
+    modes: Option<Box<modes::KeyModes>>,
 }
 
 struct HeldKey {
@@ -78,14 +87,56 @@ struct HeldKey {
     since: Instant,
 }
 
+impl HeldKey {
+    /// How long it is still held at `now`, if it is.
+    fn left(&self, now: Instant) -> Option<std::time::Duration> {
+        (self.expires_at > now).then(|| self.expires_at - now)
+    }
+}
+
 const MIN_SWEEP: usize = 1024;
+
+impl Table {
+    /// Drops expired holders, readers and waiters, and the keys left with none, once the
+    /// map has grown past [`sweep_at`](Self::sweep_at).
+    fn sweep(&mut self, now: Instant) {
+        if self.keys.len() >= self.sweep_at {
+            self.keys.retain(|_, state| {
+                state.holder = state.holder.take().filter(|h| h.expires_at > now);
+                modes::prune(&mut state.modes, now);
+                state.holder.is_some() || state.modes.is_some()
+            });
+            self.sweep_at = (self.keys.len() * 2).max(MIN_SWEEP);
+        }
+    }
+
+    /// How long the exclusive holder of `key` still holds it, if it does.
+    fn held_for(&self, key: &str, now: Instant) -> Option<std::time::Duration> {
+        self.keys.get(key)?.holder.as_ref()?.left(now)
+    }
+
+    /// Makes `holder` the exclusive holder of `key`.
+    fn hold(&mut self, key: Arc<str>, holder: HeldKey) {
+        self.keys.entry(key).or_default().holder = Some(holder);
+    }
+
+    /// Removes the holder of `key`, and the key when nothing else is left on it.
+    fn let_go(&mut self, key: &str) {
+        if let Some(state) = self.keys.get_mut(key) {
+            state.holder = None;
+            if state.modes.is_none() {
+                self.keys.remove(key);
+            }
+        }
+    }
+}
 
 impl fmt::Debug for MemoryLocks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryLocks")
             .field("ttl", &self.inner.policy.ttl)
             .field("prefix", &self.inner.policy.prefix)
-            .field("held", &self.state().held.len())
+            .field("keys", &self.state().keys.len())
             .finish()
     }
 }
@@ -168,10 +219,9 @@ impl MemoryLocks {
                 id: crate::backend::next_backend_id(),
                 policy,
                 state: Mutex::new(Table {
-                    held: KeyMap::default(),
+                    keys: KeyMap::default(),
                     sweep_at: MIN_SWEEP,
                     fence: 0,
-                    modes: modes::Modes::default(),
                     holds: HoldTimes::default(),
                 }),
                 waiters: Waiters::default(),
@@ -232,30 +282,25 @@ impl MemoryLocks {
         let token = Token::random();
         let ttl = self.inner.policy.ttl;
         let expires_at = now + ttl;
-        if state.held.len() >= state.sweep_at {
-            state.held.retain(|_, held| held.expires_at > now);
-            state.sweep_at = (state.held.len() * 2).max(MIN_SWEEP);
-        }
+        state.sweep(now);
+        let holder = HeldKey {
+            token,
+            expires_at,
+            since: now,
+        };
         // One hash of the key, whether it is held or not.
-        match state.held.entry(key.clone()) {
+        match state.keys.entry(key.clone()) {
             Entry::Occupied(mut entry) => {
-                let held = entry.get_mut();
-                if held.expires_at > now {
-                    return Err(LockError::Taken {
-                        retry_after: held.expires_at - now,
-                    });
+                let current = &mut entry.get_mut().holder;
+                if let Some(retry_after) = current.as_ref().and_then(|h| h.left(now)) {
+                    return Err(LockError::Taken { retry_after });
                 }
-                *held = HeldKey {
-                    token,
-                    expires_at,
-                    since: now,
-                };
+                *current = Some(holder);
             }
             Entry::Vacant(entry) => {
-                entry.insert(HeldKey {
-                    token,
-                    expires_at,
-                    since: now,
+                entry.insert(KeyState {
+                    holder: Some(holder),
+                    modes: None,
                 });
             }
         }
@@ -340,7 +385,11 @@ impl MemoryLocks {
         }
         let now = Instant::now();
         let mut state = self.state();
-        match state.held.get_mut(&lease.key) {
+        let holder = state
+            .keys
+            .get_mut(&lease.key)
+            .and_then(|k| k.holder.as_mut());
+        match holder {
             Some(held) if held.token == lease.token && held.expires_at > now => {
                 held.expires_at = now + self.inner.policy.ttl;
                 lease.valid_until = held.expires_at;
@@ -375,18 +424,23 @@ impl MemoryLocks {
         let now = Instant::now();
         let mut state = self.state();
         // One hash of the key: look and remove through the same entry.
-        let Entry::Occupied(entry) = state.held.entry(lease.key.clone()) else {
+        let Entry::Occupied(mut entry) = state.keys.entry(lease.key.clone()) else {
             return Err(LockError::Expired { taken_over: false });
         };
-        let held = entry.get();
-        if held.token != lease.token {
-            return Err(LockError::Expired {
-                taken_over: held.expires_at > now,
-            });
+        let key_state = entry.get_mut();
+        let since = match &key_state.holder {
+            Some(held) if held.token == lease.token => held.since,
+            Some(held) => {
+                return Err(LockError::Expired {
+                    taken_over: held.expires_at > now,
+                });
+            }
+            None => return Err(LockError::Expired { taken_over: false }),
+        };
+        let expired = key_state.holder.take().is_some_and(|h| h.expires_at <= now);
+        if key_state.modes.is_none() {
+            entry.remove();
         }
-        let expired = held.expires_at <= now;
-        let since = held.since;
-        entry.remove();
         if !expired {
             let held = now.saturating_duration_since(since);
             state.holds.record(&lease.key, self.prefix(), held);

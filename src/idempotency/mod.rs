@@ -14,6 +14,6 @@ pub use layer::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_RECORD_TTL,
     DEFAULT_STORED_HEADERS, IdempotencyLayer, default_storable,
 };
-pub use policy::{IDEMPOTENT_REPLAYED, IdempotencyPermit, IdempotencyPolicy};
+pub use policy::{IDEMPOTENT_REPLAYED, IdempotencyPolicy};
 pub use record::Fingerprint;
 pub use service::{Idempotency, ReadBody};

@@ -123,6 +123,9 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// 500, and the mistake is logged once.
     pub(crate) fn misconfigured_by(mut self, mistake: Option<String>) -> Self {
         if let Some(message) = mistake {
+            // Said when the app is built, before any request; each request then logs it
+            // once more per layer (`NoKey::Misconfigured`).
+            tracing::error!(target: "tower_redlock", "{message}; every request through this layer will be answered 500");
             self.core_mut().misconfigured = Some(Misconfiguration::new(message));
         }
         self

@@ -16,14 +16,9 @@ use crate::lease::{Access, Lease, Shape, Token, readers_key};
 /// How long a waiter that is not the head sleeps, at most, when the lock is free.
 const TURN: Duration = Duration::from_millis(100);
 
-/// Readers, waiting writers and fair queues, per lock key.
+/// A key's readers, waiting writers and fair queue ([`KeyState::modes`]).
 #[derive(Default)]
-pub(super) struct Modes {
-    keys: KeyMap<Arc<str>, KeyModes>,
-}
-
-#[derive(Default)]
-struct KeyModes {
+pub(super) struct KeyModes {
     /// The readers' tokens and their expiry.
     readers: KeyMap<Token, Instant>,
     /// Exclusive requests waiting: no new reader meanwhile.
@@ -43,32 +38,38 @@ impl KeyModes {
         self.readers.is_empty() && self.writers_waiting == 0 && self.queue.is_empty()
     }
 
-    /// When the last reader expires.
-    fn last_reader(&self) -> Option<Instant> {
-        self.readers.values().max().copied()
+    /// How long the last reader still holds at `now`, if any does.
+    fn last_reader(&self, now: Instant) -> Option<Duration> {
+        let last = self.readers.values().max().copied()?;
+        (last > now).then(|| last - now)
     }
 }
 
-impl Modes {
-    /// The key's entry, pruned at `now`; dropped when there is nothing left in it.
-    fn with<R>(&mut self, key: &Arc<str>, now: Instant, f: impl FnOnce(&mut KeyModes) -> R) -> R {
-        let entry = self.keys.entry(key.clone()).or_default();
+/// Prunes a key's modes at `now`, and drops them when nothing is left in them.
+pub(super) fn prune(modes: &mut Option<Box<KeyModes>>, now: Instant) {
+    if let Some(entry) = modes {
         entry.prune(now);
-        let result = f(entry);
         if entry.is_empty() {
-            self.keys.remove(key);
+            *modes = None;
         }
-        result
     }
 }
 
 impl Table {
-    /// How long the plain lock on `key` is still held, if it is.
-    fn held_for(&self, key: &str, now: Instant) -> Option<Duration> {
-        self.held
-            .get(key)
-            .filter(|held| held.expires_at > now)
-            .map(|held| held.expires_at - now)
+    /// Runs `f` on the modes of `key`, pruned at `now`; drops them, and the key, when
+    /// nothing is left.
+    fn modes<R>(&mut self, key: &Arc<str>, now: Instant, f: impl FnOnce(&mut KeyModes) -> R) -> R {
+        let state = self.keys.entry(key.clone()).or_default();
+        let modes = state.modes.get_or_insert_default();
+        modes.prune(now);
+        let result = f(modes);
+        if modes.is_empty() {
+            state.modes = None;
+            if state.holder.is_none() {
+                self.keys.remove(key);
+            }
+        }
+        result
     }
 }
 
@@ -84,9 +85,9 @@ impl MemoryLocks {
                     return Err(LockError::Taken { retry_after });
                 }
                 let token = Token::random();
-                state.modes.with(&key, now, |entry| {
+                state.modes(&key, now, |entry| {
                     if entry.writers_waiting > 0 {
-                        let last = entry.last_reader().map_or(ttl, |at| at - now);
+                        let last = entry.last_reader(now).unwrap_or(ttl);
                         return Err(LockError::Taken { retry_after: last });
                     }
                     entry.readers.insert(token, now + ttl);
@@ -104,11 +105,9 @@ impl MemoryLocks {
                 })
             }
             Access::Exclusive => {
-                let last = state.modes.with(&key, now, |entry| entry.last_reader());
-                if let Some(last) = last {
-                    return Err(LockError::Taken {
-                        retry_after: last - now,
-                    });
+                let modes = state.keys.get(&key).and_then(|k| k.modes.as_deref());
+                if let Some(retry_after) = modes.and_then(|m| m.last_reader(now)) {
+                    return Err(LockError::Taken { retry_after });
                 }
                 self.acquire_in(&mut state, key, Instant::now())
             }
@@ -138,8 +137,11 @@ impl MemoryLocks {
         };
         let now = Instant::now();
         let mut state = self.state();
-        let entry = state.modes.keys.get_mut(lock_key);
-        match entry.and_then(|e| e.readers.get_mut(&lease.token)) {
+        let modes = state
+            .keys
+            .get_mut(lock_key)
+            .and_then(|k| k.modes.as_deref_mut());
+        match modes.and_then(|e| e.readers.get_mut(&lease.token)) {
             Some(expires_at) if *expires_at > now => {
                 *expires_at = now + self.inner.policy.ttl;
                 lease.valid_until = *expires_at;
@@ -155,7 +157,7 @@ impl MemoryLocks {
         };
         let now = Instant::now();
         let mut state = self.state();
-        let (expires_at, last) = state.modes.with(lock_key, now, |entry| {
+        let (expires_at, last) = state.modes(lock_key, now, |entry| {
             (entry.readers.remove(&lease.token), entry.readers.is_empty())
         });
         drop(state);
@@ -176,19 +178,17 @@ impl MemoryLocks {
     ) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let turn = state
-            .modes
-            .with(&key, now, |entry| match entry.queue.front() {
-                None => true,
-                Some((head, _)) => Some(*head) == id,
-            });
+        let turn = state.modes(&key, now, |entry| match entry.queue.front() {
+            None => true,
+            Some((head, _)) => Some(*head) == id,
+        });
         if !turn {
             let retry_after = state.held_for(&key, now).unwrap_or(TURN);
             return Err(LockError::Taken { retry_after });
         }
         let lease = self.acquire_in(&mut state, key.clone(), Instant::now())?;
         if id.is_some() {
-            state.modes.with(&key, now, |entry| {
+            state.modes(&key, now, |entry| {
                 entry.queue.pop_front();
             });
         }
@@ -208,8 +208,7 @@ impl MemoryLocks {
         let now = Instant::now();
         let deadline = now.checked_add(max_wait);
         self.state()
-            .modes
-            .with(&key, now, |entry| entry.queue.push_back((id, deadline)));
+            .modes(&key, now, |entry| entry.queue.push_back((id, deadline)));
         let _leave = LeaveQueue {
             locks: self,
             key: &key,
@@ -223,7 +222,10 @@ impl MemoryLocks {
     #[cfg(test)]
     fn has_modes(&self, resource: &str) -> bool {
         let key = self.inner.policy.full_key(resource).unwrap();
-        self.state().modes.keys.contains_key(&key)
+        self.state()
+            .keys
+            .get(&key)
+            .is_some_and(|k| k.modes.is_some())
     }
 }
 
@@ -237,22 +239,17 @@ impl<'a> WriterIntent<'a> {
     fn new(locks: &'a MemoryLocks, key: &'a Arc<str>) -> Self {
         locks
             .state()
-            .modes
-            .with(key, Instant::now(), |entry| entry.writers_waiting += 1);
+            .modes(key, Instant::now(), |entry| entry.writers_waiting += 1);
         Self { locks, key }
     }
 }
 
 impl Drop for WriterIntent<'_> {
     fn drop(&mut self) {
-        let none_left = self
-            .locks
-            .state()
-            .modes
-            .with(self.key, Instant::now(), |entry| {
-                entry.writers_waiting = entry.writers_waiting.saturating_sub(1);
-                entry.writers_waiting == 0
-            });
+        let none_left = self.locks.state().modes(self.key, Instant::now(), |entry| {
+            entry.writers_waiting = entry.writers_waiting.saturating_sub(1);
+            entry.writers_waiting == 0
+        });
         if none_left {
             // Readers held back by the intent may go now.
             self.locks.inner.waiters.wake(self.key);
@@ -269,18 +266,14 @@ struct LeaveQueue<'a> {
 
 impl Drop for LeaveQueue<'_> {
     fn drop(&mut self) {
-        let next = self
-            .locks
-            .state()
-            .modes
-            .with(self.key, Instant::now(), |entry| {
-                let was_head = entry
-                    .queue
-                    .front()
-                    .is_some_and(|(head, _)| *head == self.id);
-                entry.queue.retain(|(id, _)| *id != self.id);
-                was_head && !entry.queue.is_empty()
-            });
+        let next = self.locks.state().modes(self.key, Instant::now(), |entry| {
+            let was_head = entry
+                .queue
+                .front()
+                .is_some_and(|(head, _)| *head == self.id);
+            entry.queue.retain(|(id, _)| *id != self.id);
+            was_head && !entry.queue.is_empty()
+        });
         if next {
             self.locks.inner.waiters.wake(self.key);
         }
@@ -359,9 +352,9 @@ mod tests {
         let waiting = until(|| {
             locks
                 .state()
-                .modes
                 .keys
                 .values()
+                .filter_map(|k| k.modes.as_deref())
                 .any(|e| e.writers_waiting > 0)
         })
         .await;
@@ -414,9 +407,9 @@ mod tests {
             let joined = until(|| {
                 locks
                     .state()
-                    .modes
                     .keys
                     .values()
+                    .filter_map(|k| k.modes.as_deref())
                     .any(|e| e.queue.len() == i + 1)
             })
             .await;

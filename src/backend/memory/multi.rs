@@ -18,28 +18,18 @@ impl MemoryLocks {
         let now = Instant::now();
         let expires_at = now + ttl;
         let mut state = self.state();
-        let longest = keys
-            .iter()
-            .filter_map(|key| state.held.get(key))
-            .filter(|held| held.expires_at > now)
-            .map(|held| held.expires_at - now)
-            .max();
+        let longest = keys.iter().filter_map(|key| state.held_for(key, now)).max();
         if let Some(retry_after) = longest {
             return Err(LockError::Taken { retry_after });
         }
-        if state.held.len() >= state.sweep_at {
-            state.held.retain(|_, held| held.expires_at > now);
-            state.sweep_at = (state.held.len() * 2).max(super::MIN_SWEEP);
-        }
+        state.sweep(now);
         for key in keys.iter() {
-            state.held.insert(
-                key.clone(),
-                HeldKey {
-                    token,
-                    expires_at,
-                    since: now,
-                },
-            );
+            let holder = HeldKey {
+                token,
+                expires_at,
+                since: now,
+            };
+            state.hold(key.clone(), holder);
         }
         let first = keys[0].clone();
         Ok(self.lease(
@@ -58,7 +48,7 @@ impl MemoryLocks {
         let mut taken_over = false;
         let mut lost = false;
         for key in keys {
-            match state.held.get(key) {
+            match state.keys.get(key).and_then(|k| k.holder.as_ref()) {
                 Some(held) if held.token == lease.token && held.expires_at > now => {}
                 Some(held) => {
                     lost = true;
@@ -72,7 +62,7 @@ impl MemoryLocks {
         }
         let expires_at = now + self.inner.policy.ttl;
         for key in keys {
-            if let Some(held) = state.held.get_mut(key) {
+            if let Some(held) = state.keys.get_mut(key).and_then(|k| k.holder.as_mut()) {
                 held.expires_at = expires_at;
             }
         }
@@ -88,10 +78,10 @@ impl MemoryLocks {
         let mut taken_over = false;
         let mut expired = false;
         for key in keys {
-            match state.held.get(key) {
+            match state.keys.get(key).and_then(|k| k.holder.as_ref()) {
                 Some(held) if held.token == lease.token => {
                     expired |= held.expires_at <= now;
-                    state.held.remove(key);
+                    state.let_go(key);
                 }
                 Some(held) => {
                     expired = true;
@@ -161,7 +151,7 @@ mod tests {
         let mut b = long.try_lock("b").unwrap();
         {
             let mut state = long.state();
-            let held = state.held.get_mut(&b.key).unwrap();
+            let held = state.keys.get_mut(&b.key).unwrap().holder.as_mut().unwrap();
             held.expires_at = Instant::now() + Duration::from_secs(60);
             b.valid_until = held.expires_at;
         }
@@ -179,7 +169,7 @@ mod tests {
         // One key taken behind the holder's back: the set is lost.
         {
             let mut state = locks.state();
-            state.held.remove("tower-redlock:y");
+            state.let_go("tower-redlock:y");
         }
         let thief = locks.try_lock("y").unwrap();
         assert!(matches!(

@@ -26,8 +26,8 @@ use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Aux, Keys};
 use super::round::Stragglers;
-use super::scripts::{Attempted, COUNTER_VALID, evalsha, run};
-use super::shared::{NOW, run_attempt};
+use super::scripts::{Attempted, COUNTER_VALID, evalsha, run, run_attempt};
+use super::shared::NOW;
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
@@ -42,9 +42,8 @@ const TURN: Duration = Duration::from_millis(100);
 /// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
 /// fencing counter.
 ///
-/// Returns the fencing counter (0 when unfenced) when set, `-10 - pttl` when it is not
-/// ours to take (`pttl` of the lock key: -2 when it is free but another waiter is first),
-/// -2 (before anything is set) when the counter holds anything but an integer below 2^53.
+/// Answers as every acquisition script does ([`Attempted::decode`]): refused with the
+/// lock key's `PTTL` (-2 when it is free but another waiter is first).
 pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -68,18 +67,18 @@ if not head or head == ARGV[1] then
   local c = false
   if ARGV[7] == '1' then
     c = redis.pcall('GET', KEYS[5])
-    if not {COUNTER_VALID} then return -2 end
+    if not {COUNTER_VALID} then return {{-1, 1}} end
   end
   if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
     if head then
       redis.call('ZREM', KEYS[2], ARGV[1])
       redis.call('ZREM', KEYS[3], ARGV[1])
     end
-    return tonumber(c or '0')
+    return {{1, tonumber(c or '0')}}
   end
 end
 if ARGV[4] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[4]) end
-return -10 - redis.call('PTTL', KEYS[1])
+return {{0, redis.call('PTTL', KEYS[1])}}
 "
     ))
 });
@@ -138,7 +137,7 @@ async fn attempt(
         .arg(a.waiter.arrival_us)
         .arg(a.entry_ms)
         .arg(if a.fenced { "1" } else { "0" });
-    run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, &key).await
+    run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, std::slice::from_ref(&key)).await
 }
 
 async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {

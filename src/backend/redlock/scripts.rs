@@ -135,7 +135,7 @@ return -1
 /// whoever wrote it. (A plain attempt sends the native `SET NX PX` instead:
 /// [`acquire_plain`].)
 ///
-/// Returns 0 when set, and `-3 - pttl` when held (`pttl` -1: no expiry).
+/// Answers as every acquisition script does ([`Attempted::decode`]).
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
@@ -144,25 +144,23 @@ static ACQUIRE: LazyLock<Script> =
 const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
-/// [`ACQUIRE`] with the fencing counter KEYS[2]: on success returns the counter as it
-/// stands (0 when unset), read atomically with the `SET`. When the lock is held and
-/// ARGV[4] is `1` (a waiter's attempt), sets the waiters' mark KEYS[3] for ARGV[3] ms.
-///
-/// Returns the counter when set, `-3 - pttl` when the key is held, -1 (before anything
-/// is set) when the counter holds anything but an integer below 2^53.
+/// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`. When
+/// the lock is held and ARGV[4] is `1` (a waiter's attempt), sets the waiters' mark
+/// KEYS[3] for ARGV[3] ms. Answers as every acquisition script does
+/// ([`Attempted::decode`]).
 static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {READ_COUNTER}
 if not {COUNTER_VALID} then
-  return -1
+  return {{-1, 1}}
 end{}",
         set_or_pttl("tonumber(c or '0')", "ARGV[4] == '1'")
     ))
 });
 
-/// The body of both acquisition scripts: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and return
-/// `on_set` when the key is free; otherwise return `-3 - pttl` (the holder's `PTTL`),
+/// The body of both acquisition scripts: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and answer
+/// `{1, on_set}` when the key is free; otherwise answer `{0, pttl}` (the holder's `PTTL`),
 /// first setting the waiters' mark, the last key, for ARGV[3] ms when `waiting` holds.
 fn set_or_pttl(on_set: &str, waiting: &str) -> String {
     format!(
@@ -170,12 +168,12 @@ fn set_or_pttl(on_set: &str, waiting: &str) -> String {
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  return {on_set}
+  return {{1, {on_set}}}
 end
 if {waiting} then
   redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])
 end
-return -3 - t
+return {{0, t}}
 "
     )
 }
@@ -215,6 +213,17 @@ pub(super) enum ReleaseReply {
     HeldByOther,
 }
 
+impl ReleaseReply {
+    /// Decodes a release script's reply: 1 deleted, 0 gone, -1 held by anything else.
+    pub(super) fn of(code: i64) -> Self {
+        match code {
+            1 => ReleaseReply::Deleted,
+            0 => ReleaseReply::Absent,
+            _ => ReleaseReply::HeldByOther,
+        }
+    }
+}
+
 /// What an acquisition attempt sends besides the key and the token.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Attempt {
@@ -247,15 +256,40 @@ impl Attempted {
         }
     }
 
-    /// Decodes a script's reply: a counter when set, `-3 - pttl` when held.
-    fn of(reply: i64) -> Self {
-        match u64::try_from(reply) {
-            Ok(counter) => Attempted::Set(counter),
-            Err(_) => Attempted::Held {
-                pttl_ms: (-3i64).saturating_sub(reply),
-            },
+    /// Decodes the reply of an acquisition script, the same for every one of them (one
+    /// key or a set; plain, shared, exclusive or fair):
+    /// - `{1, counter}`: the keys are set; the fencing counter as it stood (0 unfenced);
+    /// - `{0, pttl}`: not ours to take, nothing set; the holder's time left in ms (the
+    ///   longest of a set's; -1: no expiry; -2: free, but another waiter goes first);
+    /// - `{-1, i}`: nothing set, the fencing counter of `keys[i - 1]` is not an integer
+    ///   below 2^53 (the counter is left as it is).
+    pub(super) fn decode(
+        (status, value): (i64, i64),
+        keys: &[Arc<str>],
+    ) -> Result<Self, NodeFailureReason> {
+        match status {
+            1 => Ok(Attempted::Set(u64::try_from(value).unwrap_or(0))),
+            0 => Ok(Attempted::Held { pttl_ms: value }),
+            _ => {
+                let key = usize::try_from(value.saturating_sub(1))
+                    .ok()
+                    .and_then(|i| keys.get(i))
+                    .or(keys.first())
+                    .map_or("", |key| &**key);
+                Err(invalid_counter(key))
+            }
         }
     }
+}
+
+/// Runs an acquisition script on `keys` and decodes its reply ([`Attempted::decode`]).
+pub(super) async fn run_attempt(
+    conn: &mut Connection,
+    script: &Script,
+    cmd: &Cmd,
+    keys: &[Arc<str>],
+) -> Result<Attempted, NodeFailureReason> {
+    Attempted::decode(run(conn, script, cmd).await?, keys)
 }
 
 /// An acquisition attempt on one node: a plain one by [`acquire_plain`]; a waiter's or a
@@ -270,7 +304,8 @@ pub(super) async fn acquire(
         return acquire_plain(conn, &key, token, attempt.ttl_ms).await;
     }
     let mark_ms = attempt.mark_ms.unwrap_or(0);
-    let reply: i64 = if attempt.fenced {
+    let keys = std::slice::from_ref(&key);
+    if attempt.fenced {
         let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
         cmd.arg(&*key)
             .arg(Aux::fence(&key))
@@ -279,11 +314,7 @@ pub(super) async fn acquire(
             .arg(attempt.ttl_ms)
             .arg(mark_ms)
             .arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
-        let reply = run(&mut conn, &ACQUIRE_FENCED, &cmd).await?;
-        if reply == -1 {
-            return Err(invalid_counter(&key));
-        }
-        reply
+        run_attempt(&mut conn, &ACQUIRE_FENCED, &cmd, keys).await
     } else {
         // A waiter's attempt: one script, which also sets the waiters' mark where the
         // lock is held and answers the holder's remaining TTL.
@@ -293,9 +324,8 @@ pub(super) async fn acquire(
             .arg(token.as_bytes())
             .arg(attempt.ttl_ms)
             .arg(mark_ms);
-        run(&mut conn, &ACQUIRE, &cmd).await?
-    };
-    Ok(Attempted::of(reply))
+        run_attempt(&mut conn, &ACQUIRE, &cmd, keys).await
+    }
 }
 
 /// A plain attempt on one node: the native `SET key token NX PX ttl`, the command of the
@@ -368,12 +398,7 @@ pub(super) async fn release(
         cmd.arg(Aux::waiters(&key));
     }
     cmd.arg(token.as_bytes());
-    let code: i64 = run(&mut conn, &RELEASE, &cmd).await?;
-    Ok(match code {
-        1 => ReleaseReply::Deleted,
-        0 => ReleaseReply::Absent,
-        _ => ReleaseReply::HeldByOther,
-    })
+    Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
 }
 
 /// Raises the fencing counter to `fencing_token` where the key holds `token`, and sets
@@ -428,18 +453,22 @@ mod tests {
     }
 
     #[test]
-    fn attempt_replies_decode_the_holders_ttl() {
-        assert_eq!(Attempted::of(0), Attempted::Set(0));
-        assert_eq!(Attempted::of(7), Attempted::Set(7));
-        assert_eq!(Attempted::of(-2), Attempted::Held { pttl_ms: -1 });
-        assert_eq!(Attempted::of(-3), Attempted::Held { pttl_ms: 0 });
-        assert_eq!(Attempted::of(-5003), Attempted::Held { pttl_ms: 5000 });
-        assert_eq!(
-            Attempted::of(i64::MIN),
-            Attempted::Held {
-                pttl_ms: i64::MAX - 2
-            }
-        );
+    fn attempt_replies_decode_to_a_counter_a_holders_ttl_or_a_bad_counter() {
+        let keys: [Arc<str>; 2] = ["a".into(), "b".into()];
+        let decode = |reply| {
+            Attempted::decode(reply, &keys).map_err(|e| match e {
+                NodeFailureReason::InvalidFencingCounter { key } => key,
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(decode((1, 0)), Ok(Attempted::Set(0)));
+        assert_eq!(decode((1, 7)), Ok(Attempted::Set(7)));
+        assert_eq!(decode((0, -1)), Ok(Attempted::Held { pttl_ms: -1 }));
+        assert_eq!(decode((0, 5000)), Ok(Attempted::Held { pttl_ms: 5000 }));
+        assert_eq!(decode((-1, 2)), Err("{b}:fence".to_owned()));
+        // An index out of range names the first key rather than failing.
+        assert_eq!(decode((-1, 9)), Err("{a}:fence".to_owned()));
+        assert_eq!(decode((-1, i64::MIN)), Err("{a}:fence".to_owned()));
     }
 
     #[test]

@@ -22,12 +22,12 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{Cmd, Script};
+use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Aux, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run};
+use super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_attempt};
 use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key};
@@ -43,8 +43,8 @@ if last[2] then redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]))) e
 /// A reader's attempt. KEYS: the readers' set, the lock key, the writer intent, the
 /// waiters' mark. ARGV: token, TTL (ms), the mark's TTL (ms; `0`: not a waiter).
 ///
-/// Returns 0 when admitted, `-10 - pttl` when the lock key or a writer intent is there
-/// (`pttl` the time it has left in ms, -1 for no expiry).
+/// Answers as every acquisition script does ([`Attempted::decode`]): refused while the
+/// lock key or a writer intent is there, for the time it has left.
 pub(in crate::backend::redlock) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -53,12 +53,12 @@ local held = redis.call('PTTL', KEYS[2])
 if held == -2 then held = redis.call('PTTL', KEYS[3]) end
 if held ~= -2 then
   if ARGV[3] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
-  return -10 - held
+  return {{0, held}}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 {KEEP_UNTIL_LAST}
-return 0
+return {{1, 0}}
 "
     ))
 });
@@ -67,9 +67,8 @@ return 0
 /// waiters' mark, the fencing counter. ARGV: token, TTL (ms), the mark's TTL (ms; `0`:
 /// not a waiter), `1` to read the fencing counter.
 ///
-/// Returns the fencing counter (0 when unfenced or unset) when set, `-10 - pttl` when
-/// readers hold (`pttl` until the last of them expires) or the lock key is held, -2
-/// (before anything is set) when the counter holds anything but an integer below 2^53.
+/// Answers as every acquisition script does ([`Attempted::decode`]): refused while
+/// readers hold (until the last of them expires) or the lock key is held.
 pub(in crate::backend::redlock) static EXCLUSIVE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -82,20 +81,20 @@ if last[2] then
     redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
     redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
   end
-  return -10 - math.max(0, math.ceil(tonumber(last[2]) - now))
+  return {{0, math.max(0, math.ceil(tonumber(last[2]) - now))}}
 end
 local c = false
 if ARGV[4] == '1' then
   c = redis.pcall('GET', KEYS[5])
-  if not {COUNTER_VALID} then return -2 end
+  if not {COUNTER_VALID} then return {{-1, 1}} end
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local intent = redis.pcall('GET', KEYS[3])
   if type(intent) == 'string' then redis.call('DEL', KEYS[3]) end
-  return tonumber(c or '0')
+  return {{1, tonumber(c or '0')}}
 end
 if waiting then redis.call('SET', KEYS[4], '1', 'PX', ARGV[3]) end
-return -10 - redis.call('PTTL', KEYS[2])
+return {{0, redis.call('PTTL', KEYS[2])}}
 "
     ))
 });
@@ -121,7 +120,8 @@ return 1
 
 /// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to
 /// wake the marked waiters when the last reader leaves, the lock key (for its release
-/// channel `{<lock key>}:released`). Returns 1 when removed, 0 when gone or expired.
+/// channel `{<lock key>}:released`). Answers as the plain release does
+/// ([`ReleaseReply::of`]): 1 when removed, 0 when gone or expired.
 pub(in crate::backend::redlock) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -138,12 +138,6 @@ return 1
 "
     ))
 });
-
-/// One node's answer to an attempt: `Ok(counter)` when set, else the holder's time left
-/// in ms (-1: no expiry, -2: nothing holds it).
-pub(super) fn decode(code: i64) -> Result<u64, i64> {
-    u64::try_from(code).map_err(|_| (-10i64).saturating_sub(code))
-}
 
 async fn attempt(
     mut conn: Connection,
@@ -172,25 +166,7 @@ async fn attempt(
     if access == Access::Exclusive {
         cmd.arg(if fenced { "1" } else { "0" });
     }
-    run_attempt(&mut conn, script, &cmd, &key).await
-}
-
-/// Runs a mode script's attempt (on `key`, with `cmd`) and decodes its answer
-/// ([`decode`]); -2 says the fencing counter is not an integer below 2^53.
-pub(super) async fn run_attempt(
-    conn: &mut Connection,
-    script: &Script,
-    cmd: &Cmd,
-    key: &str,
-) -> Result<Attempted, NodeFailureReason> {
-    let code: i64 = run(conn, script, cmd).await?;
-    if code == -2 {
-        return Err(invalid_counter(key));
-    }
-    Ok(match decode(code) {
-        Ok(counter) => Attempted::Set(counter),
-        Err(pttl_ms) => Attempted::Held { pttl_ms },
-    })
+    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
 }
 
 /// Extends a reader on one node (`key` is the readers' set): 1 when extended, 0 when
@@ -222,12 +198,9 @@ pub(super) async fn release_reader(
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(lock_key);
-    let code: i64 = run(&mut conn, &SHARED_RELEASE, &cmd).await?;
-    Ok(if code == 1 {
-        ReleaseReply::Deleted
-    } else {
-        ReleaseReply::Absent
-    })
+    Ok(ReleaseReply::of(
+        run(&mut conn, &SHARED_RELEASE, &cmd).await?,
+    ))
 }
 
 impl Redlock {
@@ -277,17 +250,6 @@ impl Redlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers_decode_to_counters_or_time_left() {
-        assert_eq!(decode(0), Ok(0));
-        assert_eq!(decode(41), Ok(41));
-        assert_eq!(decode(-10), Err(0));
-        assert_eq!(decode(-1510), Err(1500));
-        assert_eq!(decode(-9), Err(-1));
-        assert_eq!(decode(-8), Err(-2));
-        assert_eq!(decode(i64::MIN), Err(i64::MAX - 9));
-    }
 
     #[test]
     fn aux_keys_share_the_lock_keys_slot() {

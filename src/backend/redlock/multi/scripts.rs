@@ -5,7 +5,9 @@ use std::sync::{Arc, LazyLock};
 use redis::Script;
 
 use super::super::keys::Aux;
-use super::super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, run};
+use super::super::scripts::{
+    Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run, run_attempt,
+};
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
@@ -13,10 +15,9 @@ use crate::lease::Token;
 /// Takes every key of the set, or none. KEYS: the N lock keys, then (fenced) their N
 /// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced.
 ///
-/// Returns `{1, c}` when every key is set (`c`: the highest fencing counter of the set, 0
-/// unset or unfenced), `{0, pttl}` when any key is held, with nothing set (`pttl`: the
-/// longest remaining TTL of the held keys in ms, -1 when one has no expiry), `{-2, i}`
-/// with nothing set when the counter of the `i`-th key is not an integer below 2^53.
+/// Answers as every acquisition script does ([`Attempted::decode`]): set with the
+/// highest fencing counter of the set; refused while any key is held, for the longest
+/// time left among them.
 pub(in crate::backend::redlock) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -39,7 +40,7 @@ if ARGV[4] == '1' then
   for i = 1, n do
     local c = redis.pcall('GET', KEYS[n + i])
     if not {COUNTER_VALID} then
-      return {{-2, i}}
+      return {{-1, i}}
     end
     if c and tonumber(c) > top then top = tonumber(c) end
   end
@@ -121,14 +122,14 @@ return 1
 /// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]): deletes the
 /// mark and publishes on the key's release channel, as the single-key release does.
 ///
-/// Returns 1 when every key was deleted, 0 when some were gone and none held by another,
-/// and `-3 - pttl` when any holds anything else (`pttl`: the longest remaining TTL among
-/// those, -1 when one has no expiry).
+/// Answers as the single-key release does ([`ReleaseReply::of`]): 1 when every key was
+/// deleted, 0 when some were gone and none held by another, -1 when any holds anything
+/// else.
 pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local n = tonumber(ARGV[3])
-local deleted, other, longest = 0, false, 0
+local deleted, other = 0, false
 for i = 1, n do
   local v = redis.pcall('GET', KEYS[i])
   if v == ARGV[1] then
@@ -139,15 +140,9 @@ for i = 1, n do
     end
   elseif v then
     other = true
-    local p = redis.call('PTTL', KEYS[i])
-    if p == -1 then
-      longest = -1
-    elseif longest ~= -1 and p > longest then
-      longest = p
-    end
   end
 end
-if other then return -3 - longest end
+if other then return -1 end
 if deleted == n then return 1 end
 return 0
 ",
@@ -189,20 +184,7 @@ pub(in crate::backend::redlock) async fn acquire_on(
         .arg(ttl_ms)
         .arg(keys.len())
         .arg(if fenced { "1" } else { "0" });
-    let reply: (i64, i64) = run(&mut conn, &ACQUIRE_ALL, &cmd).await?;
-    match reply {
-        (1, counter) => Ok(Attempted::Set(u64::try_from(counter).unwrap_or(0))),
-        (0, pttl_ms) => Ok(Attempted::Held { pttl_ms }),
-        (_, index) => {
-            let key = usize::try_from(index - 1)
-                .ok()
-                .and_then(|i| keys.get(i))
-                .unwrap_or(&keys[0]);
-            Err(NodeFailureReason::InvalidFencingCounter {
-                key: Aux::fence(key).to_string(),
-            })
-        }
-    }
+    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &keys).await
 }
 
 pub(in crate::backend::redlock) async fn fence_on(
@@ -219,9 +201,7 @@ pub(in crate::backend::redlock) async fn fence_on(
         .arg(keys.len());
     let reply = run(&mut conn, &FENCE_ALL, &cmd).await?;
     if reply == -2 {
-        return Err(NodeFailureReason::InvalidFencingCounter {
-            key: Aux::fence(&keys[0]).to_string(),
-        });
+        return Err(invalid_counter(&keys[0]));
     }
     Ok(reply)
 }
@@ -252,10 +232,5 @@ pub(in crate::backend::redlock) async fn release_on(
     cmd.arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
-    let code: i64 = run(&mut conn, &RELEASE_ALL, &cmd).await?;
-    Ok(match code {
-        1 => ReleaseReply::Deleted,
-        0 => ReleaseReply::Absent,
-        _ => ReleaseReply::HeldByOther,
-    })
+    Ok(ReleaseReply::of(run(&mut conn, &RELEASE_ALL, &cmd).await?))
 }
