@@ -7,12 +7,12 @@
 // - `keyed`: the core every keyed middleware is a policy of;
 // - `backend`: the handles (`Locks`, `RateLimiter`), the lease watchdog, and the backends
 //   (in-process; Redlock; the rate-limit stores);
-// - the primitives: `key`, `lease`, `protect`, `problem`, `error`, `observe` (metric names
-//   and spans).
+// - the primitives: `key`, `lease`, `protect`, `rejection` and `problem` (refusals and
+//   their answers), `error`, `observe` (metric names and spans).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
-// the backends with their builders, the extractors and their rejections, the errors and
-// `Problem`. Services, futures, bodies, policies and key extractors stay in their modules.
+// the backends with their builders, the extractors and their rejections, the errors,
+// `Rejection` and `Problem`. Services, futures, bodies, policies and key extractors stay in their modules.
 
 #[cfg(any(
     feature = "lock",
@@ -51,6 +51,7 @@ mod protect;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
+pub mod rejection;
 
 #[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -94,6 +95,7 @@ pub use rate_limit::{
 #[cfg(all(feature = "rate-limit", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "rate-limit", feature = "redis"))))]
 pub use rate_limit::{RedisRateLimiter, RedisRateLimiterBuilder};
+pub use rejection::{RejectedBy, Rejection, RejectionKind};
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;

@@ -1,4 +1,5 @@
-//! Rejections as `application/problem+json` responses (RFC 9457).
+//! `application/problem+json` responses (RFC 9457): the HTTP rendering of a
+//! [`Rejection`](crate::Rejection), and a builder for an application's own problems.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -6,8 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-
-use crate::error::LockError;
 
 /// The media type of RFC 9457 problem details.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -36,6 +35,7 @@ pub struct Problem {
     status: StatusCode,
     detail: Cow<'static, str>,
     retry_after: Option<Duration>,
+    type_uri: Option<String>,
 }
 
 impl Problem {
@@ -45,7 +45,16 @@ impl Problem {
             status,
             detail: detail.into(),
             retry_after: None,
+            type_uri: None,
         }
+    }
+
+    /// The problem type (RFC 9457, section 3.1.1), a URI that identifies it; by default
+    /// `about:blank`, a problem described by its status alone.
+    #[must_use]
+    pub fn with_type(mut self, uri: impl Into<String>) -> Self {
+        self.type_uri = Some(uri.into());
+        self
     }
 
     /// Adds `Retry-After` (RFC 9110, section 10.2.3), sent in whole seconds rounded up,
@@ -70,49 +79,6 @@ impl Problem {
     pub fn retry_after_delay(&self) -> Option<Duration> {
         self.retry_after
     }
-
-    /// The problem a lock error becomes: `taken_status` (409 or 423) with `Retry-After`
-    /// when the lock is held, 400 for an invalid key, 500 for an unsupported request, 503
-    /// with `Retry-After: 1` when the backend cannot answer (without internal details,
-    /// which are logged instead).
-    pub fn from_lock_error(error: &LockError, taken_status: StatusCode) -> Self {
-        match error {
-            LockError::Taken { retry_after } => {
-                let detail = if taken_status == StatusCode::CONFLICT {
-                    "A request with the same key is still in progress."
-                } else {
-                    "The resource is locked by another request; retry after the Retry-After delay."
-                };
-                Problem::new(taken_status, detail).retry_after(*retry_after)
-            }
-            LockError::InvalidKey(e) => {
-                Problem::new(StatusCode::BAD_REQUEST, format!("Invalid lock key: {e}."))
-            }
-            LockError::Unsupported(_) => Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The server is misconfigured; the details are in its log.",
-            ),
-            _ => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The lock service is unavailable; retry later.",
-            )
-            .retry_after(Duration::from_secs(1)),
-        }
-    }
-
-    /// The answer to a server mistake: 500 with nothing internal in it (the details go
-    /// to the log).
-    #[cfg(any(
-        feature = "lock",
-        feature = "rate-limit",
-        feature = "concurrency-limit"
-    ))]
-    pub(crate) fn misconfigured() -> Self {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "The server is misconfigured; the details are in its log.",
-        )
-    }
 }
 
 impl<B: From<Bytes>> From<Problem> for Response<B> {
@@ -120,7 +86,7 @@ impl<B: From<Bytes>> From<Problem> for Response<B> {
     /// when set.
     fn from(problem: Problem) -> Self {
         let body = serde_json::json!({
-            "type": "about:blank",
+            "type": problem.type_uri.as_deref().unwrap_or("about:blank"),
             "title": problem.status.canonical_reason().unwrap_or("Error"),
             "status": problem.status.as_u16(),
             "detail": problem.detail,

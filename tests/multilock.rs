@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use support::{RedisNode, eventually, exists, get, nodes, serve, urls};
 use tower_redlock::LockRequest;
-use tower_redlock::{LockError, Locks, MemoryLocks, Problem, Redlock, Renewal};
+use tower_redlock::{LockError, Locks, MemoryLocks, Redlock, Rejection, Renewal};
 
 const PREFIX: &str = "tower-redlock:";
 
@@ -356,7 +356,7 @@ async fn transfer(
     let accounts = [format!("account:{from}"), format!("account:{to}")];
     let lease = match locks.acquire(LockRequest::all(&accounts)).await {
         Ok(lease) => lease,
-        Err(e) => return Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+        Err(e) => return Rejection::from_lock_error(&e, StatusCode::LOCKED).into_response(),
     };
     let keys = lease.keys().count();
     match locks
@@ -367,7 +367,7 @@ async fn transfer(
         .await
     {
         Ok(keys) => format!("{keys} accounts").into_response(),
-        Err(e) => Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+        Err(e) => Rejection::from_lock_error(&e, StatusCode::LOCKED).into_response(),
     }
 }
 

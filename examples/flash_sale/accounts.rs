@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use redis::AsyncCommands;
 use serde::Deserialize;
 use serde_json::json;
-use tower_redlock::{Problem, Renewal};
+use tower_redlock::{Problem, Rejection, Renewal};
 
 use super::{AppState, Store, StoreError, bounded, store_error};
 use tower_redlock::LockRequest;
@@ -157,7 +157,7 @@ async fn transfer(
     ];
     let lease = match app.locks.acquire(LockRequest::all(&accounts)).await {
         Ok(lease) => lease,
-        Err(e) => return Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+        Err(e) => return Rejection::from_lock_error(&e, StatusCode::LOCKED).into_response(),
     };
     let locks = app.locks.clone();
     match locks
@@ -165,7 +165,7 @@ async fn transfer(
         .await
     {
         Ok(answer) => answer,
-        Err(e) => Problem::from_lock_error(&e, StatusCode::LOCKED).into_response(),
+        Err(e) => Rejection::from_lock_error(&e, StatusCode::LOCKED).into_response(),
     }
 }
 

@@ -16,8 +16,8 @@ use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
-use crate::problem::Problem;
 use crate::protect::Watch;
+use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, its
 /// limit, how long a request waits for a permit, and how permits are renewed. Set through
@@ -69,16 +69,18 @@ impl ConcurrencyPolicy {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
             Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
             Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
+                Rejection::new(
+                    RejectedBy::ConcurrencyLimit,
+                    RejectionKind::InvalidKey,
                     format!("Invalid concurrency limit key: {e}."),
                 )
                 .into(),
             ),
             Err(e) => Verdict::unavailable(
                 Box::new(e),
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                Rejection::new(
+                    RejectedBy::ConcurrencyLimit,
+                    RejectionKind::Unavailable,
                     "The concurrency limit service is unavailable; retry later.",
                 )
                 .retry_after(Duration::from_secs(1))
@@ -90,9 +92,14 @@ impl ConcurrencyPolicy {
 
     /// 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
     fn over_limit(&self) -> Response<Bytes> {
-        Problem::new(StatusCode::SERVICE_UNAVAILABLE, self.detail.to_string())
-            .retry_after(self.retry_after)
-            .into()
+        Rejection::new(
+            RejectedBy::ConcurrencyLimit,
+            RejectionKind::Limited,
+            self.detail.to_string(),
+        )
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .retry_after(self.retry_after)
+        .into()
     }
 }
 
@@ -102,6 +109,7 @@ impl Policy for ConcurrencyPolicy {
     type Permit = ConcurrencyPermit;
     const LAYER: &'static str = "ConcurrencyLimitLayer";
     const KEY_NOUN: &'static str = "concurrency limit key";
+    const REJECTED_BY: RejectedBy = RejectedBy::ConcurrencyLimit;
     const FAIL_OPEN: bool = false;
 
     fn prefix(&self) -> &str {
@@ -199,8 +207,9 @@ impl Permit for ConcurrencyPermit {
     }
 
     fn lost_response(self) -> Response<Bytes> {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Rejection::new(
+            RejectedBy::ConcurrencyLimit,
+            RejectionKind::Lost,
             "The concurrency permit expired while the request ran; retry the request.",
         )
         .retry_after(Duration::from_secs(1))

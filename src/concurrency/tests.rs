@@ -57,9 +57,14 @@ async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
     assert_eq!(over.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(over.headers()[RETRY_AFTER], "1");
     assert_eq!(over.headers()[CONTENT_TYPE], crate::problem::PROBLEM_JSON);
+    // Told apart from a lock's 503 by the rejection in the extensions, and the type.
+    let rejection = over.extensions().get::<crate::Rejection>().unwrap();
+    assert_eq!(rejection.rejected_by(), crate::RejectedBy::ConcurrencyLimit);
+    assert_eq!(rejection.kind(), crate::RejectionKind::Limited);
     let body = over.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["status"], 503);
+    assert_eq!(problem["type"], crate::RejectionKind::Limited.type_uri());
     gate.add_permits(1);
     let done = first.await.unwrap().unwrap();
     assert_eq!(done.status(), StatusCode::OK);

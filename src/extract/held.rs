@@ -8,7 +8,7 @@ use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
-use crate::problem::Problem;
+use crate::rejection::{RejectedBy, Rejection};
 
 /// The rejection of the [`Lease`](crate::Lease), [`LeaseStatus`](crate::LeaseStatus) and
 /// [`Usage`](crate::Usage) extractors when the request did not pass a layer that admitted
@@ -40,7 +40,7 @@ impl std::error::Error for NotGuarded {}
 
 impl IntoResponse for NotGuarded {
     fn into_response(self) -> Response {
-        Problem::misconfigured().into_response()
+        Rejection::misconfigured(RejectedBy::Lock).into_response()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::backend::status::LeaseStatus;
 use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::key::validate_value;
-use crate::problem::Problem;
+use crate::rejection::Rejection;
 
 /// Turns an extracted value into the lock keys [`Locked<T>`] holds: one, or several held
 /// with one lease, all or none (see [`LockRequest::all`](crate::LockRequest::all)).
@@ -109,8 +109,8 @@ pub(super) async fn lock<T: LockKeys>(
     value: T,
     existing: Option<&LeaseStatus>,
     locks: Locks,
-) -> Result<Locked<T>, Problem> {
-    let reject = |e: LockError| Problem::from_lock_error(&e, StatusCode::LOCKED);
+) -> Result<Locked<T>, Rejection> {
+    let reject = |e: LockError| Rejection::from_lock_error(&e, StatusCode::LOCKED);
     let keys = value.lock_keys();
     let mut resources = Vec::with_capacity(keys.len());
     for key in &keys {

@@ -13,8 +13,8 @@ use crate::backend::handle::Locks;
 use crate::backend::status::LeaseStatus;
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::problem::Problem;
 use crate::protect::{Lost, Protected, Watch};
+use crate::rejection::Rejection;
 
 /// Turns an extracted value into a lock key.
 ///
@@ -290,8 +290,9 @@ where
 pub enum LockedRejection<R> {
     /// `T` could not be extracted.
     Extract(R),
-    /// The lock was not granted: 423, 400 or 503 as a problem+json response.
-    Lock(Problem),
+    /// The lock was not granted: 423, 400 or 503 as a problem+json response, with the
+    /// [`Rejection`] in its extensions.
+    Lock(Rejection),
 }
 
 impl<R: IntoResponse> IntoResponse for LockedRejection<R> {

@@ -19,6 +19,7 @@ use super::service::{Idempotency, ReadBody};
 use crate::backend::handle::Locks;
 use crate::backend::watchdog::Renewal;
 use crate::keyed::{Keyed, KeyedLayer};
+use crate::rejection::Rejection;
 
 /// Default record TTL: 24 hours, as Stripe keeps its keys.
 pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -145,6 +146,16 @@ impl IdempotencyLayer {
         fn renewal(renewal: Renewal) => renewal;
     }
 
+    /// Answers this layer's refusals in the application's own format, for HTTP clients;
+    /// see [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
+    pub fn on_rejection<F>(mut self, render: F) -> Self
+    where
+        F: Fn(&Rejection) -> http::Response<Bytes> + Send + Sync + 'static,
+    {
+        self.keyed = self.keyed.on_rejection(render);
+        self
+    }
+
     /// The largest request body read, in bytes; a longer one is answered 413 Content Too
     /// Large. Default 1 MiB ([`DEFAULT_MAX_REQUEST_BODY`]). The body is handed on to the
     /// service unchanged.
@@ -196,6 +207,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             Keyed::new(inner, self.keyed.clone()),
             self.max_request_body,
             self.fingerprint.clone(),
+            self.keyed.core.on_rejection.clone(),
         )
     }
 }

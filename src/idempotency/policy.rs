@@ -22,8 +22,8 @@ use crate::keyed::policy::{
 use crate::lease::Lease;
 use crate::lock::policy::LockPermit;
 use crate::observe::{self, IdempotencyResult};
-use crate::problem::Problem;
 use crate::protect::Watch;
+use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The header set on a replayed response: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -82,14 +82,19 @@ impl IdempotencyPolicy {
             }
             Ok(Begin::Found(raw)) => Verdict::answer(replay(&raw, &fingerprint)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                let answer = Problem::from_lock_error(&e, StatusCode::CONFLICT).into();
+                let answer =
+                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
+                        .into();
                 Verdict::unavailable(Box::new(e), answer, None)
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                     tracing::warn!(error = %e, "idempotency store unavailable; answering 503");
                 }
-                Verdict::answer(Problem::from_lock_error(&e, StatusCode::CONFLICT).into())
+                Verdict::answer(
+                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
+                        .into(),
+                )
             }
         }
     }
@@ -101,6 +106,7 @@ impl Policy for IdempotencyPolicy {
     type Permit = IdempotencyPermit;
     const LAYER: &'static str = "IdempotencyLayer";
     const KEY_NOUN: &'static str = "idempotency key";
+    const REJECTED_BY: RejectedBy = RejectedBy::Idempotency;
     const FAIL_OPEN: bool = false;
 
     fn prefix(&self) -> &str {
@@ -122,7 +128,9 @@ impl Policy for IdempotencyPolicy {
             tracing::error!(
                 "IdempotencyLayer: a request reached the policy without its fingerprint"
             );
-            return Decision::Ready(Verdict::answer(Problem::misconfigured().into()));
+            return Decision::Ready(Verdict::answer(
+                Rejection::misconfigured(RejectedBy::Idempotency).into(),
+            ));
         };
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
@@ -150,16 +158,18 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         tracing::error!(
             "an idempotency record could not be read (another program's value, or another format version); answering 500"
         );
-        return Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
+        return Rejection::new(
+            RejectedBy::Idempotency,
+            RejectionKind::Misconfigured,
             "The stored result of this idempotency key could not be read.",
         )
         .into();
     };
     if record.fingerprint() != fingerprint {
         observe::idempotency_request(IdempotencyResult::Mismatch);
-        return Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
+        return Rejection::new(
+            RejectedBy::Idempotency,
+            RejectionKind::Mismatch,
             "This idempotency key was already used for another request.",
         )
         .into();
@@ -169,8 +179,9 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         Record::Response { .. } => IdempotencyResult::Replayed,
     });
     match record {
-        Record::Unreplayable { .. } => Problem::new(
-            StatusCode::CONFLICT,
+        Record::Unreplayable { .. } => Rejection::new(
+            RejectedBy::Idempotency,
+            RejectionKind::Unreplayable,
             "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
         )
         .into(),

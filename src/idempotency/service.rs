@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
@@ -16,7 +16,7 @@ use super::layer::FingerprintFn;
 use super::policy::{IdempotencyPolicy, RequestFingerprint};
 use crate::keyed::Keyed;
 use crate::keyed::policy::{BoxError, BoxFuture};
-use crate::problem::Problem;
+use crate::rejection::{Answers, RejectedBy, Rejection, RejectionKind, RenderFn};
 
 /// The service of [`IdempotencyLayer`](super::IdempotencyLayer) around `S`.
 pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
@@ -27,14 +27,21 @@ pub struct ReadBody<S> {
     inner: S,
     max: usize,
     fingerprint: Arc<FingerprintFn>,
+    on_rejection: Option<Arc<RenderFn>>,
 }
 
 impl<S> ReadBody<S> {
-    pub(crate) fn new(inner: S, max: usize, fingerprint: Arc<FingerprintFn>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        max: usize,
+        fingerprint: Arc<FingerprintFn>,
+        on_rejection: Option<Arc<RenderFn>>,
+    ) -> Self {
         Self {
             inner,
             max,
             fingerprint,
+            on_rejection,
         }
     }
 
@@ -47,6 +54,7 @@ impl<S: Clone> Clone for ReadBody<S> {
             inner: self.inner.clone(),
             max: self.max,
             fingerprint: self.fingerprint.clone(),
+            on_rejection: self.on_rejection.clone(),
         }
     }
 }
@@ -81,25 +89,30 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (max, fingerprint) = (self.max, self.fingerprint.clone());
+        let on_rejection = self.on_rejection.clone();
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let bytes = match Limited::new(body, max).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {
-                    let problem = if e.is::<LengthLimitError>() {
-                        Problem::new(
-                            StatusCode::PAYLOAD_TOO_LARGE,
+                    let rejection = if e.is::<LengthLimitError>() {
+                        Rejection::new(
+                            RejectedBy::Idempotency,
+                            RejectionKind::TooLarge,
                             format!(
                                 "The request body is over {max} bytes, the most this endpoint reads."
                             ),
                         )
                     } else {
-                        Problem::new(
-                            StatusCode::BAD_REQUEST,
+                        // The client's body stream broke off: a request to send again.
+                        Rejection::new(
+                            RejectedBy::Idempotency,
+                            RejectionKind::InvalidKey,
                             "The request body could not be read.",
                         )
                     };
-                    return Ok(problem.into());
+                    let answers = Answers::for_request(&parts.headers, on_rejection.as_ref());
+                    return Ok(answers.render(rejection.into()).map(ResB::from));
                 }
             };
             parts

@@ -13,6 +13,7 @@ use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
 use crate::protect::{Lost, poll_guarded};
+use crate::rejection::Answers;
 use http_body::Body;
 
 pin_project! {
@@ -30,6 +31,8 @@ pin_project! {
     {
         #[pin]
         state: Phase<S, ReqB, P::Permit>,
+        // How the layer's own answers are rendered for this request.
+        answers: Answers,
     }
 }
 
@@ -91,11 +94,12 @@ where
     P: Policy,
 {
     #[inline]
-    pub(crate) fn answered(response: Response<Bytes>) -> Self {
+    pub(crate) fn answered(response: Response<Bytes>, answers: Answers) -> Self {
         Self {
             state: Phase::Answered {
                 response: Some(response),
             },
+            answers,
         }
     }
 
@@ -103,6 +107,7 @@ where
     pub(crate) fn unguarded(service: &mut S, request: Request<ReqB>) -> Self {
         Self {
             state: run(service, request, None),
+            answers: Answers::Problem,
         }
     }
 
@@ -112,9 +117,11 @@ where
         fail_open: bool,
         service: &mut S,
         request: Request<ReqB>,
+        answers: Answers,
     ) -> Self {
         Self {
             state: Phase::from_verdict::<P>(verdict, fail_open, service, request),
+            answers,
         }
     }
 
@@ -124,6 +131,7 @@ where
         fail_open: bool,
         service: S,
         request: Request<ReqB>,
+        answers: Answers,
     ) -> Self {
         Self {
             state: Phase::Deciding {
@@ -131,6 +139,7 @@ where
                 call: Some((service, request)),
                 fail_open,
             },
+            answers,
         }
     }
 }
@@ -281,6 +290,7 @@ where
                 }
                 PhaseProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
+                    let response = this.answers.render(response);
                     return Poll::Ready(Ok(response.map(ResponseBody::answer)));
                 }
             }

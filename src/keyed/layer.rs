@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, Response, StatusCode};
+use http::{HeaderName, Response};
 use tower_layer::Layer;
 
 use super::policy::{Decision, Policy};
@@ -16,7 +16,7 @@ use crate::key::{
     HeaderKey, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value,
     with_scratch, write_key_head,
 };
-use crate::problem::Problem;
+use crate::rejection::{Rejection, RejectionKind, RenderFn};
 
 /// The layer of a keyed middleware: where the key comes from and what to do without one
 /// (here), and what to do with it (the policy `P`). [`LockLayer`](crate::LockLayer) and
@@ -43,6 +43,8 @@ pub(crate) struct Core<K, P> {
     pub(crate) misconfigured: Option<Misconfiguration>,
     /// Whether a misconfiguration was logged: once per layer.
     reported: AtomicBool,
+    /// The application's rendering of rejections for HTTP clients.
+    pub(crate) on_rejection: Option<Arc<RenderFn>>,
     pub(crate) policy: P,
 }
 
@@ -57,6 +59,7 @@ impl<K, P: Clone> Clone for Core<K, P> {
             misconfigured: self.misconfigured.clone(),
             // A changed copy is another layer: it reports on its own.
             reported: AtomicBool::new(false),
+            on_rejection: self.on_rejection.clone(),
             policy: self.policy.clone(),
         }
     }
@@ -84,6 +87,7 @@ impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
             .field("required", &self.required)
             .field("fail_open", &self.fail_open)
             .field("misconfigured", &self.misconfigured)
+            .field("on_rejection", &self.on_rejection.is_some())
             .field("policy", &self.policy)
             .finish()
     }
@@ -102,6 +106,7 @@ impl<K, P: Policy> KeyedLayer<K, P> {
                 missing,
                 misconfigured: None,
                 reported: AtomicBool::new(false),
+                on_rejection: None,
                 policy,
             }),
         }
@@ -156,6 +161,39 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// [`RateLimitLayer`](crate::rate_limit#failing-open) (fail open).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.core_mut().fail_open = fail_open;
+        self
+    }
+
+    /// Answers this layer's refusals in the application's own format: `render` gets the
+    /// [`Rejection`] (which layer, why, the status, the detail, the retry delay) and
+    /// returns the response an HTTP client gets instead of the default
+    /// `application/problem+json` one. The response carries the rejection in its
+    /// extensions either way. A gRPC request keeps its gRPC answer
+    /// ([`rejection`](crate::rejection#grpc)), the only one a gRPC client can read.
+    ///
+    /// ```
+    /// # #[cfg(feature = "lock")] {
+    /// use bytes::Bytes;
+    /// use http::{Response, header};
+    /// use tower_redlock::LockLayer;
+    ///
+    /// let layer = LockLayer::by_header("Idempotency-Key").on_rejection(|rejection| {
+    ///     let body = format!(r#"{{"error":"{:?}"}}"#, rejection.kind());
+    ///     let mut response = Response::new(Bytes::from(body));
+    ///     *response.status_mut() = rejection.status();
+    ///     response.headers_mut().insert(
+    ///         header::CONTENT_TYPE,
+    ///         header::HeaderValue::from_static("application/json"),
+    ///     );
+    ///     response
+    /// });
+    /// # }
+    /// ```
+    pub fn on_rejection<F>(mut self, render: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.core_mut().on_rejection = Some(Arc::new(render));
         self
     }
 }
@@ -324,9 +362,12 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                 }
                 NoKey::Missing if self.required => {
                     self.policy.bad_key(true);
-                    Step::Answer(Box::new(
-                        Problem::new(StatusCode::BAD_REQUEST, self.missing.clone()).into(),
-                    ))
+                    let rejection = Rejection::new(
+                        P::REJECTED_BY,
+                        RejectionKind::MissingKey,
+                        self.missing.clone(),
+                    );
+                    Step::Answer(Box::new(rejection.into()))
                 }
                 _ => Step::Unkeyed,
             };
@@ -343,7 +384,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                 "{mistake}; every request through this layer is answered 500 until it is fixed"
             );
         }
-        Problem::misconfigured().into()
+        Rejection::misconfigured(P::REJECTED_BY).into()
     }
 }
 
@@ -360,5 +401,5 @@ fn invalid_key<P: Policy>(error: &KeyError) -> Response<Bytes> {
         KeyError::ControlCharacter => format!("The {} contains a control character.", P::KEY_NOUN),
         other => format!("Invalid {}: {other}.", P::KEY_NOUN),
     };
-    Problem::new(StatusCode::BAD_REQUEST, detail).into()
+    Rejection::new(P::REJECTED_BY, RejectionKind::InvalidKey, detail).into()
 }

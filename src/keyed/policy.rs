@@ -37,6 +37,10 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     const KEY_NOUN: &'static str;
 
+    /// Who refuses, in this layer's rejections.
+    #[doc(hidden)]
+    const REJECTED_BY: crate::rejection::RejectedBy;
+
     /// Whether the layer runs the inner service when its backend cannot decide, by
     /// default.
     #[doc(hidden)]

@@ -10,6 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::{Core, KeyedLayer, Step};
 use super::policy::{Decision, Policy};
 use crate::key::KeyExtractor;
+use crate::rejection::Answers;
 
 /// The service of a keyed middleware: reads the request's key, asks the policy, and calls
 /// the inner service `S` (or answers itself). [`Lock`](crate::lock::Lock) and
@@ -70,9 +71,10 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let core = &*self.core;
         let (mut parts, body) = req.into_parts();
+        let answers = Answers::for_request(&parts.headers, core.on_rejection.as_ref());
         core.policy.prepare(&mut parts);
         let decision = match core.step(&mut parts) {
-            Step::Answer(response) => return ResponseFuture::answered(*response),
+            Step::Answer(response) => return ResponseFuture::answered(*response, answers),
             Step::Unkeyed => {
                 return ResponseFuture::unguarded(
                     &mut self.inner,
@@ -85,13 +87,13 @@ where
         match decision {
             // Decided at once: the service that was driven to readiness is called now.
             Decision::Ready(verdict) => {
-                ResponseFuture::decided(verdict, core.fail_open, &mut self.inner, req)
+                ResponseFuture::decided(verdict, core.fail_open, &mut self.inner, req, answers)
             }
             // The service that was driven to readiness is the one called, once decided.
             Decision::Pending(decision) => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(decision, core.fail_open, inner, req)
+                ResponseFuture::deciding(decision, core.fail_open, inner, req, answers)
             }
         }
     }

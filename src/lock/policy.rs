@@ -19,8 +19,8 @@ use crate::keyed::policy::{
 };
 use crate::lease::Lease;
 use crate::observe;
-use crate::problem::Problem;
 use crate::protect::Watch;
+use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The policy of [`LockLayer`](super::LockLayer): its backend and how it holds a lease.
 /// Set through the layer's builder methods.
@@ -79,14 +79,14 @@ impl LockPolicy {
         match acquired {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
             Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                let answer = Problem::from_lock_error(&e, self.taken_status).into();
+                let answer = Rejection::from_lock_error(&e, self.taken_status).into();
                 Verdict::unavailable(Box::new(e), answer, None)
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
                     tracing::warn!(error = %e, "lock backend unavailable; answering 503");
                 }
-                Verdict::answer(Problem::from_lock_error(&e, self.taken_status).into())
+                Verdict::answer(Rejection::from_lock_error(&e, self.taken_status).into())
             }
         }
     }
@@ -98,6 +98,7 @@ impl Policy for LockPolicy {
     type Permit = LockPermit;
     const LAYER: &'static str = "LockLayer";
     const KEY_NOUN: &'static str = "lock key";
+    const REJECTED_BY: RejectedBy = RejectedBy::Lock;
     const FAIL_OPEN: bool = false;
 
     fn prefix(&self) -> &str {
@@ -251,8 +252,9 @@ impl Permit for LockPermit {
     }
 
     fn lost_response(self) -> Response<Bytes> {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Rejection::new(
+            RejectedBy::Lock,
+            RejectionKind::Lost,
             "The lock was lost while the request ran, so its work was stopped; retry the request.",
         )
         .retry_after(Duration::from_secs(1))

@@ -10,7 +10,10 @@ use http_body_util::{BodyExt, Full};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-use crate::{Lease, LeaseStatus, LockLayer, Locks, MemoryLocks};
+use crate::{
+    Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, RejectedBy, Rejection, RejectionKind,
+};
+use http_body::Body as _;
 
 /// A handler that holds its request until `release` is notified, telling `entered`.
 #[derive(Clone)]
@@ -89,6 +92,48 @@ async fn taken_status_is_what_contention_answers() {
     let second = svc.clone().oneshot(keyed("a")).await.unwrap();
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(second.headers().contains_key(http::header::RETRY_AFTER));
+    let rejection = second.extensions().get::<Rejection>().unwrap();
+    assert_eq!(rejection.rejected_by(), RejectedBy::Lock);
+    assert_eq!(rejection.kind(), RejectionKind::Taken);
+    gate.release.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn on_rejection_shapes_http_refusals_and_grpc_keeps_its_answer() {
+    let locks = Locks::from(MemoryLocks::new());
+    let gate = Gate::new();
+    let layer = by_job().backend(locks).on_rejection(|rejection| {
+        let mut response = Response::new(Bytes::from(format!("{:?}", rejection.kind())));
+        *response.status_mut() = StatusCode::IM_A_TEAPOT;
+        response
+    });
+    let svc = layer.layer(gate.service());
+    let first = tokio::spawn(svc.clone().oneshot(keyed("a")));
+    gate.wait_entered().await;
+    // HTTP: the application's own answer, with the rejection still in the extensions.
+    let http = svc.clone().oneshot(keyed("a")).await.unwrap();
+    assert_eq!(http.status(), StatusCode::IM_A_TEAPOT);
+    let kind = http.extensions().get::<Rejection>().unwrap().kind();
+    assert_eq!(kind, RejectionKind::Taken);
+    let body = http.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "Taken");
+    // gRPC: the gRPC answer, which a gRPC client can read, hook or not.
+    let mut grpc = keyed("a");
+    grpc.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    let grpc = svc.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(grpc.headers()["grpc-status"], "10");
+    assert!(grpc.headers().contains_key("grpc-retry-pushback-ms"));
+    assert!(grpc.body().is_end_stream(), "a trailers-only answer");
+    // A missing key too: the hook sees every refusal of the layer.
+    let missing = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(missing.status(), StatusCode::IM_A_TEAPOT);
+    let body = missing.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "MissingKey");
     gate.release.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
 }

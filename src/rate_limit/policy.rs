@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, StatusCode, response};
+use http::{Request, Response, response};
 
 use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::backend::rate_limit::{RateLimitError, RateLimiter};
@@ -18,8 +18,9 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::observe::{self, RateLimitResult};
-use crate::problem::{Problem, retry_after_secs};
+use crate::problem::retry_after_secs;
 use crate::protect::Watch;
+use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// `RateLimit-Policy` (IETF draft "RateLimit header fields for HTTP").
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -78,8 +79,9 @@ impl RateLimitPolicy {
             Ok(usage) => Some(usage),
             Err(RateLimitError::InvalidKey(e)) => {
                 return Verdict::answer(
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
+                    Rejection::new(
+                        RejectedBy::RateLimit,
+                        RejectionKind::InvalidKey,
                         format!("Invalid rate limit key: {e}."),
                     )
                     .into(),
@@ -110,6 +112,7 @@ impl Policy for RateLimitPolicy {
     type Permit = RatePermit;
     const LAYER: &'static str = "RateLimitLayer";
     const KEY_NOUN: &'static str = "rate limit key";
+    const REJECTED_BY: RejectedBy = RejectedBy::RateLimit;
     const FAIL_OPEN: bool = true;
 
     fn prefix(&self) -> &str {
@@ -243,18 +246,22 @@ impl Headers {
 
     /// 429 with `Retry-After` and the rate limit headers (RFC 6585, section 4).
     pub(crate) fn too_many(&self, usage: &Usage) -> Response<Bytes> {
-        let mut response: Response<Bytes> =
-            Problem::new(StatusCode::TOO_MANY_REQUESTS, self.exceeded_detail.clone())
-                .retry_after(usage.reset_after())
-                .into();
+        let mut response: Response<Bytes> = Rejection::new(
+            RejectedBy::RateLimit,
+            RejectionKind::Limited,
+            self.exceeded_detail.clone(),
+        )
+        .retry_after(usage.reset_after())
+        .into();
         self.decorate(response.headers_mut(), Some(usage));
         response
     }
 
     /// 503 with `Retry-After: 1` and the policy, without internal details.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
-        let mut response: Response<Bytes> = Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        let mut response: Response<Bytes> = Rejection::new(
+            RejectedBy::RateLimit,
+            RejectionKind::Unavailable,
             "The rate limit service is unavailable; retry later.",
         )
         .retry_after(Duration::from_secs(1))
@@ -345,7 +352,7 @@ mod tests {
     fn too_many_has_retry_after_at_or_after_the_reset() {
         let c = headers("3/60");
         let r = c.too_many(&usage(4, 3, 2_001));
-        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=3");
         assert_eq!(

@@ -1,0 +1,529 @@
+//! Refusals: the typed [`Rejection`] every layer answers with, and its two renderings,
+//! `application/problem+json` for HTTP (RFC 9457, as [`Problem`] renders
+//! it) and a trailers-only answer for gRPC.
+//!
+//! Every answer a layer gives instead of running the inner service carries its
+//! [`Rejection`] in the response's extensions, so outer middleware and tests can tell a
+//! lock's 503 from a concurrency limit's:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::Response;
+//! use tower_redlock::{RejectedBy, Rejection, RejectionKind};
+//!
+//! let response = Response::<Bytes>::from(Rejection::new(
+//!     RejectedBy::ConcurrencyLimit,
+//!     RejectionKind::Limited,
+//!     "Too many requests with this key are running.",
+//! ));
+//! let rejection = response.extensions().get::<Rejection>().unwrap();
+//! assert_eq!(rejection.rejected_by(), RejectedBy::ConcurrencyLimit);
+//! assert_eq!(rejection.kind(), RejectionKind::Limited);
+//! ```
+//!
+//! # gRPC
+//!
+//! A request whose `content-type` starts with `application/grpc` is answered the gRPC
+//! way (the gRPC over HTTP/2 protocol, "Responses"): HTTP 200, `content-type:
+//! application/grpc`, and a trailers-only answer, `grpc-status` and a percent-encoded
+//! `grpc-message` with no message. Where HTTP sends `Retry-After`, gRPC gets
+//! `grpc-retry-pushback-ms` (gRPC's retry design, A6). The status of each kind is
+//! [`RejectionKind::grpc_code`]; it follows `google.rpc.Code`'s HTTP mapping (409 is
+//! `ABORTED`, 429 `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`).
+//!
+//! # Your own answers
+//!
+//! Every layer has `on_rejection(f)`: `f` turns the [`Rejection`] into the response an
+//! HTTP client gets, for an API with its own error format. gRPC requests keep the gRPC
+//! answer, the only one a gRPC client can read.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, HeaderName, Response, StatusCode};
+
+use crate::error::LockError;
+use crate::problem::Problem;
+
+/// Where the `type` URIs of the problem details point: this page's
+/// [`RejectionKind`] variants.
+const TYPE_BASE: &str =
+    "https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.";
+
+/// Which layer (or extractor) refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectedBy {
+    /// [`LockLayer`](crate::LockLayer), or the [`Locked`](crate::Locked) extractors.
+    Lock,
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer).
+    Idempotency,
+    /// [`RateLimitLayer`](crate::RateLimitLayer).
+    RateLimit,
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer).
+    ConcurrencyLimit,
+}
+
+/// Why a request was refused. Each kind has its own problem `type` URI
+/// ([`type_uri`](Self::type_uri)) and gRPC status ([`grpc_code`](Self::grpc_code)).
+///
+/// | kind | HTTP | gRPC |
+/// | --- | --- | --- |
+/// | [`Taken`](Self::Taken) | 409 or 423 | `ABORTED` (10) |
+/// | [`InFlight`](Self::InFlight) | 409 | `ABORTED` (10) |
+/// | [`MissingKey`](Self::MissingKey), [`InvalidKey`](Self::InvalidKey) | 400 | `INVALID_ARGUMENT` (3) |
+/// | [`Mismatch`](Self::Mismatch) | 422 | `INVALID_ARGUMENT` (3) |
+/// | [`Unreplayable`](Self::Unreplayable) | 409 | `FAILED_PRECONDITION` (9) |
+/// | [`Limited`](Self::Limited) | 429, or 503 for a concurrency limit | `RESOURCE_EXHAUSTED` (8) |
+/// | [`TooLarge`](Self::TooLarge) | 413 | `RESOURCE_EXHAUSTED` (8) |
+/// | [`Unavailable`](Self::Unavailable), [`Lost`](Self::Lost) | 503 | `UNAVAILABLE` (14) |
+/// | [`Misconfigured`](Self::Misconfigured) | 500 | `INTERNAL` (13) |
+///
+/// A reused idempotency key with another request ([`Mismatch`](Self::Mismatch)) is
+/// `INVALID_ARGUMENT`, not `FAILED_PRECONDITION` or `ALREADY_EXISTS`: retrying the same
+/// call will never succeed, and the client must fix the call (a new key, or the first
+/// request's message), which is what `INVALID_ARGUMENT` tells a gRPC client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// The lock is held by another request.
+    Taken,
+    /// A request with the same idempotency key is still running.
+    InFlight,
+    /// The request lacks its key (a header, a path parameter, a function's `None`).
+    MissingKey,
+    /// The key is unusable: empty, too long, or with control characters.
+    InvalidKey,
+    /// An idempotency key reused with another request (method, path or body).
+    Mismatch,
+    /// The request with this idempotency key completed, but its response could not be
+    /// stored, so it cannot be replayed: a new key runs the request again.
+    Unreplayable,
+    /// Over a rate limit or a concurrency limit.
+    Limited,
+    /// A request body over the bound the layer reads.
+    TooLarge,
+    /// The store cannot decide: no quorum, Redis unreachable.
+    Unavailable,
+    /// The lease or permit was lost while the request ran.
+    Lost,
+    /// The server is set up so that the layer cannot work; the details are logged.
+    Misconfigured,
+}
+
+impl RejectionKind {
+    /// The HTTP status of this kind by default: the table above (409 for
+    /// [`Taken`](Self::Taken) and 429 for [`Limited`](Self::Limited), which layers
+    /// change).
+    pub fn default_status(self) -> StatusCode {
+        match self {
+            Self::Taken | Self::InFlight | Self::Unreplayable => StatusCode::CONFLICT,
+            Self::MissingKey | Self::InvalidKey => StatusCode::BAD_REQUEST,
+            Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Limited => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unavailable | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code (`google.rpc.Code`) a gRPC client gets: see the table above.
+    pub fn grpc_code(self) -> u16 {
+        match self {
+            Self::Taken | Self::InFlight => 10,
+            Self::Unreplayable => 9,
+            Self::MissingKey | Self::InvalidKey | Self::Mismatch => 3,
+            Self::Limited | Self::TooLarge => 8,
+            Self::Unavailable | Self::Lost => 14,
+            Self::Misconfigured => 13,
+        }
+    }
+
+    /// The problem details' `type` (RFC 9457, section 3.1.1): a URI per kind, the
+    /// documentation of the variant, such as
+    /// `https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.Taken`.
+    pub fn type_uri(self) -> String {
+        format!("{TYPE_BASE}{self:?}")
+    }
+}
+
+/// A refusal: which layer, why, the HTTP status and a human-readable detail, and how long
+/// to wait before a retry. It becomes an `application/problem+json` response with
+/// `Response::from(rejection)`, a gRPC one with [`into_grpc_response`](Self::into_grpc_response),
+/// and with the `axum` feature, through axum's `IntoResponse`; either response carries the
+/// rejection in its extensions.
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::{Response, StatusCode};
+/// use tower_redlock::{RejectedBy, Rejection, RejectionKind};
+///
+/// let rejection = Rejection::new(RejectedBy::Lock, RejectionKind::Taken, "held")
+///     .with_status(StatusCode::LOCKED)
+///     .retry_after(Duration::from_secs(2));
+/// let response = Response::<Bytes>::from(rejection);
+/// assert_eq!(response.status(), StatusCode::LOCKED);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    by: RejectedBy,
+    kind: RejectionKind,
+    status: StatusCode,
+    detail: Cow<'static, str>,
+    retry_after: Option<Duration>,
+}
+
+impl Rejection {
+    /// A rejection by `by`, of `kind`, with the kind's
+    /// [`default_status`](RejectionKind::default_status) and a human-readable `detail`.
+    pub fn new(by: RejectedBy, kind: RejectionKind, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            by,
+            kind,
+            status: kind.default_status(),
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Another HTTP status (423 for a locked resource, 503 for a concurrency limit).
+    #[must_use]
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Adds `Retry-After` (RFC 9110, section 10.2.3), sent in whole seconds rounded up,
+    /// at least 1; gRPC gets it as `grpc-retry-pushback-ms`.
+    #[must_use]
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// Which layer refused.
+    pub fn rejected_by(&self) -> RejectedBy {
+        self.by
+    }
+
+    /// Why.
+    pub fn kind(&self) -> RejectionKind {
+        self.kind
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The detail text.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The delay before a retry, if the client may retry.
+    pub fn retry_after_delay(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The rejection of a lock error, as [`LockLayer`](crate::LockLayer) answers it:
+    /// [`Taken`](RejectionKind::Taken) with `taken_status` (409 or 423) and `Retry-After`
+    /// when the lock is held, [`InvalidKey`](RejectionKind::InvalidKey) (400) for an
+    /// invalid key, [`Misconfigured`](RejectionKind::Misconfigured) (500) for an
+    /// unsupported request, [`Unavailable`](RejectionKind::Unavailable) (503, with
+    /// `Retry-After: 1`) when the backend cannot answer, without internal details (log
+    /// the error instead).
+    ///
+    /// For a handler that takes its locks itself, as the layer would answer:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_redlock::{LockError, Rejection, RejectionKind};
+    ///
+    /// let taken = LockError::Taken { retry_after: std::time::Duration::from_secs(1) };
+    /// let rejection = Rejection::from_lock_error(&taken, StatusCode::LOCKED);
+    /// assert_eq!(rejection.kind(), RejectionKind::Taken);
+    /// assert_eq!(rejection.status(), StatusCode::LOCKED);
+    /// ```
+    pub fn from_lock_error(error: &LockError, taken_status: StatusCode) -> Self {
+        Self::of_lock_error(RejectedBy::Lock, error, taken_status)
+    }
+
+    /// [`from_lock_error`](Self::from_lock_error) for `by`: a held lock is
+    /// [`InFlight`](RejectionKind::InFlight) for the idempotency layer.
+    pub(crate) fn of_lock_error(
+        by: RejectedBy,
+        error: &LockError,
+        taken_status: StatusCode,
+    ) -> Self {
+        match error {
+            LockError::Taken { retry_after } => {
+                let (kind, detail) = if by == RejectedBy::Idempotency {
+                    (
+                        RejectionKind::InFlight,
+                        "A request with the same key is still in progress.",
+                    )
+                } else if taken_status == StatusCode::CONFLICT {
+                    (
+                        RejectionKind::Taken,
+                        "A request with the same key is still in progress.",
+                    )
+                } else {
+                    (
+                        RejectionKind::Taken,
+                        "The resource is locked by another request; retry after the Retry-After delay.",
+                    )
+                };
+                Rejection::new(by, kind, detail)
+                    .with_status(taken_status)
+                    .retry_after(*retry_after)
+            }
+            LockError::InvalidKey(e) => Rejection::new(
+                by,
+                RejectionKind::InvalidKey,
+                format!("Invalid lock key: {e}."),
+            ),
+            LockError::Unsupported(_) => Rejection::misconfigured(by),
+            _ => Rejection::new(
+                by,
+                RejectionKind::Unavailable,
+                "The lock service is unavailable; retry later.",
+            )
+            .retry_after(Duration::from_secs(1)),
+        }
+    }
+
+    /// The answer to a server mistake: 500 with nothing internal in it (the details go
+    /// to the log).
+    pub(crate) fn misconfigured(by: RejectedBy) -> Self {
+        Rejection::new(
+            by,
+            RejectionKind::Misconfigured,
+            "The server is misconfigured; the details are in its log.",
+        )
+    }
+
+    /// The gRPC answer: HTTP 200, `content-type: application/grpc`, and in the head (a
+    /// trailers-only response) `grpc-status` ([`RejectionKind::grpc_code`]), the
+    /// percent-encoded detail as `grpc-message`, and `grpc-retry-pushback-ms` when the
+    /// client may retry. The body is empty. The response carries the rejection in its
+    /// extensions.
+    pub fn into_grpc_response<B: Default>(self) -> Response<B> {
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            GRPC_STATUS.clone(),
+            HeaderValue::from(self.kind.grpc_code()),
+        );
+        if let Ok(message) = HeaderValue::from_str(&grpc_message(&self.detail)) {
+            headers.insert(GRPC_MESSAGE.clone(), message);
+        }
+        if let Some(after) = self.retry_after {
+            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(ms));
+        }
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Percent-encodes a `grpc-message` (gRPC over HTTP/2: every byte outside printable ASCII
+/// `0x20..=0x7E`, and `%` itself, as `%XX`).
+fn grpc_message(detail: &str) -> String {
+    let mut out = String::with_capacity(detail.len());
+    for byte in detail.bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Whether a request is gRPC: its `content-type` starts with `application/grpc` (which
+/// also covers `application/grpc+proto` and gRPC-Web).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+impl<B: From<Bytes>> From<Rejection> for Response<B> {
+    /// The `application/problem+json` response ([`Problem`]): the status, the body
+    /// (`type` the kind's [`type_uri`](RejectionKind::type_uri), `title`, `status`,
+    /// `detail`), `Retry-After` when set, and the rejection in the extensions.
+    fn from(rejection: Rejection) -> Self {
+        let mut problem = Problem::new(rejection.status, rejection.detail.clone())
+            .with_type(rejection.kind.type_uri());
+        if let Some(after) = rejection.retry_after {
+            problem = problem.retry_after(after);
+        }
+        let mut response = Response::from(problem);
+        response.extensions_mut().insert(rejection);
+        response
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum::response::Response {
+        Response::from(self)
+    }
+}
+
+/// A layer's own rendering of its rejections for HTTP clients (`on_rejection`).
+pub(crate) type RenderFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
+
+/// How one request's refusals are answered: chosen when the request arrives.
+#[derive(Clone, Default)]
+pub(crate) enum Answers {
+    /// `application/problem+json`, as rendered when the rejection was made.
+    #[default]
+    Problem,
+    /// The gRPC answer.
+    Grpc,
+    /// The layer's `on_rejection` function.
+    Custom(Arc<RenderFn>),
+}
+
+impl fmt::Debug for Answers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Answers::Problem => "Problem",
+            Answers::Grpc => "Grpc",
+            Answers::Custom(_) => "Custom",
+        })
+    }
+}
+
+impl Answers {
+    /// The answers for a request with `headers`, for a layer with `custom` rendering.
+    #[inline]
+    pub(crate) fn for_request(headers: &HeaderMap, custom: Option<&Arc<RenderFn>>) -> Self {
+        if is_grpc(headers) {
+            Answers::Grpc
+        } else if let Some(render) = custom {
+            Answers::Custom(render.clone())
+        } else {
+            Answers::Problem
+        }
+    }
+
+    /// The response to hand on for a layer's own answer `response` (a problem, carrying
+    /// its rejection).
+    pub(crate) fn render(&self, response: Response<Bytes>) -> Response<Bytes> {
+        if let Answers::Problem = self {
+            return response;
+        }
+        let Some(rejection) = response.extensions().get::<Rejection>() else {
+            return response;
+        };
+        match self {
+            Answers::Problem => response,
+            Answers::Grpc => rejection.clone().into_grpc_response(),
+            Answers::Custom(render) => {
+                let mut custom = render(rejection);
+                if custom.extensions().get::<Rejection>().is_none() {
+                    custom.extensions_mut().insert(rejection.clone());
+                }
+                custom
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::PROBLEM_JSON;
+    use http::header::RETRY_AFTER;
+
+    #[test]
+    fn body_is_problem_json_with_a_type_per_kind() {
+        let r = Response::<Bytes>::from(
+            Rejection::new(RejectedBy::Lock, RejectionKind::Taken, "held")
+                .with_status(StatusCode::LOCKED)
+                .retry_after(Duration::from_millis(1500)),
+        );
+        assert_eq!(r.status(), 423);
+        assert_eq!(r.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(r.headers()[RETRY_AFTER], "2");
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["status"], 423);
+        assert_eq!(v["title"], "Locked");
+        assert_eq!(v["detail"], "held");
+        assert_eq!(
+            v["type"],
+            "https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.Taken"
+        );
+        assert_eq!(
+            r.extensions().get::<Rejection>().unwrap().kind(),
+            RejectionKind::Taken
+        );
+    }
+
+    #[test]
+    fn grpc_answers_are_trailers_only_with_status_message_and_pushback() {
+        let r: Response<Bytes> = Rejection::new(
+            RejectedBy::RateLimit,
+            RejectionKind::Limited,
+            "100% used, é",
+        )
+        .retry_after(Duration::from_millis(1500))
+        .into_grpc_response();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc");
+        assert_eq!(r.headers()["grpc-status"], "8");
+        assert_eq!(r.headers()["grpc-message"], "100%25 used, %C3%A9");
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1500");
+        assert!(r.body().is_empty());
+    }
+
+    #[test]
+    fn every_kind_has_its_grpc_code() {
+        use RejectionKind::*;
+        let codes = [
+            (Taken, 10),
+            (InFlight, 10),
+            (MissingKey, 3),
+            (InvalidKey, 3),
+            (Mismatch, 3),
+            (Unreplayable, 9),
+            (Limited, 8),
+            (TooLarge, 8),
+            (Unavailable, 14),
+            (Lost, 14),
+            (Misconfigured, 13),
+        ];
+        for (kind, code) in codes {
+            assert_eq!(kind.grpc_code(), code, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn only_grpc_content_types_are_grpc() {
+        let headers = |ct: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            h
+        };
+        assert!(is_grpc(&headers("application/grpc")));
+        assert!(is_grpc(&headers("application/grpc+proto")));
+        assert!(!is_grpc(&headers("application/json")));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+}
