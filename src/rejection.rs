@@ -27,7 +27,8 @@
 //! way (the gRPC over HTTP/2 protocol, "Responses"): HTTP 200, `content-type:
 //! application/grpc`, and a trailers-only answer, `grpc-status` and a percent-encoded
 //! `grpc-message` with no message. Where HTTP sends `Retry-After`, gRPC gets
-//! `grpc-retry-pushback-ms` (gRPC's retry design, A6). The status of each kind is
+//! `grpc-retry-pushback-ms` (gRPC's retry design, A6), in ms (at least 1) rather than
+//! whole seconds. The status of each kind is
 //! [`RejectionKind::grpc_code`]; it follows `google.rpc.Code`'s HTTP mapping (409 is
 //! `ABORTED`, 429 `RESOURCE_EXHAUSTED`, 503 `UNAVAILABLE`).
 //!
@@ -317,21 +318,30 @@ impl Rejection {
     /// extensions.
     pub fn into_grpc_response<B: Default>(self) -> Response<B> {
         let mut response = Response::new(B::default());
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(
-            GRPC_STATUS.clone(),
-            HeaderValue::from(self.kind.grpc_code()),
-        );
+        *response.headers_mut() = self.grpc_status();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        response.extensions_mut().insert(self);
+        response
+    }
+
+    /// The gRPC status fields: `grpc-status`, `grpc-message`, and
+    /// `grpc-retry-pushback-ms` when the client may retry; in the head of a
+    /// trailers-only answer, or the trailers of a stream that ends with this rejection.
+    pub(crate) fn grpc_status(&self) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(4);
+        let code = HeaderValue::from(self.kind.grpc_code());
+        headers.insert(GRPC_STATUS.clone(), code);
         if let Ok(message) = HeaderValue::from_str(&grpc_message(&self.detail)) {
             headers.insert(GRPC_MESSAGE.clone(), message);
         }
         if let Some(after) = self.retry_after {
-            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            // At least 1 ms: a pushback of 0 asks for an immediate retry.
+            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
             headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(ms));
         }
-        response.extensions_mut().insert(self);
-        response
+        headers
     }
 }
 

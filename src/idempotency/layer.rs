@@ -42,12 +42,19 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 8] = [
 ];
 
 /// Whether a response is stored for replay, by default: 2xx, 3xx and 4xx, except 408
-/// Request Timeout, 409 Conflict, 423 Locked, 425 Too Early and 429 Too Many Requests,
-/// which say "not now" rather than give a result; never 1xx or 5xx, so that a retry
-/// after a server error runs again.
+/// Request Timeout, 409 Conflict, 423 Locked, 425 Too Early, 429 Too Many Requests and
+/// 499 (a request the client cancelled), which say "not now" rather than give a result;
+/// never 1xx or 5xx, so that a retry after a server error runs again.
+///
+/// A gRPC response is judged by its `grpc-status`, as the HTTP status that
+/// `google.rpc.Code` maps it to: `OK` 200 (stored); `INVALID_ARGUMENT`,
+/// `FAILED_PRECONDITION`, `OUT_OF_RANGE` 400, `UNAUTHENTICATED` 401, `PERMISSION_DENIED`
+/// 403, `NOT_FOUND` 404 (stored); `ALREADY_EXISTS`, `ABORTED` 409, `RESOURCE_EXHAUSTED`
+/// 429, `CANCELLED` 499, and every 5xx (`UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
+/// `DEADLINE_EXCEEDED` 504, `UNKNOWN`, `INTERNAL`, `DATA_LOSS` 500) not stored.
 pub fn default_storable(status: StatusCode) -> bool {
     let code = status.as_u16();
-    (200..500).contains(&code) && !matches!(code, 408 | 409 | 423 | 425 | 429)
+    (200..500).contains(&code) && !matches!(code, 408 | 409 | 423 | 425 | 429 | 499)
 }
 
 pub(crate) type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
 use super::store::Begin;
@@ -16,6 +16,7 @@ use crate::backend::handle::LeaseGuard;
 use crate::backend::handle::Locks;
 use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
+use crate::keyed::future::Trailers;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
@@ -151,6 +152,36 @@ impl Policy for IdempotencyPolicy {
     }
 }
 
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+
+/// The HTTP status a gRPC status code stands for, by `google.rpc.Code`'s mapping, so that
+/// the layer's `storable` judges a gRPC response as it judges an HTTP one: `OK` is 200,
+/// `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and `OUT_OF_RANGE` 400, `UNAUTHENTICATED`
+/// 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
+/// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
+/// `DEADLINE_EXCEEDED` 504, and `UNKNOWN`, `INTERNAL`, `DATA_LOSS` or a code that is not
+/// one 500.
+pub(crate) fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
+    let code = code.to_str().ok().and_then(|c| c.parse::<u16>().ok());
+    let status = match code {
+        Some(0) => 200,
+        Some(1) => 499,
+        Some(3 | 9 | 11) => 400,
+        Some(4) => 504,
+        Some(5) => 404,
+        Some(6 | 10) => 409,
+        Some(7) => 403,
+        Some(8) => 429,
+        Some(12) => 501,
+        Some(14) => 503,
+        Some(16) => 401,
+        _ => 500,
+    };
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 /// The answer to a retry that found a record.
 fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
     let Some(record) = Record::decode(raw) else {
@@ -189,12 +220,20 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
             status,
             headers,
             body,
+            trailers,
             ..
         } => {
             let mut response = Response::new(body);
             *response.status_mut() = status;
             for (name, value) in headers {
                 response.headers_mut().append(name, value);
+            }
+            if !trailers.is_empty() {
+                let mut map = HeaderMap::with_capacity(trailers.len());
+                for (name, value) in trailers {
+                    map.append(name, value);
+                }
+                response.extensions_mut().insert(Trailers(map));
             }
             response
                 .headers_mut()
@@ -217,6 +256,8 @@ pub struct IdempotencyPermit {
     /// The head to store, once the inner service answered with a storable status.
     head: Option<(StatusCode, Vec<(HeaderName, HeaderValue)>)>,
     body: BytesMut,
+    /// A gRPC response's trailers (its status), stored after the body.
+    trailers: Vec<(HeaderName, HeaderValue)>,
     /// The body went over the cap: the result cannot be replayed.
     over: bool,
 }
@@ -243,6 +284,7 @@ impl IdempotencyPermit {
             storable: policy.storable,
             head: None,
             body: BytesMut::new(),
+            trailers: Vec::new(),
             over: false,
         }
     }
@@ -257,6 +299,7 @@ impl IdempotencyPermit {
                 status,
                 headers,
                 body: std::mem::take(&mut self.body).freeze(),
+                trailers: std::mem::take(&mut self.trailers),
             },
             End::Complete => Record::Unreplayable { fingerprint },
             // A body cut because the lease ran out: the request ran, its result is gone.
@@ -294,13 +337,49 @@ impl Permit for IdempotencyPermit {
     }
 
     fn on_response(&mut self, head: &mut response::Parts) -> Hold {
-        if (self.storable)(head.status) {
-            self.head = Some((
-                head.status,
-                kept_headers(&head.headers, &self.stored_headers),
-            ));
+        // A trailers-only gRPC answer has its status in the head.
+        let status = match head.headers.get(&GRPC_STATUS) {
+            Some(code) => http_status_of_grpc(code),
+            None => head.status,
+        };
+        if (self.storable)(status) {
+            let mut kept = kept_headers(&head.headers, &self.stored_headers);
+            if head.headers.contains_key(&GRPC_STATUS) {
+                // A trailers-only answer's status is what its replay must carry.
+                let status_fields = [&GRPC_STATUS, &GRPC_MESSAGE, &GRPC_STATUS_DETAILS];
+                kept.extend(kept_headers(
+                    &head.headers,
+                    &status_fields.map(Clone::clone),
+                ));
+            }
+            self.head = Some((head.status, kept));
         }
         Hold::BodyEnd
+    }
+
+    fn on_trailers(&mut self, trailers: &HeaderMap) {
+        if self.head.is_none() || self.over {
+            return;
+        }
+        if let Some(code) = trailers.get(&GRPC_STATUS) {
+            if !(self.storable)(http_status_of_grpc(code)) {
+                self.head = None;
+                return;
+            }
+        }
+        let size: usize = trailers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len())
+            .sum();
+        if self.body.len().saturating_add(size) > self.max_body {
+            self.over = true;
+            self.body = BytesMut::new();
+            return;
+        }
+        self.trailers = trailers
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
     }
 
     fn on_data(&mut self, data: &Bytes) {

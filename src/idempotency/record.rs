@@ -6,11 +6,12 @@
 //! | bytes | content |
 //! | --- | --- |
 //! | 4 | the magic and version, `TRI1` |
-//! | 1 | the kind: `1` a response, `2` a result that cannot be replayed |
+//! | 1 | the kind: `1` a response, `3` a response with trailers (gRPC), `2` a result that cannot be replayed |
 //! | 32 | the request's fingerprint (SHA-256 by default) |
-//! | 2 | kind 1 only: the status code |
-//! | 2 | kind 1 only: the number of headers, then for each: a 2-byte name length, the name, a 2-byte value length, the value |
-//! | rest | kind 1 only: the body |
+//! | 2 | kinds 1 and 3: the status code |
+//! | 2 | kinds 1 and 3: the number of headers, then for each: a 2-byte name length, the name, a 2-byte value length, the value |
+//! | 2 | kind 3 only: the trailers, as the headers |
+//! | rest | kinds 1 and 3: the body |
 //!
 //! A value that does not parse (another version, another program's data) is never
 //! overwritten: the layer answers 500 and logs it.
@@ -22,6 +23,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 const MAGIC: &[u8; 4] = b"TRI1";
 const KIND_RESPONSE: u8 = 1;
 const KIND_UNREPLAYABLE: u8 = 2;
+const KIND_RESPONSE_WITH_TRAILERS: u8 = 3;
 
 /// A request's fingerprint: 32 bytes, by default the SHA-256 of its method, route and body.
 pub type Fingerprint = [u8; 32];
@@ -35,6 +37,8 @@ pub(crate) enum Record {
         status: StatusCode,
         headers: Vec<(HeaderName, HeaderValue)>,
         body: Bytes,
+        /// After the body: a gRPC response's status.
+        trailers: Vec<(HeaderName, HeaderValue)>,
     },
     /// The request ran, but its response could not be kept (its body was over the cap or
     /// did not end within the lease): retries get a problem, never a second run.
@@ -66,24 +70,27 @@ impl Record {
                 status,
                 headers,
                 body,
+                trailers,
             } => {
-                let header_bytes: usize = headers
+                let field_bytes: usize = headers
                     .iter()
+                    .chain(trailers)
                     .map(|(n, v)| 4 + n.as_str().len() + v.len())
                     .sum();
                 let mut out = BytesMut::with_capacity(
-                    MAGIC.len() + 1 + fingerprint.len() + 4 + header_bytes + body.len(),
+                    MAGIC.len() + 1 + fingerprint.len() + 6 + field_bytes + body.len(),
                 );
                 out.put_slice(MAGIC);
-                out.put_u8(KIND_RESPONSE);
+                out.put_u8(if trailers.is_empty() {
+                    KIND_RESPONSE
+                } else {
+                    KIND_RESPONSE_WITH_TRAILERS
+                });
                 out.put_slice(fingerprint);
                 out.put_u16(status.as_u16());
-                out.put_u16(u16::try_from(headers.len()).ok()?);
-                for (name, value) in headers {
-                    out.put_u16(u16::try_from(name.as_str().len()).ok()?);
-                    out.put_slice(name.as_str().as_bytes());
-                    out.put_u16(u16::try_from(value.len()).ok()?);
-                    out.put_slice(value.as_bytes());
+                put_fields(&mut out, headers)?;
+                if !trailers.is_empty() {
+                    put_fields(&mut out, trailers)?;
                 }
                 out.put_slice(body);
                 Some(out.freeze())
@@ -101,27 +108,38 @@ impl Record {
         let fingerprint: Fingerprint = reader.take(32)?.try_into().ok()?;
         match kind {
             KIND_UNREPLAYABLE if reader.0.is_empty() => Some(Record::Unreplayable { fingerprint }),
-            KIND_RESPONSE => {
+            KIND_RESPONSE | KIND_RESPONSE_WITH_TRAILERS => {
                 let status = StatusCode::from_u16(reader.u16()?).ok()?;
-                let count = reader.u16()?;
-                let mut headers = Vec::with_capacity(usize::from(count));
-                for _ in 0..count {
-                    let len = usize::from(reader.u16()?);
-                    let name = HeaderName::from_bytes(reader.take(len)?).ok()?;
-                    let len = usize::from(reader.u16()?);
-                    let value = HeaderValue::from_bytes(reader.take(len)?).ok()?;
-                    headers.push((name, value));
-                }
+                let headers = reader.fields()?;
+                let trailers = if kind == KIND_RESPONSE_WITH_TRAILERS {
+                    reader.fields()?
+                } else {
+                    Vec::new()
+                };
                 Some(Record::Response {
                     fingerprint,
                     status,
                     headers,
                     body: Bytes::copy_from_slice(reader.0),
+                    trailers,
                 })
             }
             _ => None,
         }
     }
+}
+
+/// Writes a count of fields, then each: a 2-byte name length, the name, a 2-byte value
+/// length, the value. `None` when a count or a length is over 65,535.
+fn put_fields(out: &mut BytesMut, fields: &[(HeaderName, HeaderValue)]) -> Option<()> {
+    out.put_u16(u16::try_from(fields.len()).ok()?);
+    for (name, value) in fields {
+        out.put_u16(u16::try_from(name.as_str().len()).ok()?);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u16(u16::try_from(value.len()).ok()?);
+        out.put_slice(value.as_bytes());
+    }
+    Some(())
 }
 
 /// The headers of `headers` named in `keep`, in order, for a record.
@@ -158,6 +176,20 @@ impl<'a> Reader<'a> {
         let b = self.take(2)?;
         Some(u16::from_be_bytes([b[0], b[1]]))
     }
+
+    /// Fields as [`put_fields`] writes them.
+    fn fields(&mut self) -> Option<Vec<(HeaderName, HeaderValue)>> {
+        let count = self.u16()?;
+        let mut fields = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let len = usize::from(self.u16()?);
+            let name = HeaderName::from_bytes(self.take(len)?).ok()?;
+            let len = usize::from(self.u16()?);
+            let value = HeaderValue::from_bytes(self.take(len)?).ok()?;
+            fields.push((name, value));
+        }
+        Some(fields)
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +211,30 @@ mod tests {
                 ),
             ],
             body: Bytes::from_static(b"{\"order_id\":\"1\"}"),
+            trailers: Vec::new(),
+        }
+    }
+
+    /// A unary gRPC response: a length-prefixed message, then its status in trailers.
+    fn grpc_response() -> Record {
+        Record::Response {
+            fingerprint: [8; 32],
+            status: StatusCode::OK,
+            headers: vec![(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            )],
+            body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
+            trailers: vec![
+                (
+                    HeaderName::from_static("grpc-status"),
+                    HeaderValue::from_static("0"),
+                ),
+                (
+                    HeaderName::from_static("grpc-message"),
+                    HeaderValue::from_static(""),
+                ),
+            ],
         }
     }
 
@@ -186,6 +242,7 @@ mod tests {
     fn records_round_trip() {
         for record in [
             response(),
+            grpc_response(),
             Record::Unreplayable {
                 fingerprint: [9; 32],
             },
@@ -200,6 +257,7 @@ mod tests {
         let raw = response().encode().unwrap();
         assert_eq!(&raw[..4], b"TRI1");
         assert_eq!(raw[4], 1);
+        assert_eq!(grpc_response().encode().unwrap()[4], 3);
         assert_eq!(&raw[5..37], &[7; 32]);
         assert_eq!(&raw[37..39], &201u16.to_be_bytes());
     }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::key::IdempotencyKey;
@@ -22,7 +22,9 @@ use crate::rejection::{Answers, RejectedBy, Rejection, RejectionKind, RenderFn};
 pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
 
 /// Reads the request body (up to a bound, 413 beyond), puts its fingerprint in the
-/// request's extensions and hands the request on, the body unchanged.
+/// request's extensions and hands the request on with the same bytes as a
+/// [`Full<Bytes>`] body, which axum's `Router` and `Route`, tonic's `Routes` and any
+/// service generic over its request body accept.
 pub struct ReadBody<S> {
     inner: S,
     max: usize,
@@ -70,9 +72,9 @@ impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for ReadBody<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send,
-    ReqB: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: From<Bytes> + 'static,
 {
@@ -119,7 +121,7 @@ where
                 .extensions
                 .insert(RequestFingerprint(fingerprint(&parts, &bytes)));
             inner
-                .call(Request::from_parts(parts, ReqB::from(bytes)))
+                .call(Request::from_parts(parts, Full::new(bytes)))
                 .await
         })
     }

@@ -9,6 +9,7 @@ use pin_project_lite::pin_project;
 
 use super::policy::{BoxError, BoxFuture, End, Permit, Policy, Release};
 use crate::protect::{Lost, poll_guarded};
+use crate::rejection::Rejection;
 
 pin_project! {
     /// The response body of [`Keyed`](super::Keyed): the inner service's body, or the
@@ -37,6 +38,8 @@ pin_project! {
     enum BodyKind<B, H> {
         Answer {
             data: Option<Bytes>,
+            // After the data: a replayed gRPC response's status.
+            trailers: Option<Box<HeaderMap>>,
         },
         Plain {
             #[pin]
@@ -54,9 +57,11 @@ pin_project! {
 
 enum Holding<H> {
     /// The permit is held; `lost` once it was lost and the body streams on unprotected.
+    /// A gRPC response that loses its permit ends with its status in trailers.
     Streaming {
         permit: H,
         lost: bool,
+        grpc: bool,
     },
     /// The permit is being released; `item` is handed on once it is.
     Releasing {
@@ -124,11 +129,13 @@ impl<B, P: Policy> fmt::Debug for ResponseBody<B, P> {
 }
 
 impl<B, P: Policy> ResponseBody<B, P> {
-    pub(crate) fn answer(data: Bytes) -> Self {
+    /// The layer's own answer: `data`, then `trailers` if any.
+    pub(crate) fn answer(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         Self {
             first: None,
             kind: BodyKind::Answer {
                 data: (!data.is_empty()).then_some(data),
+                trailers,
             },
         }
     }
@@ -142,8 +149,15 @@ impl<B, P: Policy> ResponseBody<B, P> {
     }
 
     /// The inner body, holding `permit` until it ends; `first` (taken from it already, not
-    /// its last frame) is handed on first.
-    pub(crate) fn held(body: B, permit: P::Permit, lost: bool, first: Option<Item>) -> Self
+    /// its last frame) is handed on first. A `grpc` body that loses its permit ends with
+    /// the gRPC status `UNAVAILABLE` in trailers, not an error.
+    pub(crate) fn held(
+        body: B,
+        permit: P::Permit,
+        lost: bool,
+        grpc: bool,
+        first: Option<Item>,
+    ) -> Self
     where
         B: Body,
     {
@@ -152,7 +166,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
             first,
             kind: BodyKind::Held {
                 body,
-                state: Holding::Streaming { permit, lost },
+                state: Holding::Streaming { permit, lost, grpc },
                 remaining,
             },
         }
@@ -177,7 +191,10 @@ where
             return Poll::Ready(first.into_poll());
         }
         match this.kind.project() {
-            BodyKindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            BodyKindProj::Answer { data, trailers } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
             BodyKindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
             BodyKindProj::Held {
                 body,
@@ -194,7 +211,7 @@ where
             None => {}
         }
         match &self.kind {
-            BodyKind::Answer { data } => data.is_none(),
+            BodyKind::Answer { data, trailers } => data.is_none() && trailers.is_none(),
             BodyKind::Plain { body } => body.is_end_stream(),
             BodyKind::Held { state, .. } => matches!(state, Holding::Done),
         }
@@ -202,7 +219,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         let inner = match &self.kind {
-            BodyKind::Answer { data } => {
+            BodyKind::Answer { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             BodyKind::Plain { body } => body.size_hint(),
@@ -238,8 +255,8 @@ where
     H: Permit,
 {
     loop {
-        let (permit, lost) = match state {
-            Holding::Streaming { permit, lost } => (permit, lost),
+        let (permit, lost, grpc) = match state {
+            Holding::Streaming { permit, lost, grpc } => (permit, lost, *grpc),
             Holding::Releasing { release, item } => {
                 ready!(release.as_mut().poll(cx));
                 let item = std::mem::replace(item, Item::End);
@@ -260,7 +277,17 @@ where
                         else {
                             unreachable!("matched as Streaming above")
                         };
-                        return Poll::Ready(Some(Err(permit.lost_error())));
+                        if !grpc {
+                            return Poll::Ready(Some(Err(permit.lost_error())));
+                        }
+                        // The status a gRPC client reads, where HTTP gets an error.
+                        let answer = permit.lost_response();
+                        let trailers = answer
+                            .extensions()
+                            .get::<Rejection>()
+                            .map(Rejection::grpc_status)
+                            .unwrap_or_default();
+                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                     }
                     tracing::warn!("the permit was lost; the response body streams on unprotected");
                     *lost = true;
@@ -277,6 +304,8 @@ where
                     if let Some(left) = remaining.as_mut() {
                         *left = left.saturating_sub(data.len() as u64);
                     }
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    permit.on_trailers(trailers);
                 }
                 // The last frame: release before the client can see it.
                 if body.is_end_stream() || *remaining == Some(0) {
@@ -305,6 +334,6 @@ impl<B, P: Policy> From<Bytes> for ResponseBody<B, P> {
     /// A whole body of `data`: how a layer in front of the core (such as the idempotency
     /// layer's body read) answers by itself.
     fn from(data: Bytes) -> Self {
-        Self::answer(data)
+        Self::answer(data, None)
     }
 }

@@ -262,7 +262,8 @@ where
                             output.map(|r| r.map(|b| ResponseBody::plain(b, None))),
                         );
                     };
-                    match finish(held, output, *lost, cx) {
+                    let grpc = matches!(this.answers, Answers::Grpc);
+                    match finish(held, output, *lost, grpc, cx) {
                         Finish::Ready(output) => return Poll::Ready(output),
                         Finish::Lost(response) => this.state.set(Phase::Answered {
                             response: Some(response),
@@ -290,13 +291,22 @@ where
                 }
                 PhaseProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
-                    let response = this.answers.render(response);
-                    return Poll::Ready(Ok(response.map(ResponseBody::answer)));
+                    let mut response = this.answers.render(response);
+                    let trailers = response.extensions_mut().remove::<Trailers>();
+                    let trailers = trailers.map(|t| Box::new(t.0));
+                    return Poll::Ready(Ok(
+                        response.map(|data| ResponseBody::answer(data, trailers))
+                    ));
                 }
             }
         }
     }
 }
+
+/// Trailers to send after a layer's own answer (a replayed gRPC response's status), in
+/// the answer's extensions until its body is made.
+#[derive(Clone, Debug)]
+pub(crate) struct Trailers(pub(crate) http::HeaderMap);
 
 /// What to do once the inner service has answered under a permit.
 enum Finish<B, P: Policy, E> {
@@ -321,6 +331,7 @@ fn finish<B, H, E, P>(
     mut held: H,
     output: Result<Response<B>, E>,
     lost: bool,
+    grpc: bool,
     cx: &mut Context<'_>,
 ) -> Finish<B, P, E>
 where
@@ -351,14 +362,18 @@ where
                             return Finish::Lost(held.lost_response());
                         }
                         // Streams on unprotected; the body says so.
-                        let body = ResponseBody::held(body, held, true, None);
+                        let body = ResponseBody::held(body, held, true, grpc, None);
                         return Finish::Ready(Ok(Response::from_parts(head, body)));
                     }
                     Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
                 };
                 let (complete, end) = match &first {
                     None => (false, End::Complete),
-                    Some(Item::End | Item::Trailers(_)) => (true, End::Complete),
+                    Some(Item::End) => (true, End::Complete),
+                    Some(Item::Trailers(trailers)) => {
+                        held.on_trailers(trailers);
+                        (true, End::Complete)
+                    }
                     Some(Item::Error(_)) => (true, End::Failed),
                     Some(Item::Data(data)) => {
                         held.on_data(data);
@@ -367,7 +382,7 @@ where
                     }
                 };
                 if !complete {
-                    let body = ResponseBody::held(body, held, lost, first);
+                    let body = ResponseBody::held(body, held, lost, grpc, first);
                     return Finish::Ready(Ok(Response::from_parts(head, body)));
                 }
                 (end, Ok(Response::from_parts(head, body)), first)

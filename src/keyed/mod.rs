@@ -75,7 +75,7 @@ macro_rules! layer_setters {
 pub(crate) use layer_setters;
 
 mod body;
-mod future;
+pub(crate) mod future;
 pub(crate) mod layer;
 pub(crate) mod policy;
 mod service;

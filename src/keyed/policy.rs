@@ -206,6 +206,11 @@ pub trait Permit: Watch + Send + 'static {
         let _ = data;
     }
 
+    /// The trailers of a held body pass on to the client (a gRPC response's status).
+    fn on_trailers(&mut self, trailers: &http::HeaderMap) {
+        let _ = trailers;
+    }
+
     /// Releases what the permit holds.
     fn release(self, end: End) -> Release;
 }
