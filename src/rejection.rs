@@ -39,8 +39,6 @@
 //! answer, the only one a gRPC client can read.
 
 use std::borrow::Cow;
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -363,6 +361,11 @@ fn grpc_message(detail: &str) -> String {
     out
 }
 
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 /// Whether a request is gRPC: its `content-type` starts with `application/grpc` (which
 /// also covers `application/grpc+proto` and gRPC-Web).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
@@ -395,9 +398,19 @@ impl axum::response::IntoResponse for Rejection {
     }
 }
 
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 /// A layer's own rendering of its rejections for HTTP clients (`on_rejection`).
 pub(crate) type RenderFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
 
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 /// How one request's refusals are answered: chosen when the request arrives.
 #[derive(Clone, Default)]
 pub(crate) enum Answers {
@@ -407,11 +420,16 @@ pub(crate) enum Answers {
     /// The gRPC answer.
     Grpc,
     /// The layer's `on_rejection` function.
-    Custom(Arc<RenderFn>),
+    Custom(std::sync::Arc<RenderFn>),
 }
 
-impl fmt::Debug for Answers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+impl std::fmt::Debug for Answers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Answers::Problem => "Problem",
             Answers::Grpc => "Grpc",
@@ -420,10 +438,18 @@ impl fmt::Debug for Answers {
     }
 }
 
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 impl Answers {
     /// The answers for a request with `headers`, for a layer with `custom` rendering.
     #[inline]
-    pub(crate) fn for_request(headers: &HeaderMap, custom: Option<&Arc<RenderFn>>) -> Self {
+    pub(crate) fn for_request(
+        headers: &HeaderMap,
+        custom: Option<&std::sync::Arc<RenderFn>>,
+    ) -> Self {
         if is_grpc(headers) {
             Answers::Grpc
         } else if let Some(render) = custom {
