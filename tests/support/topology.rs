@@ -325,6 +325,19 @@ impl Cluster {
             cli(replica, &["ROLE"]).starts_with("master")
                 && cli(primary, &["ROLE"]).starts_with("slave")
         };
+        // Every write so far reaches the replica first: a forced promotion below must not
+        // lose what the test wrote (replication is asynchronous).
+        let offset = |port: u16, field: &str| -> u64 {
+            cli(port, &["INFO", "replication"])
+                .lines()
+                .find_map(|line| line.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let written = offset(primary, "master_repl_offset:");
+        wait_until("the replica to catch up", Duration::from_secs(20), || {
+            offset(replica, "slave_repl_offset:") >= written
+        });
         let answer = cli(replica, &["CLUSTER", "FAILOVER"]);
         assert!(answer.contains("OK"), "CLUSTER FAILOVER answered {answer}");
         // The coordinated failover waits for the primary's handshake, which a loaded
