@@ -206,20 +206,28 @@ impl Headers {
     /// When `name` is not printable ASCII; the layer's builder checks it first.
     pub(crate) fn new(quota: Quota, name: &str, legacy: bool) -> Self {
         let name_item = sf_string(name);
-        let policy = format!("{name_item};q={};w={}", quota.limit(), quota.window_secs());
+        let (q, w) = quota.policy();
+        let policy = format!("{name_item};q={q};w={w}");
         Self {
             quota,
             legacy,
             name: name.to_owned(),
             policy_value: HeaderValue::try_from(policy)
                 .expect("the policy name is printable ASCII, checked by policy_name"),
-            limit_value: HeaderValue::from(quota.limit()),
+            limit_value: HeaderValue::from(q),
             name_item: Arc::from(name_item),
-            exceeded_detail: format!(
-                "Too many requests: at most {} per {}; retry after the Retry-After delay.",
-                quota.limit(),
-                describe_window(quota.window())
-            ),
+            exceeded_detail: match quota.burst() {
+                None => format!(
+                    "Too many requests: at most {} per {}; retry after the Retry-After delay.",
+                    quota.limit(),
+                    describe_window(quota.window())
+                ),
+                Some(burst) => format!(
+                    "Too many requests: at most {} per {}, in bursts of up to {burst}; retry after the Retry-After delay.",
+                    quota.limit(),
+                    describe_window(quota.window())
+                ),
+            },
         }
     }
 
@@ -251,7 +259,7 @@ impl Headers {
             RejectionKind::Limited,
             self.exceeded_detail.clone(),
         )
-        .retry_after(usage.reset_after())
+        .retry_after(usage.retry_after())
         .into();
         self.decorate(response.headers_mut(), Some(usage));
         response
@@ -299,11 +307,7 @@ mod tests {
     use super::*;
 
     fn usage(count: u64, limit: u64, reset_ms: u64) -> Usage {
-        Usage {
-            count,
-            limit,
-            reset_after: Duration::from_millis(reset_ms),
-        }
+        Usage::fixed(count, limit, Duration::from_millis(reset_ms))
     }
 
     fn headers(quota: &str) -> Headers {

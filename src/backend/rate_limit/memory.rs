@@ -1,18 +1,17 @@
-//! [`MemoryRateLimiter`]: fixed-window counters in this process's memory.
+//! [`MemoryRateLimiter`]: fixed-window counters and GCRA arrival times in this process's memory.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::collections::binary_heap::PeekMut;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::RateLimitError;
 use super::quota::{Quota, Usage};
 use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
-/// Fixed-window counters in this process's memory, with the same semantics as
+/// Fixed-window counters and GCRA arrival times in this process's memory, with the same semantics as
 /// [`RedisRateLimiter`](super::RedisRateLimiter): a window per key that starts with its
 /// first request and lasts the quota's window, refused requests counted too, the time to
 /// reset reported.
@@ -167,6 +166,9 @@ impl MemoryRateLimiter {
         let mut windows = self.windows();
         windows.evict_ended(now);
         let full = windows.counts.len() >= windows.max_keys;
+        if quota.burst().is_some() {
+            return windows.gcra(resource, quota, now, full);
+        }
         let (count, resets_at) = match windows.counts.get_mut(resource) {
             Some(window) => {
                 window.count = window.count.saturating_add(1);
@@ -191,24 +193,76 @@ impl MemoryRateLimiter {
                 (1, resets_at)
             }
         };
-        Ok(Usage {
-            count,
-            limit: quota.limit(),
-            reset_after: resets_at - now,
-        })
+        Ok(Usage::fixed(count, quota.limit(), resets_at - now))
     }
 }
 
 impl Windows {
+    /// One GCRA decision on `resource` at `now` (see [`Quota::gcra`]): the key's
+    /// `resets_at` is its theoretical arrival time (TAT), and the key is dropped once that
+    /// has passed (a fresh key is in the same state). `full`: no new key may be added.
+    fn gcra(
+        &mut self,
+        resource: &str,
+        quota: Quota,
+        now: Instant,
+        full: bool,
+    ) -> Result<Usage, RateLimitError> {
+        let emission = Duration::from_micros(quota.emission_us());
+        let tolerance = Duration::from_micros(quota.tolerance_us());
+        let tat = match self.counts.get_mut(resource) {
+            Some(window) => {
+                let tat = window.resets_at.max(now);
+                let ahead = tat - now;
+                if ahead > tolerance {
+                    return Ok(Usage::gcra(&quota, false, 0, ahead, ahead - tolerance));
+                }
+                window.resets_at = tat + emission;
+                window.resets_at
+            }
+            None if full => {
+                return Err(RateLimitError::StoreFull {
+                    max_keys: self.max_keys,
+                });
+            }
+            None => {
+                let tat = now + emission;
+                let key: Arc<str> = Arc::from(resource);
+                self.ends.push(Reverse((tat, key.clone())));
+                self.counts.insert(
+                    key,
+                    Window {
+                        count: 0,
+                        resets_at: tat,
+                    },
+                );
+                tat
+            }
+        };
+        let ahead = tat - now;
+        // What is left of the burst: floor((tolerance + emission - ahead) / emission).
+        let left = (tolerance + emission).saturating_sub(ahead);
+        let remaining = u64::try_from(left.as_micros() / emission.as_micros()).unwrap_or(0);
+        Ok(Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO))
+    }
+
     /// Evicts the windows that ended by `now`, soonest first; `O(log n)` each, and
-    /// nothing to do but a look at the soonest end when none has.
+    /// nothing to do but a look at the soonest end when none has. A GCRA key whose
+    /// arrival time moved on since its entry was queued is queued again at that time.
     fn evict_ended(&mut self, now: Instant) {
         let mut evicted = false;
-        while let Some(end) = self.ends.peek_mut() {
-            if end.0.0 > now {
+        while self.ends.peek().is_some_and(|end| end.0.0 <= now) {
+            let Some(Reverse((_, key))) = self.ends.pop() else {
                 break;
+            };
+            match self.counts.get(&key) {
+                Some(window) if window.resets_at > now => {
+                    let at = window.resets_at;
+                    self.ends.push(Reverse((at, key)));
+                    continue;
+                }
+                _ => {}
             }
-            let Reverse((_, key)) = PeekMut::pop(end);
             self.counts.remove(&key);
             evicted = true;
         }

@@ -56,7 +56,7 @@ fn rate_verdict(counted: &Result<Usage, RateLimitError>) -> &'static str {
 }
 
 /// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with one
-/// contract: a fixed window per key, counted atomically.
+/// contract: a fixed window or GCRA per key ([`Quota`]), counted atomically.
 ///
 /// The layer and your state hold a `RateLimiter`; cloning it is cheap and shares the
 /// store. Build one with `RateLimiter::from(redis_rate_limiter)` or

@@ -1,4 +1,5 @@
-//! [`Quota`] (how many requests per window) and [`Usage`] (where one key stands).
+//! [`Quota`] (how many requests per window, and by which algorithm) and [`Usage`] (where
+//! one key stands).
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,16 +8,29 @@ use std::time::Duration;
 /// The longest window accepted: 2^32 - 1 ms (about 49.7 days), as for lock TTLs.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_millis(u32::MAX as u64);
 
-/// A fixed-window rate limit: at most [`limit`](Self::limit) requests per key in each
-/// [`window`](Self::window).
+/// The largest GCRA tolerance: 2^51 µs, so that a theoretical arrival time in µs since
+/// the Unix epoch plus it stays an exact integer in Lua's doubles (below 2^53).
+const MAX_TOLERANCE_US: u64 = 1 << 51;
+
+/// A rate limit: [`limit`](Self::limit) requests per key per [`window`](Self::window),
+/// counted by one of two algorithms.
 ///
-/// The window of a key starts with its first request and lasts `window`; the request
-/// that would be number `limit + 1` in it is refused until it ends. This is the fixed
-/// window counter of the Redis `INCR` documentation ("Pattern: Rate limiter",
-/// <https://redis.io/docs/latest/commands/incr/>).
+/// - **Fixed window** ([`Quota::new`]): the window of a key starts with its first request
+///   and lasts `window`; the request that would be number `limit + 1` in it is refused
+///   until it ends. This is the fixed window counter of the Redis `INCR` documentation
+///   ("Pattern: Rate limiter", <https://redis.io/docs/latest/commands/incr/>). Its
+///   weakness: a client can spend a window's limit at its end and again at the start of
+///   the next, twice the limit within moments.
+/// - **GCRA** ([`Quota::gcra`]), the generic cell rate algorithm (ITU-T I.371; the
+///   algorithm of redis-cell and tower_governor): one request every `window / limit` as a
+///   steady rate, with bursts of up to [`burst`](Self::burst) at once. Each key holds one
+///   value, its theoretical arrival time; a request is allowed when it is at most
+///   `(burst - 1) × window / limit` ahead of now. In any interval of length `t`, at most
+///   `burst + t × limit / window` requests pass.
 ///
-/// Build one with [`Quota::new`], or parse `"LIMIT/SECONDS"` (handy for an environment
-/// variable); the window may also carry a unit, `ms`, `s`, `m`, `h` or `d`:
+/// Build one with [`Quota::new`] or [`Quota::gcra`], or parse `"LIMIT/SECONDS"` (handy
+/// for an environment variable), with `" burst N"` after it for GCRA; the window may also
+/// carry a unit, `ms`, `s`, `m`, `h` or `d`:
 ///
 /// ```
 /// use std::time::Duration;
@@ -27,12 +41,18 @@ pub(crate) const MAX_WINDOW: Duration = Duration::from_millis(u32::MAX as u64);
 /// assert_eq!("1000/1h".parse::<Quota>()?.window(), Duration::from_secs(3600));
 /// assert_eq!("5/500ms".parse::<Quota>()?.window(), Duration::from_millis(500));
 /// assert!("0/60".parse::<Quota>().is_err());
+/// // GCRA: 10 per second, bursts of up to 20.
+/// let gcra: Quota = "10/1s burst 20".parse()?;
+/// assert_eq!(gcra, Quota::gcra(10, Duration::from_secs(1), 20)?);
+/// assert_eq!(gcra.burst(), Some(20));
 /// # Ok::<(), tower_redlock::rate_limit::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,
     window: Duration,
+    /// GCRA's burst; `None` for a fixed window.
+    burst: Option<u64>,
 }
 
 /// Why a [`Quota`] was refused.
@@ -45,6 +65,20 @@ pub enum QuotaError {
     /// The window is shorter than 1 ms or longer than 2^32 - 1 ms (about 49.7 days).
     #[error("invalid rate limit window {0:?}: use 1 ms to 4294967295 ms (about 49 days)")]
     InvalidWindow(Duration),
+    /// A GCRA burst of 0, or one whose tolerance, `(burst - 1) × window / limit`, is over
+    /// 2^51 µs (about 71 years).
+    #[error(
+        "invalid GCRA burst {0}: use 1 or more, with (burst - 1) × window / limit under 71 years"
+    )]
+    InvalidBurst(u64),
+    /// A GCRA rate of more than one request per µs (`limit` above the window in µs).
+    #[error("the GCRA rate {limit} per {window:?} is over one request per microsecond")]
+    RateTooHigh {
+        /// The limit per window.
+        limit: u64,
+        /// The window.
+        window: Duration,
+    },
     /// The text is not `LIMIT/WINDOW`, such as `100/60` (seconds) or `100/1m`.
     #[error(
         "invalid rate limit {0:?}: use LIMIT/SECONDS such as 100/60, or a unit: 100/1m, 10/500ms, 1000/1h, 10000/1d"
@@ -68,7 +102,72 @@ impl Quota {
         if window.is_zero() || window > MAX_WINDOW {
             return Err(QuotaError::InvalidWindow(window));
         }
-        Ok(Self { limit, window })
+        Ok(Self {
+            limit,
+            window,
+            burst: None,
+        })
+    }
+
+    /// A GCRA limit: a steady rate of `limit` requests per `window` (one every
+    /// `window / limit`, counted in whole µs), with bursts of up to `burst` requests at
+    /// once. `Quota::gcra(100, Duration::from_secs(60), 100)` allows 100 at once, then one
+    /// more every 600 ms.
+    ///
+    /// # Errors
+    ///
+    /// As [`Quota::new`] for the limit and the window; [`QuotaError::RateTooHigh`] when
+    /// `limit` is over the window in µs; [`QuotaError::InvalidBurst`] for a zero burst or
+    /// a tolerance over 2^51 µs.
+    pub fn gcra(limit: u64, window: Duration, burst: u64) -> Result<Self, QuotaError> {
+        let mut quota = Self::new(limit, window)?;
+        let window_us = u64::try_from(quota.window.as_micros()).unwrap_or(u64::MAX);
+        if window_us / limit == 0 {
+            return Err(QuotaError::RateTooHigh {
+                limit,
+                window: quota.window,
+            });
+        }
+        quota.burst = Some(burst);
+        let tolerance = (window_us / limit).checked_mul(burst.saturating_sub(1));
+        if burst == 0 || tolerance.is_none_or(|t| t > MAX_TOLERANCE_US) {
+            return Err(QuotaError::InvalidBurst(burst));
+        }
+        Ok(quota)
+    }
+
+    /// GCRA's burst: how many requests may pass at once; `None` for a fixed window.
+    pub fn burst(&self) -> Option<u64> {
+        self.burst
+    }
+
+    /// GCRA's emission interval, `window / limit`, in whole µs (at least 1).
+    pub(crate) fn emission_us(&self) -> u64 {
+        let window_us = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+        (window_us / self.limit).max(1)
+    }
+
+    /// GCRA's tolerance, `(burst - 1) × emission`, in µs; bounded by `gcra`.
+    pub(crate) fn tolerance_us(&self) -> u64 {
+        let burst = self.burst.unwrap_or(1);
+        self.emission_us().saturating_mul(burst.saturating_sub(1))
+    }
+
+    /// The `q` and `w` (seconds, rounded up) of `RateLimit-Policy`: the limit per window;
+    /// for GCRA, the burst and the time it takes to earn it back (`burst × window /
+    /// limit`), so that the `r` of `RateLimit` (what is left of the burst) counts down
+    /// from `q`.
+    pub(crate) fn policy(&self) -> (u64, u64) {
+        match self.burst {
+            None => (self.limit, self.window_secs()),
+            Some(burst) => {
+                let refill_us = self.tolerance_us().saturating_add(self.emission_us());
+                (
+                    burst,
+                    crate::problem::retry_after_secs(Duration::from_micros(refill_us)),
+                )
+            }
+        }
     }
 
     /// The number of requests allowed per key in one window.
@@ -95,13 +194,17 @@ impl Quota {
 }
 
 impl fmt::Display for Quota {
-    /// `LIMIT/SECONDS` for a whole number of seconds, `LIMIT/MILLISms` otherwise; the
-    /// output parses back to the same quota.
+    /// `LIMIT/SECONDS` for a whole number of seconds, `LIMIT/MILLISms` otherwise, then
+    /// ` burst N` for GCRA; the output parses back to the same quota.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.window.subsec_millis() == 0 {
-            write!(f, "{}/{}", self.limit, self.window.as_secs())
+            write!(f, "{}/{}", self.limit, self.window.as_secs())?;
         } else {
-            write!(f, "{}/{}ms", self.limit, self.window.as_millis())
+            write!(f, "{}/{}ms", self.limit, self.window.as_millis())?;
+        }
+        match self.burst {
+            Some(burst) => write!(f, " burst {burst}"),
+            None => Ok(()),
         }
     }
 }
@@ -110,11 +213,18 @@ impl FromStr for Quota {
     type Err = QuotaError;
 
     /// Parses `LIMIT/WINDOW`: `LIMIT` a whole number above 0, `WINDOW` a whole number of
-    /// seconds, or a whole number with a unit: `ms`, `s`, `m` (minutes), `h` or `d`.
-    /// Spaces around either part are ignored.
+    /// seconds, or a whole number with a unit: `ms`, `s`, `m` (minutes), `h` or `d`; then,
+    /// for GCRA, ` burst N`. Spaces around either part are ignored.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let malformed = || QuotaError::Malformed(text.to_owned());
-        let (limit, window) = text.split_once('/').ok_or_else(malformed)?;
+        let (rate, burst) = match text.split_once(" burst ") {
+            Some((rate, burst)) => {
+                let burst = parse_digits(burst.trim()).ok_or_else(malformed)?;
+                (rate, Some(burst))
+            }
+            None => (text, None),
+        };
+        let (limit, window) = rate.split_once('/').ok_or_else(malformed)?;
         let limit: u64 = parse_digits(limit.trim()).ok_or_else(malformed)?;
         let window = window.trim();
         let split = window
@@ -133,7 +243,11 @@ impl FromStr for Quota {
         let millis = amount
             .checked_mul(millis_per_unit)
             .ok_or(QuotaError::InvalidWindow(Duration::MAX))?;
-        Quota::new(limit, Duration::from_millis(millis))
+        let window = Duration::from_millis(millis);
+        match burst {
+            Some(burst) => Quota::gcra(limit, window, burst),
+            None => Quota::new(limit, window),
+        }
     }
 }
 
@@ -149,11 +263,17 @@ fn parse_digits(text: &str) -> Option<u64> {
 ///
 /// The [`RateLimitLayer`](crate::RateLimitLayer) puts it in the request extensions of
 /// every request it lets through, so a handler can read it (`Extension<Usage>` in axum).
+///
+/// For GCRA the "window" is the burst: [`limit`](Self::limit) is the burst,
+/// [`count`](Self::count) how much of it is spent, and [`reset_after`](Self::reset_after)
+/// the time until all of it is earned back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     pub(crate) count: u64,
     pub(crate) limit: u64,
     pub(crate) reset_after: Duration,
+    /// For a refused request: how long until one would pass.
+    pub(crate) retry_after: Duration,
 }
 
 impl Usage {
@@ -183,6 +303,44 @@ impl Usage {
     /// reported it (`PTTL`, ms).
     pub fn reset_after(&self) -> Duration {
         self.reset_after
+    }
+
+    /// For a refused request, how long until a request on this key would pass (the
+    /// `Retry-After`): the end of the window, or for GCRA the next emission.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// A fixed window's usage.
+    pub(crate) fn fixed(count: u64, limit: u64, reset_after: Duration) -> Self {
+        Self {
+            count,
+            limit,
+            reset_after,
+            retry_after: reset_after,
+        }
+    }
+
+    /// A GCRA decision under `quota`: `allowed` with `remaining` of the burst left, or
+    /// refused for `retry_after`; all of the burst is back after `reset_after`.
+    pub(crate) fn gcra(
+        quota: &Quota,
+        allowed: bool,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        let burst = quota.burst.unwrap_or(1);
+        Self {
+            count: if allowed {
+                burst.saturating_sub(remaining)
+            } else {
+                burst.saturating_add(1)
+            },
+            limit: burst,
+            reset_after,
+            retry_after: if allowed { Duration::ZERO } else { retry_after },
+        }
     }
 }
 
@@ -262,6 +420,33 @@ mod tests {
     }
 
     #[test]
+    fn gcra_quotas_check_their_rate_and_burst() {
+        let q = Quota::gcra(10, Duration::from_secs(1), 20).unwrap();
+        assert_eq!((q.emission_us(), q.tolerance_us()), (100_000, 1_900_000));
+        assert_eq!(q.policy(), (20, 2));
+        assert_eq!(q.to_string(), "10/1 burst 20");
+        assert_eq!("10/1 burst 20".parse::<Quota>().unwrap(), q);
+        assert_eq!(
+            Quota::gcra(1, Duration::from_secs(1), 0),
+            Err(QuotaError::InvalidBurst(0))
+        );
+        assert!(matches!(
+            Quota::gcra(1_000_001, Duration::from_secs(1), 1),
+            Err(QuotaError::RateTooHigh { .. })
+        ));
+        assert_eq!(
+            Quota::gcra(1, MAX_WINDOW, u64::MAX),
+            Err(QuotaError::InvalidBurst(u64::MAX))
+        );
+        assert!(matches!(
+            "10/1 burst x".parse::<Quota>(),
+            Err(QuotaError::Malformed(_))
+        ));
+        // A fixed window's policy is its limit and window.
+        assert_eq!("100/60".parse::<Quota>().unwrap().policy(), (100, 60));
+    }
+
+    #[test]
     fn window_secs_round_up() {
         assert_eq!("1/1500ms".parse::<Quota>().unwrap().window_secs(), 2);
         assert_eq!("1/60".parse::<Quota>().unwrap().window_secs(), 60);
@@ -270,14 +455,10 @@ mod tests {
 
     #[test]
     fn usage_remaining_never_underflows() {
-        let usage = Usage {
-            count: 5,
-            limit: 3,
-            reset_after: Duration::from_secs(1),
-        };
+        let usage = Usage::fixed(5, 3, Duration::from_secs(1));
         assert_eq!(usage.remaining(), 0);
         assert!(usage.is_exceeded());
-        let usage = Usage { count: 3, ..usage };
+        let usage = Usage::fixed(3, 3, Duration::from_secs(1));
         assert_eq!(usage.remaining(), 0);
         assert!(!usage.is_exceeded());
     }

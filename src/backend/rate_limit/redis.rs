@@ -47,12 +47,49 @@ return {count, ttl}
     )
 });
 
-/// Fixed-window counters on one Redis node, shared by every replica that uses that node.
+/// GCRA (see [`Quota::gcra`]) on the key KEYS[1], which holds the theoretical arrival
+/// time (TAT) in µs on the server's clock (`TIME`: the replicas' clocks never enter it).
+/// ARGV: the emission interval and the tolerance, in µs. Integers throughout, below 2^53,
+/// so Lua's doubles hold them exactly; written with `%d`, never in exponent form.
+///
+/// Returns `{1, remaining, reset}` when allowed (the TAT moved on by one emission; what
+/// is left of the burst; µs until all of it is back), `{0, retry, reset}` when refused
+/// (µs until a request would pass). A value this crate did not write (not digits) is left
+/// as it is, and the script answers an error.
+static GCRA: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local emission = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local v = redis.pcall('GET', KEYS[1])
+local tat = now
+if v then
+  if type(v) ~= 'string' or #v > 16 or not string.match(v, '^%d+$') then
+    return redis.error_reply('the rate limit key holds a value tower-redlock did not write')
+  end
+  tat = math.max(tonumber(v), now)
+end
+if tat - now > tolerance then
+  return {0, tat - now - tolerance, tat - now}
+end
+tat = tat + emission
+redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000))
+return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - now}
+",
+    )
+});
+
+/// Rate-limit counters on one Redis node, shared by every replica that uses that node:
+/// a fixed window, or GCRA's arrival time ([`Quota::gcra`]), per key.
 ///
 /// A rate limit needs no quorum: one node (or a replicated primary) is enough, and a
 /// count lost in a failover only lets a few extra requests through. Each request is one
 /// round trip: the script of the Redis `INCR` documentation's rate limiter pattern
-/// (`INCR`, `PEXPIRE` on the first hit, `PTTL`), run with `EVALSHA`.
+/// (`INCR`, `PEXPIRE` on the first hit, `PTTL`), or GCRA's script (`TIME`, `GET`, `SET`
+/// with an expiry when allowed), run with `EVALSHA`. GCRA reads the server's clock, so
+/// replicas with skewed clocks share one limit exactly.
 ///
 /// The connection is multiplexed; every call is bounded by the
 /// [timeout](RedisRateLimiterBuilder::timeout), so a dead Redis costs at most that long per
@@ -134,21 +171,40 @@ impl RedisRateLimiter {
         key.push_str(&store.prefix);
         key.push_str(resource);
         let mut conn = store.conn();
+        if quota.burst().is_some() {
+            let mut invocation = GCRA.key(key);
+            invocation
+                .arg(quota.emission_us())
+                .arg(quota.tolerance_us());
+            let call = invocation.invoke_async::<(i64, i64, i64)>(&mut conn);
+            let (allowed, micros, reset_us) = store.bounded(call).await.map_err(unavailable)?;
+            crate::observe::nodes_answered(1);
+            let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+            let remaining = u64::try_from(micros).unwrap_or(0);
+            return Ok(if allowed == 1 {
+                Usage::gcra(&quota, true, remaining, us(reset_us), Duration::ZERO)
+            } else {
+                Usage::gcra(&quota, false, 0, us(reset_us), us(micros))
+            });
+        }
         let mut invocation = HIT.key(key);
         invocation.arg(quota.window_ms());
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
-        let (count, pttl_ms) = store.bounded(call).await.map_err(|failure| {
-            crate::observe::node_error(&failure.node);
-            crate::observe::nodes_answered(0);
-            RateLimitError::Unavailable(failure)
-        })?;
+        let (count, pttl_ms) = store.bounded(call).await.map_err(unavailable)?;
         crate::observe::nodes_answered(1);
-        Ok(Usage {
-            count: u64::try_from(count).unwrap_or(0),
-            limit: quota.limit(),
-            reset_after: Duration::from_millis(u64::try_from(pttl_ms).unwrap_or(0)),
-        })
+        Ok(Usage::fixed(
+            u64::try_from(count).unwrap_or(0),
+            quota.limit(),
+            Duration::from_millis(u64::try_from(pttl_ms).unwrap_or(0)),
+        ))
     }
+}
+
+/// A store failure, counted.
+fn unavailable(failure: crate::error::NodeFailure) -> RateLimitError {
+    crate::observe::node_error(&failure.node);
+    crate::observe::nodes_answered(0);
+    RateLimitError::Unavailable(failure)
 }
 
 impl RedisRateLimiterBuilder {

@@ -1,0 +1,221 @@
+//! GCRA (`Quota::gcra`) on one Redis node and in process: the burst, the steady rate, the
+//! bound `burst + rate × t` over any interval of a run, two replicas sharing one limit,
+//! the server's clock, and the layer's answers.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use support::{RedisNode, serve};
+use tower_redlock::{MemoryRateLimiter, Quota, RateLimitLayer, RateLimiter, RedisRateLimiter};
+
+async fn redis(node: &RedisNode) -> RateLimiter {
+    RateLimiter::from(
+        RedisRateLimiter::builder(node.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap(),
+    )
+}
+
+fn memory() -> RateLimiter {
+    RateLimiter::from(MemoryRateLimiter::new())
+}
+
+/// A burst of `burst` passes at once, the next is refused with a retry of at most one
+/// emission, and what is left of the burst counts down.
+async fn burst_then_refusal(limiter: RateLimiter) {
+    // One every 100 ms, bursts of 4.
+    let quota = Quota::gcra(10, Duration::from_secs(1), 4).unwrap();
+    let mut left = Vec::new();
+    for _ in 0..4 {
+        let usage = limiter.hit("client", quota).await.unwrap();
+        assert!(!usage.is_exceeded());
+        left.push(usage.remaining());
+    }
+    assert_eq!(left, [3, 2, 1, 0]);
+    let refused = limiter.hit("client", quota).await.unwrap();
+    assert!(refused.is_exceeded());
+    assert!(refused.retry_after() > Duration::ZERO);
+    assert!(
+        refused.retry_after() <= Duration::from_millis(100),
+        "{refused:?}"
+    );
+    assert!(refused.reset_after() <= Duration::from_millis(400));
+    // Another key has its own burst.
+    assert!(!limiter.hit("other", quota).await.unwrap().is_exceeded());
+}
+
+#[tokio::test]
+async fn a_burst_passes_then_the_next_waits_one_emission_in_process() {
+    burst_then_refusal(memory()).await;
+}
+
+#[tokio::test]
+async fn a_burst_passes_then_the_next_waits_one_emission_on_redis() {
+    let node = RedisNode::start();
+    burst_then_refusal(redis(&node).await).await;
+}
+
+/// Requests as fast as the limiter answers, from `limiters` in turn, for `run`: in every
+/// interval between two allowed requests, at most `burst + t / emission` pass (one more
+/// for the clock readings around each call), and the steady rate is reached.
+async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
+    let emission = Duration::from_millis(20);
+    let burst = 5;
+    let quota = Quota::gcra(50, Duration::from_secs(1), burst).unwrap();
+    let start = Instant::now();
+    // For each allowed request: the time before it was sent and after it was answered.
+    let mut allowed: Vec<(Instant, Instant)> = Vec::new();
+    let mut calls = 0usize;
+    while start.elapsed() < run {
+        let limiter = &limiters[calls % limiters.len()];
+        calls += 1;
+        let sent = Instant::now();
+        let usage = limiter.hit("steady", quota).await.unwrap();
+        if !usage.is_exceeded() {
+            allowed.push((sent, Instant::now()));
+        }
+    }
+    let elapsed = start.elapsed();
+    assert!(
+        calls > allowed.len() * 2,
+        "the run pressed the limit: {calls} calls"
+    );
+    for i in 0..allowed.len() {
+        for j in i..allowed.len() {
+            // The allowed requests i..=j were decided within (sent_i, answered_j).
+            let t = allowed[j].1 - allowed[i].0;
+            let bound = burst as f64 + t.as_secs_f64() / emission.as_secs_f64() + 1.0;
+            let passed = (j - i + 1) as f64;
+            assert!(
+                passed <= bound,
+                "{passed} passed within {t:?}, bound {bound}"
+            );
+        }
+    }
+    let expected = burst as f64 + elapsed.as_secs_f64() / emission.as_secs_f64();
+    assert!(
+        allowed.len() as f64 >= expected - 3.0,
+        "{} allowed in {elapsed:?}, the rate allows {expected}",
+        allowed.len()
+    );
+}
+
+#[tokio::test]
+async fn never_more_than_burst_plus_rate_in_any_interval_in_process() {
+    never_over_burst_plus_rate(&[memory()], Duration::from_millis(1_500)).await;
+}
+
+#[tokio::test]
+async fn never_more_than_burst_plus_rate_in_any_interval_on_redis() {
+    let node = RedisNode::start();
+    never_over_burst_plus_rate(&[redis(&node).await], Duration::from_millis(1_500)).await;
+}
+
+#[tokio::test]
+async fn two_replicas_share_one_limit_on_redis() {
+    let node = RedisNode::start();
+    // Two clients with their own connections, as two replicas of a service.
+    let (a, b) = (redis(&node).await, redis(&node).await);
+    let quota = Quota::gcra(1, Duration::from_secs(60), 3).unwrap();
+    let mut passed = 0;
+    for i in 0..10 {
+        let limiter = if i % 2 == 0 { &a } else { &b };
+        if !limiter.hit("tenant", quota).await.unwrap().is_exceeded() {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, 3, "one burst for both replicas");
+    // And over a steady run, one rate for both.
+    never_over_burst_plus_rate(&[a, b], Duration::from_millis(1_000)).await;
+}
+
+#[tokio::test]
+async fn the_arrival_time_is_on_the_servers_clock_and_expires() {
+    let node = RedisNode::start();
+    let limiter = redis(&node).await;
+    let quota = Quota::gcra(1, Duration::from_secs(10), 2).unwrap();
+    limiter.hit("clock", quota).await.unwrap();
+    let mut conn = node.conn().await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let server_now = secs * 1_000_000 + micros;
+    let tat: String = redis::cmd("GET")
+        .arg("tower-redlock-rate:clock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tat: u64 = tat
+        .parse()
+        .expect("an integer, not a float's exponent form");
+    // One emission (10 s) ahead of the server's clock, whatever this process's clock says.
+    let ahead = tat - server_now;
+    assert!(
+        (9_000_000..=10_000_000).contains(&ahead),
+        "{ahead} µs ahead of the server"
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("tower-redlock-rate:clock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (9_000..=10_000).contains(&pttl),
+        "expires with its arrival time: {pttl}"
+    );
+}
+
+#[tokio::test]
+async fn a_value_it_did_not_write_is_left_alone() {
+    let node = RedisNode::start();
+    let limiter = redis(&node).await;
+    let mut conn = node.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg("tower-redlock-rate:foreign")
+        .arg("not a time")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let quota = Quota::gcra(1, Duration::from_secs(1), 1).unwrap();
+    assert!(limiter.hit("foreign", quota).await.is_err());
+    assert_eq!(
+        support::get(&node, "tower-redlock-rate:foreign")
+            .await
+            .as_deref(),
+        Some("not a time")
+    );
+}
+
+/// The layer with a GCRA quota: 429 with `Retry-After` and the burst as the policy.
+async fn layer_answers(limiter: RateLimiter) {
+    let quota = Quota::gcra(1, Duration::from_secs(2), 2).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::by_header("x-tenant", quota).backend(limiter));
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let get = || client.get(&base).header("x-tenant", "acme").send();
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["ratelimit-policy"], "\"default\";q=2;w=4");
+    assert_eq!(first.headers()["ratelimit"], "\"default\";r=1;t=2");
+    assert_eq!(get().await.unwrap().status(), 200);
+    let refused = get().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "2");
+    assert_eq!(refused.headers()["ratelimit"], "\"default\";r=0;t=4");
+}
+
+#[tokio::test]
+async fn the_layer_answers_429_with_the_burst_as_its_policy_in_process() {
+    layer_answers(memory()).await;
+}
+
+#[tokio::test]
+async fn the_layer_answers_429_with_the_burst_as_its_policy_on_redis() {
+    let node = RedisNode::start();
+    layer_answers(redis(&node).await).await;
+}
