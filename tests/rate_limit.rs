@@ -484,3 +484,42 @@ async fn rate_limit_prefix_with_a_brace_is_refused() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_header_limit_is_the_tenants_across_routes() {
+    // Two routes, each with its own layer on the same store: one tenant's 5 per 10 s are
+    // shared by both, and another tenant has its own.
+    let limiter = RateLimiter::from(MemoryRateLimiter::new());
+    let layer = || RateLimitLayer::by_header("x-tenant", quota("5/10")).backend(limiter.clone());
+    let app = Router::new()
+        .route("/orders", post(|| async { "ordered" }).route_layer(layer()))
+        .route(
+            "/refunds",
+            post(|| async { "refunded" }).route_layer(layer()),
+        );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let mut passed = 0;
+    for i in 0..10 {
+        let path = if i % 2 == 0 { "orders" } else { "refunds" };
+        let response = client
+            .post(format!("{base}/{path}"))
+            .header("x-tenant", "acme")
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            passed += 1;
+        } else {
+            assert_eq!(response.status(), 429);
+        }
+    }
+    assert_eq!(passed, 5, "one limit for the tenant over both routes");
+    let other = client
+        .post(format!("{base}/orders"))
+        .header("x-tenant", "globex")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+}

@@ -48,10 +48,10 @@ impl ConcurrencyLimitLayer<GlobalKey> {
 }
 
 impl ConcurrencyLimitLayer<HeaderKey> {
-    /// Limits each value of a header, such as a tenant id. The scope is the header name,
-    /// the method and the route (as [`HeaderKey`]), unless you set a
-    /// [`scope`](Self::scope). A request without the header gets 400 (see
-    /// [`optional`](Self::optional)).
+    /// Limits each value of a header, such as a tenant id. The scope is the header name
+    /// alone (the key `x-tenant:acme`), so the limit is the tenant's across every route
+    /// the layer guards; set a [`scope`](Self::scope) per route for per-route limits. A
+    /// request without the header gets 400 (see [`optional`](Self::optional)).
     ///
     /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
     /// that answers every request **500** and logs why once.
@@ -60,7 +60,7 @@ impl ConcurrencyLimitLayer<HeaderKey> {
         N: TryInto<HeaderName>,
         N::Error: std::fmt::Display,
     {
-        KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit))
+        KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit)).tenant_wide()
     }
 }
 

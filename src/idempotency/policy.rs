@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
 use super::store::Begin;
@@ -337,23 +337,33 @@ impl Permit for IdempotencyPermit {
     }
 
     fn on_response(&mut self, head: &mut response::Parts) -> Hold {
-        // A trailers-only gRPC answer has its status in the head.
-        let status = match head.headers.get(&GRPC_STATUS) {
-            Some(code) => http_status_of_grpc(code),
-            None => head.status,
-        };
-        if (self.storable)(status) {
-            let mut kept = kept_headers(&head.headers, &self.stored_headers);
-            if head.headers.contains_key(&GRPC_STATUS) {
-                // A trailers-only answer's status is what its replay must carry.
-                let status_fields = [&GRPC_STATUS, &GRPC_MESSAGE, &GRPC_STATUS_DETAILS];
-                kept.extend(kept_headers(
-                    &head.headers,
-                    &status_fields.map(Clone::clone),
-                ));
-            }
-            self.head = Some((head.status, kept));
+        if !(self.storable)(head.status) {
+            return Hold::BodyEnd;
         }
+        let mut kept = kept_headers(&head.headers, &self.stored_headers);
+        // A gRPC response (told by the content type, read from what is kept when it is
+        // kept) that is trailers-only has its status in the head: judged and kept too.
+        let content_type = match kept.iter().find(|(name, _)| name == header::CONTENT_TYPE) {
+            Some((_, value)) => Some(value),
+            None => head.headers.get(header::CONTENT_TYPE),
+        };
+        let grpc = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let grpc_status = if grpc {
+            head.headers.get(&GRPC_STATUS)
+        } else {
+            None
+        };
+        if let Some(code) = grpc_status {
+            if !(self.storable)(http_status_of_grpc(code)) {
+                return Hold::BodyEnd;
+            }
+            let status_fields = [&GRPC_STATUS, &GRPC_MESSAGE, &GRPC_STATUS_DETAILS];
+            kept.extend(kept_headers(
+                &head.headers,
+                &status_fields.map(Clone::clone),
+            ));
+        }
+        self.head = Some((head.status, kept));
         Hold::BodyEnd
     }
 

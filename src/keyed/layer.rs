@@ -199,6 +199,13 @@ impl<K, P: Clone> KeyedLayer<K, P> {
 }
 
 impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
+    /// Scoped by the header name alone (`x-tenant:acme`): one count per header value
+    /// across every route the layer guards, as a limit on a tenant or an API key is.
+    pub(crate) fn tenant_wide(self) -> Self {
+        let name = self.core.extractor.name().as_str().to_owned();
+        self.scope(name)
+    }
+
     /// The layer of a `by_header` constructor: keys from the header `name`, decided by
     /// `policy`; a request without the header is answered 400 naming it. When `name` is
     /// not a header name, the layer answers 500 and logs why once.

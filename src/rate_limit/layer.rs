@@ -61,11 +61,12 @@ impl RateLimitLayer<GlobalKey> {
 }
 
 impl RateLimitLayer<HeaderKey> {
-    /// Limits each value of a header, such as an API key. The scope is the header name,
-    /// the method and the route (as [`HeaderKey`]), so each endpoint counts on its own
-    /// unless you set a [`scope`](Self::scope). A request without the header gets 400
-    /// (see [`optional`](Self::optional)). Anyone can send any value: use it for keys
-    /// that an earlier layer has verified.
+    /// Limits each value of a header, such as an API key or a tenant id. The scope is the
+    /// header name alone (the key `x-tenant:acme`), so the limit is the tenant's across
+    /// every route the layer guards, and layers on other routers with the same header
+    /// share it; set a [`scope`](Self::scope) per route for per-route limits. A request
+    /// without the header gets 400 (see [`optional`](Self::optional)). Anyone can send
+    /// any value: use it for keys that an earlier layer has verified.
     ///
     /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
     /// that answers every request **500** and logs why once.
@@ -74,7 +75,7 @@ impl RateLimitLayer<HeaderKey> {
         N: TryInto<HeaderName>,
         N::Error: std::fmt::Display,
     {
-        KeyedLayer::from_header(name, RateLimitPolicy::new(quota))
+        KeyedLayer::from_header(name, RateLimitPolicy::new(quota)).tenant_wide()
     }
 }
 
