@@ -315,7 +315,9 @@ async fn a_key_of_another_client_is_not_touched() {
         .backend(redis_limiter(&node, Duration::from_secs(10)).await);
     let base = serve(gated_app(layer, Arc::new(Semaphore::new(100)))).await;
     let client = reqwest::Client::new();
-    assert_problem_503(post_work(&client, &base).await, "1").await;
+    // The store cannot count on it: like an outage, the request runs unguarded (a limiter
+    // fails open by default), and the value stays as it was.
+    assert_eq!(post_work(&client, &base).await.status(), 200);
     assert_eq!(
         support::get(&node, SET_KEY).await.as_deref(),
         Some("not ours")

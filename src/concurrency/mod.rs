@@ -25,8 +25,8 @@
 //! | over the limit (after [`max_wait`](ConcurrencyLimitLayer::max_wait), if set) | 503 Service Unavailable | `Retry-After` (default 1 s) |
 //! | key missing (when required) or invalid | 400 | |
 //! | the server is misconfigured (a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
-//! | store unavailable, fail closed (default) | 503 | `Retry-After: 1` |
-//! | store unavailable, fail open | the inner service's, unguarded | |
+//! | store unavailable, fail open (default) | the inner service's, unguarded | |
+//! | store unavailable, [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) | 503 | `Retry-After: 1` |
 //!
 //! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
 //! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
@@ -60,11 +60,13 @@
 //!
 //! # Failing open
 //!
-//! When the store cannot answer (Redis down, or slower than its timeout), the layer
-//! answers **503** with `Retry-After: 1` by default, as for the over-limit case: a
-//! limit that protects a downstream should not vanish with its Redis.
-//! [`fail_open(true)`](ConcurrencyLimitLayer::fail_open) runs the request unguarded
-//! instead. Either way a warning is logged.
+//! When the store cannot answer (Redis down, or slower than its timeout), the layer runs
+//! the request unguarded by default, as the rate limiter does: a limit protects
+//! capacity, and failing closed would turn one limiter node's outage into an outage of
+//! every limited route. [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) answers
+//! **503** with `Retry-After: 1` instead, where the limit is a hard bound a downstream
+//! relies on. Either way the counter `tower_redlock_store_unavailable_total` counts the
+//! request, and a warning is logged at most once per 10 s for each kind of layer.
 //!
 //! # Example
 //!

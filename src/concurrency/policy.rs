@@ -110,7 +110,7 @@ impl Policy for ConcurrencyPolicy {
     const LAYER: &'static str = "ConcurrencyLimitLayer";
     const KEY_NOUN: &'static str = "concurrency limit key";
     const REJECTED_BY: RejectedBy = RejectedBy::ConcurrencyLimit;
-    const FAIL_OPEN: bool = false;
+    const FAIL_OPEN: bool = true;
 
     fn prefix(&self) -> &str {
         // The store puts its own prefix before the key.

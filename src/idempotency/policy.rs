@@ -90,7 +90,7 @@ impl IdempotencyPolicy {
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    tracing::warn!(error = %e, "idempotency store unavailable; answering 503");
+                    crate::keyed::future::outage::<Self>(&e, false);
                 }
                 Verdict::answer(
                     Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)

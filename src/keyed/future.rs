@@ -13,8 +13,9 @@ use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
 use crate::protect::{Lost, poll_guarded};
-use crate::rejection::Answers;
+use crate::rejection::{Answers, RejectedBy};
 use http_body::Body;
+use std::time::Duration;
 
 pin_project! {
     /// The response future of [`Keyed`](super::Keyed): waits for the policy's decision
@@ -181,11 +182,10 @@ where
                     answer,
                     open,
                 } = *unavailable;
+                outage::<P>(&*error, fail_open);
                 if fail_open {
-                    tracing::warn!(layer = P::LAYER, %error, "backend unavailable; running unguarded (fail open)");
                     open
                 } else {
-                    tracing::warn!(layer = P::LAYER, %error, "backend unavailable; answering 503 (fail closed)");
                     return Phase::Answered {
                         response: Some(answer),
                     };
@@ -301,6 +301,63 @@ where
             }
         }
     }
+}
+
+/// How often, at most, a kind of layer logs that its store is unavailable: 10 s. Under
+/// an outage every request meets it (a client rotating ids, one per request); the
+/// counter `tower_redlock_store_unavailable_total` counts each.
+pub(crate) const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Counts a request that found `P`'s store unavailable, and logs it at most once per
+/// [`OUTAGE_LOG_INTERVAL`] for each kind of layer, with how many went unlogged since.
+pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), fail_open: bool) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT_MS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+    static UNLOGGED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tower_redlock_store_unavailable_total",
+        "layer" => P::LAYER,
+        "outcome" => if fail_open { "fail_open" } else { "fail_closed" }
+    )
+    .increment(1);
+    let i = match P::REJECTED_BY {
+        RejectedBy::Lock => 0,
+        RejectedBy::Idempotency => 1,
+        RejectedBy::RateLimit => 2,
+        _ => 3,
+    };
+    let now = START.get_or_init(std::time::Instant::now).elapsed();
+    let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+    let next = NEXT_MS[i].load(Ordering::Relaxed);
+    let interval = u64::try_from(OUTAGE_LOG_INTERVAL.as_millis()).unwrap_or(u64::MAX);
+    let due = now_ms >= next
+        && NEXT_MS[i]
+            .compare_exchange(
+                next,
+                now_ms.saturating_add(interval),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+    if !due {
+        UNLOGGED[i].fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let unlogged = UNLOGGED[i].swap(0, Ordering::Relaxed);
+    let answer = if fail_open {
+        "running unguarded (fail open)"
+    } else {
+        "answering 503 (fail closed)"
+    };
+    tracing::warn!(
+        layer = P::LAYER,
+        %error,
+        unlogged,
+        "store unavailable; {answer}; at most one such line per {OUTAGE_LOG_INTERVAL:?} for this kind of layer ({unlogged} unlogged since the last one)"
+    );
 }
 
 /// Trailers to send after a layer's own answer (a replayed gRPC response's status), in

@@ -155,10 +155,12 @@ impl<K, P: Clone> KeyedLayer<K, P> {
 
     /// Whether the inner service runs when the backend cannot decide (Redis down, or
     /// slower than its timeout): `true` runs it unguarded, `false` answers **503 Service
-    /// Unavailable** with `Retry-After: 1` and no internal details. Either way a warning
-    /// is logged. The default is the layer's: see
-    /// [`LockLayer::fail_open`](crate::lock#failing-open) (fail closed) and
-    /// [`RateLimitLayer`](crate::rate_limit#failing-open) (fail open).
+    /// Unavailable** with `Retry-After: 1` and no internal details. Either way the
+    /// counter `tower_redlock_store_unavailable_total` counts the request, and a warning
+    /// is logged at most once per 10 s for each kind of layer. The default is one rule:
+    /// limiters ([`RateLimitLayer`](crate::rate_limit#failing-open),
+    /// [`ConcurrencyLimitLayer`](crate::concurrency#failing-open)) fail open, locks
+    /// ([`LockLayer`](crate::lock#failing-open)) and idempotency fail closed.
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.core_mut().fail_open = fail_open;
         self

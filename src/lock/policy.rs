@@ -84,7 +84,7 @@ impl LockPolicy {
             }
             Err(e) => {
                 if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    tracing::warn!(error = %e, "lock backend unavailable; answering 503");
+                    crate::keyed::future::outage::<Self>(&e, false);
                 }
                 Verdict::answer(Rejection::from_lock_error(&e, self.taken_status).into())
             }

@@ -33,10 +33,12 @@
 //! [`RateLimitLayer::fail_open`]`(true)`, the default, runs the inner service uncounted
 //! (with `RateLimit-Policy` but no `RateLimit` header, and no [`Usage`] on the request);
 //! `false` answers **503 Service Unavailable** with `Retry-After: 1` and no internal
-//! details. Either way a warning is logged. A rate limit protects capacity; it does not
-//! make a request correct, as a lock does, and failing closed would turn an outage of the
-//! limit's Redis into an outage of every limited route. Choose `false` where the limit is
-//! a security control, such as login attempts or a paid quota.
+//! details. Either way the request is counted (`tower_redlock_store_unavailable_total`)
+//! and a warning logged, at most once per 10 s for each kind of layer. A rate limit
+//! protects capacity; it does not make a request correct, as a lock does, and failing
+//! closed would turn an outage of the limit's Redis into an outage of every limited
+//! route. Choose `false` where the limit is a security control, such as login attempts
+//! or a paid quota.
 //!
 //! # Headers
 //!
