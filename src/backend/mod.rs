@@ -54,7 +54,7 @@ pub(crate) mod status;
     any(feature = "rate-limit", feature = "concurrency-limit")
 ))]
 pub(crate) mod store;
-#[cfg(feature = "lock")]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 pub(crate) mod wait;
 #[cfg(feature = "lock")]
 pub(crate) mod watchdog;

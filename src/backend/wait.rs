@@ -11,18 +11,21 @@
 //! publishing) and a lease can simply expire without a release, so every wait also has a
 //! fallback timer: the holder's remaining TTL, capped at one second, with jitter.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+#[cfg(feature = "lock")]
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::backend::KeyMap;
+#[cfg(feature = "lock")]
 use crate::error::LockError;
+#[cfg(feature = "lock")]
 use crate::lease::Lease;
 
 /// The longest a waiter sleeps before trying again without a notification.
+#[cfg(feature = "lock")]
 pub(crate) const MAX_FALLBACK: Duration = Duration::from_secs(1);
 
 /// The waiters of this process, per key.
@@ -77,20 +80,20 @@ impl Waiters {
         }
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "lock", feature = "redis"))]
     pub(crate) fn wake_all(&self) {
         for waiting in self.keys().values() {
             waiting.notify.notify_waiters();
         }
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "lock", feature = "redis"))]
     /// Whether anybody waits on `key`.
     pub(crate) fn is_waited(&self, key: &str) -> bool {
         self.keys().contains_key(key)
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "lock", feature = "redis"))]
     pub(crate) fn keys_waited(&self) -> Vec<Arc<str>> {
         self.keys().keys().cloned().collect()
     }
@@ -117,12 +120,14 @@ impl Drop for WaitTicket<'_> {
 }
 
 /// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
+#[cfg(feature = "lock")]
 pub(crate) fn jitter(max: Duration) -> Duration {
     let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);
     Duration::from_micros(rand::random::<u64>() % span.saturating_add(1))
 }
 
 /// How long to sleep after a `Taken` with `retry_after`, given `left` until the deadline.
+#[cfg(feature = "lock")]
 fn fallback(retry_after: Duration, left: Duration) -> Duration {
     let base = retry_after.min(MAX_FALLBACK);
     base.saturating_add(jitter(base)).min(left)
@@ -132,6 +137,7 @@ fn fallback(retry_after: Duration, left: Duration) -> Duration {
 /// returns once the release channel is subscribed), then alternates `attempt` and sleeps
 /// (until woken or the fallback timer) while the lock is taken. The notification is armed before each attempt, so a release during the
 /// attempt is not missed.
+#[cfg(feature = "lock")]
 pub(crate) async fn bounded_wait<A, AF, S>(
     waiters: &Waiters,
     key: &Arc<str>,
@@ -141,8 +147,8 @@ pub(crate) async fn bounded_wait<A, AF, S>(
 ) -> Result<Lease, LockError>
 where
     A: FnMut() -> AF,
-    AF: Future<Output = Result<Lease, LockError>>,
-    S: Future<Output = ()>,
+    AF: std::future::Future<Output = Result<Lease, LockError>>,
+    S: std::future::Future<Output = ()>,
 {
     let deadline = Instant::now().checked_add(max_wait);
     let ticket = waiters.register(key);

@@ -96,7 +96,7 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// At most `limit` requests in flight per key that `extractor` finds (a limit of 0
     /// answers every keyed request 503). Defaults: the process-wide in-process store
     /// ([`ConcurrencyLimiter::default`]), the extractor's scope, key required, fail
-    /// closed, no wait ([`max_wait`](Self::max_wait) zero), renewal every TTL/3 for at
+    /// open, no wait ([`max_wait`](Self::max_wait) zero), renewal every TTL/3 for at
     /// most 10 × TTL ([`Renewal::default`]), `Retry-After: 1` over the limit.
     pub fn new(extractor: K, limit: u32) -> Self {
         KeyedLayer::from_parts(
@@ -118,8 +118,10 @@ impl<K> ConcurrencyLimitLayer<K> {
         fn backend(limiter: impl Into<ConcurrencyLimiter>) => limiter;
 
         /// How long a request over the limit waits for a permit before it is answered 503.
-        /// Default zero: answered at once. While it waits it tries again after 5 ms, then
-        /// after twice as long each time up to 100 ms, with jitter; it never waits past
+        /// Default zero: answered at once. While it waits it is woken by every release of
+        /// a permit on its key in this process, as a lock's waiters are; for permits
+        /// released by other replicas (or expired) it also tries again after 5 ms, then
+        /// after twice as long each time up to 100 ms, with jitter. It never waits past
         /// `max_wait`. The inner service is not called while it waits.
         fn max_wait(max_wait: Duration) => max_wait;
 

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::{ConcurrencyError, PermitSlot};
 use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
+use crate::backend::wait::Waiters;
 
 /// In-flight counts in this process's memory, with the contract of
 /// [`RedisConcurrencyLimiter`](super::RedisConcurrencyLimiter): at most `limit` permits
@@ -37,7 +38,13 @@ use crate::backend::settings::check_resource;
 /// ```
 #[derive(Clone)]
 pub struct MemoryConcurrencyLimiter {
-    inner: Arc<Mutex<Counts>>,
+    inner: Arc<MemoryPermits>,
+}
+
+struct MemoryPermits {
+    counts: Mutex<Counts>,
+    /// The requests of this process waiting for a permit, woken by a release.
+    waiters: Waiters,
 }
 
 struct Counts {
@@ -77,10 +84,13 @@ impl MemoryConcurrencyLimiter {
     /// raised to 1). See [Bounded memory](Self#bounded-memory).
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
-            inner: Arc::new(Mutex::new(Counts {
-                in_flight: KeyMap::default(),
-                max_keys: max_keys.max(1),
-            })),
+            inner: Arc::new(MemoryPermits {
+                counts: Mutex::new(Counts {
+                    in_flight: KeyMap::default(),
+                    max_keys: max_keys.max(1),
+                }),
+                waiters: Waiters::default(),
+            }),
         }
     }
 
@@ -106,7 +116,10 @@ impl MemoryConcurrencyLimiter {
 
     fn counts(&self) -> MutexGuard<'_, Counts> {
         // No code panics while holding the lock; recover the map if a panic ever did.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes a permit on `key` if fewer than `limit` are held.
@@ -134,7 +147,8 @@ impl MemoryConcurrencyLimiter {
         Ok(PermitSlot::memory(self.clone(), key))
     }
 
-    /// Gives back a permit on `key`; the key is forgotten with its last permit.
+    /// Gives back a permit on `key`, and wakes the requests waiting for one; the key is
+    /// forgotten with its last permit.
     pub(crate) fn release(&self, key: &str) {
         let mut counts = self.counts();
         if let Some(held) = counts.in_flight.get_mut(key) {
@@ -146,12 +160,54 @@ impl MemoryConcurrencyLimiter {
                 }
             }
         }
+        drop(counts);
+        self.inner.waiters.wake(key);
+    }
+
+    /// The requests of this process waiting for a permit.
+    pub(crate) fn waiters(&self) -> &Waiters {
+        &self.inner.waiters
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A waiter that has waited long enough for its fallback timer to be at 50 to 100 ms
+    /// gets the permit within moments of its release: it is woken, not polling. Over 7
+    /// rounds, the median delay is under 10 ms (a poller's would be, in each round, with
+    /// a chance of about 1 in 8).
+    #[tokio::test]
+    async fn a_waiter_is_woken_by_the_release() {
+        let store = MemoryConcurrencyLimiter::new();
+        let limiter = super::super::ConcurrencyLimiter::from(store.clone());
+        let mut delays = Vec::new();
+        for _ in 0..7 {
+            let holder = store.acquire_slot("k", 1).unwrap();
+            let waiter = tokio::spawn({
+                let limiter = limiter.clone();
+                async move {
+                    let slot = limiter
+                        .acquire_within("k", 1, std::time::Duration::from_secs(5))
+                        .await;
+                    (slot, std::time::Instant::now())
+                }
+            });
+            // Long enough for the waiter's timer to reach its longest steps.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let released = std::time::Instant::now();
+            drop(holder);
+            let (slot, acquired) = waiter.await.unwrap();
+            assert!(slot.is_ok());
+            delays.push(acquired - released);
+        }
+        delays.sort();
+        assert!(
+            delays[3] < std::time::Duration::from_millis(10),
+            "{delays:?}"
+        );
+    }
 
     #[test]
     fn at_most_limit_permits_and_release_frees_one() {

@@ -9,6 +9,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
+use crate::backend::wait::Waiters;
 use crate::error::NodeFailure;
 use crate::key::KeyError;
 pub use memory::MemoryConcurrencyLimiter;
@@ -235,10 +236,20 @@ impl ConcurrencyLimiter {
         }
     }
 
+    /// The requests of this process waiting for a permit of this store.
+    fn waiters(&self) -> &Waiters {
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            PermitStore::Redis(r) => r.waiters(),
+            PermitStore::Memory(m) => m.waiters(),
+        }
+    }
+
     /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
-    /// has passed: the pause between tries starts at 5 ms and doubles up to 100 ms, with
-    /// jitter, and never runs past the deadline. Waiters poll rather than being woken:
-    /// permits of other replicas are released without a message.
+    /// has passed. A waiter is woken by every release of a permit on `resource` in this
+    /// process, as a lock's waiters are; a permit released by another replica (or
+    /// expired) is found by the fallback timer, whose pause starts at 5 ms and doubles up
+    /// to 100 ms, with jitter, never past the deadline.
     pub(crate) async fn acquire_within(
         &self,
         resource: &str,
@@ -246,8 +257,13 @@ impl ConcurrencyLimiter {
         max_wait: Duration,
     ) -> Result<PermitSlot, ConcurrencyError> {
         let deadline = Instant::now().checked_add(max_wait);
+        let ticket = self.waiters().register(&Arc::from(resource));
         let mut step = WAIT_STEP.0;
         loop {
+            // Armed before the try, so that a release during it is not missed.
+            let notified = ticket.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
             match self.try_acquire(resource, limit).await {
                 Err(ConcurrencyError::LimitReached { limit }) => {
                     let now = Instant::now();
@@ -257,8 +273,12 @@ impl ConcurrencyLimiter {
                     }
                     // Jitter: between half and all of the step, so waiters spread out.
                     let jittered = step.mul_f64(rand::random_range(0.5..=1.0));
-                    tokio::time::sleep(jittered.min(left)).await;
-                    step = (step * 2).min(WAIT_STEP.1);
+                    tokio::select! {
+                        () = notified => {}
+                        () = tokio::time::sleep(jittered.min(left)) => {
+                            step = (step * 2).min(WAIT_STEP.1);
+                        }
+                    }
                 }
                 other => return other,
             }

@@ -1,5 +1,6 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
+use crate::backend::wait::Waiters;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -130,6 +131,8 @@ pub struct RedisConcurrencyLimiter {
 struct RedisInner {
     store: NodeStore,
     ttl: Duration,
+    /// The requests of this process waiting for a permit, woken by its releases.
+    waiters: Waiters,
 }
 
 impl fmt::Debug for RedisConcurrencyLimiter {
@@ -273,13 +276,26 @@ impl RedisConcurrencyLimiter {
         Ok(validity(start, self.inner.ttl))
     }
 
-    /// Gives back the permit `token` on `key`: one `ZREM`.
+    /// Gives back the permit `token` on `key`: one `ZREM`; then wakes the requests of this
+    /// process that wait for a permit on its resource (those of other processes try
+    /// again on their timers).
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
         let mut conn = self.inner.store.conn();
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(key).arg(token);
-        self.bounded(cmd.query_async::<i64>(&mut conn)).await?;
-        Ok(())
+        let released = self.bounded(cmd.query_async::<i64>(&mut conn)).await;
+        let resource = key
+            .strip_prefix(&*self.inner.store.prefix)
+            .and_then(|k| k.strip_prefix('{')?.strip_suffix('}'));
+        if let Some(resource) = resource {
+            self.inner.waiters.wake(resource);
+        }
+        released.map(drop)
+    }
+
+    /// The requests of this process waiting for a permit.
+    pub(crate) fn waiters(&self) -> &Waiters {
+        &self.inner.waiters
     }
 }
 
@@ -330,6 +346,7 @@ impl RedisConcurrencyLimiterBuilder {
             inner: Arc::new(RedisInner {
                 store,
                 ttl: self.ttl,
+                waiters: Waiters::default(),
             }),
         })
     }
