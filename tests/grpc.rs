@@ -18,8 +18,9 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::HealthReporter;
 use tower_redlock::{
-    ConcurrencyLimitLayer, IdempotencyLayer, LockLayer, Locks, MemoryConcurrencyLimiter,
-    MemoryLocks, MemoryRateLimiter, Quota, RateLimitLayer, Redlock,
+    ConcurrencyLimitLayer, ConcurrencyLimiter, IdempotencyLayer, LockLayer, Locks,
+    MemoryConcurrencyLimiter, MemoryLocks, MemoryRateLimiter, Quota, RateLimitLayer, RateLimiter,
+    RedisConcurrencyLimiter, RedisRateLimiter, Redlock,
 };
 
 /// Serves tonic-health behind `$layer` on a free port; the health reporter says the
@@ -172,9 +173,7 @@ async fn a_misconfigured_layer_is_internal() {
     assert_eq!(code, Code::Internal);
 }
 
-#[tokio::test]
-async fn a_rate_limit_is_resource_exhausted_with_a_pushback() {
-    let limiter = MemoryRateLimiter::new();
+async fn rate_limit_answers(limiter: RateLimiter) {
     let quota = Quota::new(1, Duration::from_secs(60)).unwrap();
     let served = serve!(RateLimitLayer::by_header("x-tenant", quota).backend(limiter));
     let mut client = served.client().await;
@@ -189,8 +188,18 @@ async fn a_rate_limit_is_resource_exhausted_with_a_pushback() {
 }
 
 #[tokio::test]
-async fn a_concurrency_limit_is_resource_exhausted_while_a_stream_runs() {
-    let limiter = MemoryConcurrencyLimiter::new();
+async fn a_rate_limit_is_resource_exhausted_with_a_pushback_in_process() {
+    rate_limit_answers(RateLimiter::from(MemoryRateLimiter::new())).await;
+}
+
+#[tokio::test]
+async fn a_rate_limit_is_resource_exhausted_with_a_pushback_on_redis() {
+    let node = RedisNode::start();
+    let limiter = RedisRateLimiter::builder(node.url()).build().await.unwrap();
+    rate_limit_answers(RateLimiter::from(limiter)).await;
+}
+
+async fn concurrency_answers(limiter: ConcurrencyLimiter) {
     let served = serve!(ConcurrencyLimitLayer::by_header("x-tenant", 1).backend(limiter));
     let mut client = served.client().await;
     let tenant = [("x-tenant", "acme")];
@@ -207,6 +216,21 @@ async fn a_concurrency_limit_is_resource_exhausted_while_a_stream_runs() {
         .await,
         "the permit is released when the stream ends"
     );
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_is_resource_exhausted_while_a_stream_runs_in_process() {
+    concurrency_answers(ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new())).await;
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_is_resource_exhausted_while_a_stream_runs_on_redis() {
+    let node = RedisNode::start();
+    let limiter = RedisConcurrencyLimiter::builder(node.url())
+        .build()
+        .await
+        .unwrap();
+    concurrency_answers(ConcurrencyLimiter::from(limiter)).await;
 }
 
 /// A unary call retried with its `idempotency-key` gets the first response back, message
