@@ -39,7 +39,11 @@ mod lease;
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub mod lock;
-#[cfg(any(feature = "lock", feature = "rate-limit"))]
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
 mod observe;
 pub mod problem;
 #[cfg(any(

@@ -102,6 +102,17 @@ results! {
 }
 
 results! {
+    /// The `result` of a request through the concurrency limit layer:
+    /// `tower_redlock_concurrency_requests_total{result}`.
+    ConcurrencyResult counts "tower_redlock_concurrency_requests_total" {
+        Admitted => "admitted",
+        Limited => "limited",
+        Unavailable => "unavailable",
+        Invalid => "invalid",
+    }
+}
+
+results! {
     /// The `result` of a request through the idempotency layer:
     /// `tower_redlock_idempotency_requests_total{result}`.
     IdempotencyResult counts "tower_redlock_idempotency_requests_total" {

@@ -18,8 +18,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::{RedisNode, eventually, nodes, serve, urls};
 use tokio::sync::Notify;
 use tower_redlock::{
-    IdempotencyLayer, LockLayer, Locks, RateLimitLayer, RateLimiter, RedisRateLimiter, Redlock,
-    Renewal,
+    ConcurrencyLimitLayer, IdempotencyLayer, LockLayer, Locks, RateLimitLayer, RateLimiter,
+    RedisConcurrencyLimiter, RedisRateLimiter, Redlock, Renewal,
 };
 use tracing::span;
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
@@ -92,6 +92,7 @@ impl Metrics {
 
 const LOCKS: &str = "tower_redlock_lock_requests_total";
 const RATE: &str = "tower_redlock_rate_limit_requests_total";
+const CONCURRENCY: &str = "tower_redlock_concurrency_requests_total";
 const IDEMPOTENCY: &str = "tower_redlock_idempotency_requests_total";
 const NODE_ERRORS: &str = "tower_redlock_node_errors_total";
 const ACQUIRE: &str = "tower_redlock_lock_acquire_duration_seconds";
@@ -253,6 +254,58 @@ async fn rate_limit_requests_are_counted_by_result() {
     assert_eq!(m.result(RATE, "unavailable"), 1, "{m:?}");
     let label = format!("127.0.0.1:{}", node.port());
     assert_eq!(m.counter(NODE_ERRORS, "node", &label), 1, "{m:?}");
+}
+
+#[tokio::test]
+async fn concurrency_requests_are_counted_by_result_and_outages_by_layer() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let mut node = RedisNode::start();
+    let limiter = RedisConcurrencyLimiter::builder(node.url())
+        .build()
+        .await
+        .unwrap();
+    let gate = Gate::default();
+    let layer = ConcurrencyLimitLayer::by_header("Idempotency-Key", 1).backend(limiter);
+    let app = Router::new().route("/export", gate.handler().layer(layer));
+    let url = format!("{}/export", serve(app).await);
+    let client = reqwest::Client::new();
+
+    let entered = gate.entered.notified();
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { post_with(&client, &url, Some(SECRET), "").await }
+    });
+    entered.await;
+    assert_eq!(post_with(&client, &url, Some(SECRET), "").await, 503);
+    assert_eq!(post_with(&client, &url, None, "").await, 400);
+    gate.release.notify_one();
+    assert_eq!(first.await.unwrap(), 200);
+    // Redis gone: the limiter fails open, the request runs unguarded.
+    node.kill();
+    let ran = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { post_with(&client, &url, Some(SECRET), "").await }
+    });
+    gate.entered.notified().await;
+    gate.release.notify_one();
+    assert_eq!(ran.await.unwrap(), 200);
+
+    let m = Metrics::of(&snapshotter);
+    assert_eq!(m.result(CONCURRENCY, "admitted"), 1, "{m:?}");
+    assert_eq!(m.result(CONCURRENCY, "limited"), 1, "{m:?}");
+    assert_eq!(m.result(CONCURRENCY, "invalid"), 1, "{m:?}");
+    assert_eq!(m.result(CONCURRENCY, "unavailable"), 1, "{m:?}");
+    let outage = (
+        "tower_redlock_store_unavailable_total".to_owned(),
+        vec![
+            ("layer".to_owned(), "ConcurrencyLimitLayer".to_owned()),
+            ("outcome".to_owned(), "fail_open".to_owned()),
+        ],
+    );
+    assert_eq!(m.counters.get(&outage).copied(), Some(1), "{m:?}");
 }
 
 #[tokio::test]

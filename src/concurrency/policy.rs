@@ -16,6 +16,7 @@ use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
+use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
@@ -65,6 +66,12 @@ impl ConcurrencyPolicy {
         &self,
         acquired: Result<PermitSlot, ConcurrencyError>,
     ) -> Verdict<ConcurrencyPermit> {
+        ConcurrencyResult::count(match &acquired {
+            Ok(_) => ConcurrencyResult::Admitted,
+            Err(ConcurrencyError::LimitReached { .. }) => ConcurrencyResult::Limited,
+            Err(ConcurrencyError::InvalidKey(_)) => ConcurrencyResult::Invalid,
+            Err(_) => ConcurrencyResult::Unavailable,
+        });
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
             Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
@@ -115,6 +122,10 @@ impl Policy for ConcurrencyPolicy {
     fn prefix(&self) -> &str {
         // The store puts its own prefix before the key.
         ""
+    }
+
+    fn bad_key(&self, _missing: bool) {
+        ConcurrencyResult::Invalid.count();
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<ConcurrencyPermit> {
