@@ -134,8 +134,9 @@ impl fmt::Display for NodeFailure {
             NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
             NodeFailureReason::InvalidFencingCounter { key } => write!(
                 f,
-                "{}: the fencing counter {key:?} does not hold an integer below 2^53 (written by another client?); delete it",
-                self.node
+                "{}: the fencing counter {:?} does not hold an integer below 2^53 (written by another client?); delete it",
+                self.node,
+                crate::redact::LogKey(key)
             ),
         }
     }

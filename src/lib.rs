@@ -55,6 +55,7 @@ mod protect;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;
+mod redact;
 pub mod rejection;
 
 #[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
@@ -99,6 +100,7 @@ pub use rate_limit::{
 #[cfg(all(feature = "rate-limit", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "rate-limit", feature = "redis"))))]
 pub use rate_limit::{RedisRateLimiter, RedisRateLimiterBuilder};
+pub use redact::log_full_keys;
 pub use rejection::{RejectedBy, Rejection, RejectionKind};
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use crate::keyed::policy::BoxFuture;
+use crate::redact::LogKey;
 
 /// How a held lease, or a concurrency permit, is renewed while the protected work runs
 /// (the "watchdog").
@@ -181,12 +182,12 @@ impl<E: RenewError> Schedule<E> {
                                 .unwrap_or(now);
                         }
                         Err(e) if e.is_gone() => {
-                            tracing::warn!(key, error = %e, "lost: renewal found the token gone");
+                            tracing::warn!(key = %LogKey(key), error = %e, "lost: renewal found the token gone");
                             return self.mark_lost();
                         }
                         Err(e) => {
                             // Still valid until valid_until: try again soon.
-                            tracing::warn!(key, error = %e, "renewal failed; retrying");
+                            tracing::warn!(key = %LogKey(key), error = %e, "renewal failed; retrying");
                             let retry = self.every.unwrap_or_default() / 4;
                             self.next_renewal = now
                                 .checked_add(retry.max(Duration::from_millis(10)))
@@ -197,7 +198,7 @@ impl<E: RenewError> Schedule<E> {
             }
             let now = Instant::now();
             if now >= self.valid_until {
-                tracing::warn!(key, "lost: its validity ended");
+                tracing::warn!(key = %LogKey(key), "lost: its validity ended");
                 return self.mark_lost();
             }
             let renewing =

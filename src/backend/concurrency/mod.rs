@@ -54,7 +54,10 @@ pub enum ConcurrencyError {
     },
     /// A renewal found the permit gone: it expired (its holder was paused longer than the
     /// TTL, or Redis lost it), and another request may hold its place.
-    #[error("the permit on {key} expired before it was renewed")]
+    #[error(
+        "the permit on {} expired before it was renewed",
+        crate::redact::LogKey(key)
+    )]
     Expired {
         /// The permit's key, as stored.
         key: String,

@@ -225,9 +225,9 @@ impl Redlock {
 /// was acquired without them, but they stay out of every fenced acquisition of the key.
 fn warn_invalid_counters(round: &Answers<Attempted>) {
     for answer in round.answers.iter().flatten() {
-        if let Err(reason @ NodeFailureReason::InvalidFencingCounter { .. }) = answer {
+        if let Err(NodeFailureReason::InvalidFencingCounter { key }) = answer {
             tracing::warn!(
-                reason = ?reason,
+                counter = %crate::redact::LogKey(key),
                 "a node's fencing counter is not an integer; delete it"
             );
         }

@@ -412,7 +412,7 @@ impl Redlock {
                 });
             }
             Err(_) => tracing::warn!(
-                key = &*key,
+                key = %crate::redact::LogKey(&key),
                 "no Tokio runtime to release the lock on; it expires by its TTL"
             ),
         }

@@ -1,0 +1,91 @@
+//! Keys in log lines: by default a key's scope and a short hash, never its value, so that
+//! Idempotency-Key values, account ids and tenant names stay out of the logs.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static FULL_KEYS: AtomicBool = AtomicBool::new(false);
+
+/// A hasher keyed at random once per process: the same key has the same hash in one
+/// process's log lines, and the hash of a guessable value (an account id) cannot be
+/// computed from outside to find it there.
+static HASHER: LazyLock<std::collections::hash_map::RandomState> =
+    LazyLock::new(std::collections::hash_map::RandomState::new);
+
+/// The crate's default key prefixes, whose next segment (up to `:`) is the key's scope.
+const PREFIXES: [&str; 3] = [
+    "tower-redlock-concurrency:",
+    "tower-redlock-rate:",
+    "tower-redlock:",
+];
+
+/// Whether log lines carry whole keys (`true`) or, the default, each key's scope and a
+/// short hash of it: `POST /orders:#5c1f09ab`. The hash is keyed at random per process,
+/// so the lines of one process can be matched up, but a value cannot be found from its
+/// hash. Turn it on to debug a key; it applies to the whole process.
+///
+/// ```
+/// tower_redlock::log_full_keys(false); // the default
+/// ```
+pub fn log_full_keys(full: bool) {
+    FULL_KEYS.store(full, Ordering::Relaxed);
+}
+
+/// A key as log lines show it (see [`log_full_keys`]).
+pub(crate) struct LogKey<'a>(pub(crate) &'a str);
+
+impl fmt::Display for LogKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = self.0;
+        if FULL_KEYS.load(Ordering::Relaxed) {
+            return f.write_str(key);
+        }
+        let mut hasher = HASHER.build_hasher();
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish() >> 32;
+        match scope_of(key) {
+            Some(scope) => write!(f, "{scope}:#{hash:08x}"),
+            None => write!(f, "#{hash:08x}"),
+        }
+    }
+}
+
+impl fmt::Debug for LogKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+/// The scope of a key under one of the default prefixes (also inside the braces of a
+/// concurrency key or of a lock's auxiliary key): the segment after the prefix, up to
+/// `:`. `None` for another prefix, where the scope cannot be told from the value.
+fn scope_of(key: &str) -> Option<&str> {
+    let key = key.strip_prefix('{').unwrap_or(key);
+    let rest = PREFIXES.iter().find_map(|p| key.strip_prefix(p))?;
+    let rest = rest.strip_prefix('{').unwrap_or(rest);
+    let (scope, _) = rest.split_once(':')?;
+    Some(scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_shows_its_scope_and_a_hash_not_its_value() {
+        let shown = |key: &str| LogKey(key).to_string();
+        let lock = shown("tower-redlock:POST /orders:acct-42");
+        assert!(lock.starts_with("POST /orders:#"), "{lock}");
+        assert!(!lock.contains("acct-42"));
+        assert_eq!(lock, shown("tower-redlock:POST /orders:acct-42"), "stable");
+        assert_ne!(lock, shown("tower-redlock:POST /orders:acct-43"));
+        let fence = shown("{tower-redlock:POST /orders:acct-42}:fence");
+        assert!(fence.starts_with("POST /orders:#") && !fence.contains("acct"));
+        let permit = shown("tower-redlock-concurrency:{x-tenant:acme}");
+        assert!(permit.starts_with("x-tenant:#") && !permit.contains("acme"));
+        let other = shown("myapp:orders:acct-42");
+        assert!(other.starts_with('#') && !other.contains("acct"), "{other}");
+    }
+}
