@@ -65,7 +65,10 @@ fn scope_of(key: &str) -> Option<&str> {
     let key = key.strip_prefix('{').unwrap_or(key);
     let rest = PREFIXES.iter().find_map(|p| key.strip_prefix(p))?;
     let rest = rest.strip_prefix('{').unwrap_or(rest);
-    let (scope, _) = rest.split_once(':')?;
+    // The lock key ends at a `}` (an auxiliary key, a concurrency key; values have their
+    // braces escaped), and its scope needs a `:` before the value.
+    let lock_key = rest.split('}').next().unwrap_or(rest);
+    let (scope, _) = lock_key.split_once(':')?;
     Some(scope)
 }
 
@@ -85,6 +88,9 @@ mod tests {
         assert!(fence.starts_with("POST /orders:#") && !fence.contains("acct"));
         let permit = shown("tower-redlock-concurrency:{x-tenant:acme}");
         assert!(permit.starts_with("x-tenant:#") && !permit.contains("acme"));
+        // A resource without a scope shows no part of itself.
+        let bare = shown("{tower-redlock:acct-42}:fence");
+        assert!(bare.starts_with('#') && !bare.contains("acct"), "{bare}");
         let other = shown("myapp:orders:acct-42");
         assert!(other.starts_with('#') && !other.contains("acct"), "{other}");
     }
