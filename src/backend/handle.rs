@@ -319,6 +319,20 @@ impl Locks {
         }
     }
 
+    /// The Redlock backend, when this is one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn as_redlock(&self) -> Option<&Redlock> {
+        match &self.backend {
+            LockStore::Redlock(r) => Some(r),
+            LockStore::Memory(_) => None,
+        }
+    }
+
+    /// The full key of `resource`: the prefix, then the resource escaped.
+    pub(crate) fn full_key(&self, resource: &str) -> Result<std::sync::Arc<str>, LockError> {
+        Ok(self.policy().full_key(resource)?)
+    }
+
     /// The in-process backend, when this is one: its operations need no `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
         match &self.backend {

@@ -31,6 +31,8 @@ pub(crate) mod handle;
 #[cfg(feature = "lock")]
 pub(crate) mod hold;
 #[cfg(feature = "lock")]
+pub(crate) mod inspect;
+#[cfg(feature = "lock")]
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod node;

@@ -87,7 +87,7 @@ impl Waiters {
         }
     }
 
-    #[cfg(all(feature = "lock", feature = "redis"))]
+    #[cfg(feature = "lock")]
     /// Whether anybody waits on `key`.
     pub(crate) fn is_waited(&self, key: &str) -> bool {
         self.keys().contains_key(key)

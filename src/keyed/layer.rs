@@ -201,6 +201,7 @@ impl<K, P: Clone> KeyedLayer<K, P> {
 }
 
 impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
+    #[cfg(any(feature = "rate-limit", feature = "concurrency-limit"))]
     /// Scoped by the header name alone (`x-tenant:acme`): one count per header value
     /// across every route the layer guards, as a limit on a tenant or an API key is.
     pub(crate) fn tenant_wide(self) -> Self {

@@ -215,6 +215,7 @@ pub use layer::{Lock, LockLayer};
 pub use policy::LockPolicy;
 
 pub use crate::backend::handle::Locks;
+pub use crate::backend::inspect::LockInspection;
 pub use crate::backend::memory::{MemoryLocks, MemoryLocksBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

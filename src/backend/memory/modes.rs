@@ -38,6 +38,16 @@ impl KeyModes {
         self.readers.is_empty() && self.writers_waiting == 0 && self.queue.is_empty()
     }
 
+    /// The readers whose lease has not run out at `now`.
+    pub(super) fn live_readers(&self, now: Instant) -> u64 {
+        self.readers.values().filter(|at| **at > now).count() as u64
+    }
+
+    /// Whether a writer or a fair waiter waits.
+    pub(super) fn has_waiters(&self) -> bool {
+        self.writers_waiting > 0 || !self.queue.is_empty()
+    }
+
     /// How long the last reader still holds at `now`, if any does.
     fn last_reader(&self, now: Instant) -> Option<Duration> {
         let last = self.readers.values().max().copied()?;

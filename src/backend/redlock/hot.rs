@@ -211,6 +211,15 @@ impl HotKeys {
         self.remove(key, token, Some(prefix))
     }
 
+    /// Forgets this process's holder of `key`, whatever its token: the lock was deleted
+    /// on the nodes (a forced unlock).
+    pub(super) fn forget(&self, key: &str) {
+        let mut state = self.state();
+        if matches!(state.slots.get(key), Some(HotSlot::Held(_))) {
+            state.slots.remove(key);
+        }
+    }
+
     /// The lease is lost (a renewal found its token gone): it leaves the table now.
     pub(super) fn lost(&self, key: &str, token: Token) {
         self.remove(key, token, None);

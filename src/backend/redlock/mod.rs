@@ -37,6 +37,7 @@ mod fair;
 mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod inspect;
 mod keys;
 mod multi;
 mod notify;

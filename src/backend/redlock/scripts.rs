@@ -44,6 +44,8 @@ pub(super) static ALL: &[&LazyLock<Script>] = &[
     &super::multi::scripts::FENCE_ALL,
     &super::multi::scripts::EXTEND_ALL,
     &super::multi::scripts::RELEASE_ALL,
+    &super::inspect::INSPECT,
+    &super::inspect::FORCE_RELEASE,
     #[cfg(feature = "idempotency")]
     &super::idempotency::BEGIN,
     #[cfg(feature = "idempotency")]

@@ -1,0 +1,143 @@
+//! [`Locks::inspect`](crate::Locks::inspect) and
+//! [`Locks::force_unlock`](crate::Locks::force_unlock) over the Redlock nodes.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::Redlock;
+use super::keys::Aux;
+use super::round::Stragglers;
+use super::scripts::{evalsha, run};
+use super::tally::{Rule, Vote};
+use crate::backend::connection::Connection;
+use crate::backend::inspect::LockInspection;
+use crate::error::{LockError, NodeFailureReason};
+
+/// Reads, without writing, what one node holds for the lock key KEYS[1]: its `PTTL`, the
+/// fencing counter KEYS[2] (`''` when unset or not a string), the readers' set KEYS[3]'s
+/// size, and whether the waiters' mark KEYS[4] or the fair queue KEYS[5] exists. Values
+/// of another type (another client's) read as absent.
+pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local c = redis.pcall('GET', KEYS[2])
+if type(c) ~= 'string' then c = '' end
+local r = redis.pcall('ZCARD', KEYS[3])
+if type(r) ~= 'number' then r = 0 end
+return {redis.call('PTTL', KEYS[1]), c, r, redis.call('EXISTS', KEYS[4], KEYS[5])}
+",
+    )
+});
+
+/// Deletes the lock key KEYS[1] whatever it holds; when it was there and the waiters'
+/// mark KEYS[2] too, deletes the mark and publishes on the release channel, as a release
+/// does. Returns 1 when the lock key was there.
+pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+end
+return 1
+",
+    )
+});
+
+/// One node's view of a lock.
+struct NodeView {
+    pttl_ms: i64,
+    fence: String,
+    readers: u64,
+    waiters: bool,
+}
+
+async fn view(mut conn: Connection, key: Arc<str>) -> Result<NodeView, NodeFailureReason> {
+    let mut cmd = evalsha(&INSPECT, 5);
+    cmd.arg(&*key)
+        .arg(Aux::fence(&key))
+        .arg(Aux::readers(&key))
+        .arg(Aux::waiters(&key))
+        .arg(Aux::queue(&key));
+    let (pttl_ms, fence, readers, waiters): (i64, String, u64, u64) =
+        run(&mut conn, &INSPECT, &cmd).await?;
+    Ok(NodeView {
+        pttl_ms,
+        fence,
+        readers,
+        waiters: waiters > 0,
+    })
+}
+
+async fn force_release(mut conn: Connection, key: Arc<str>) -> Result<i64, NodeFailureReason> {
+    let mut cmd = evalsha(&FORCE_RELEASE, 2);
+    cmd.arg(&*key).arg(Aux::waiters(&key));
+    Ok(run(&mut conn, &FORCE_RELEASE, &cmd).await?)
+}
+
+impl Redlock {
+    /// [`Locks::inspect`](crate::Locks::inspect) for a full key: every node awaited up to
+    /// the node timeout.
+    pub(crate) async fn inspect_key(&self, key: &Arc<str>) -> Result<LockInspection, LockError> {
+        let round = self
+            .on_nodes(
+                Instant::now(),
+                |conn| view(conn, key.clone()),
+                |_| Vote::For,
+                Rule::Proof,
+                Stragglers::Await,
+            )
+            .await;
+        let views: Vec<&NodeView> = round.values().collect();
+        if views.is_empty() {
+            return Err(self.no_quorum(round));
+        }
+        let quorum = self.quorum();
+        let holding: Vec<i64> = views
+            .iter()
+            .map(|v| v.pttl_ms)
+            .filter(|t| *t != -2)
+            .collect();
+        let mut ttls: Vec<i64> = holding.clone();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        // The quorum-th longest: how long a quorum still holds it (-1, no expiry: None).
+        let remaining = ttls
+            .get(quorum - 1)
+            .and_then(|ms| u64::try_from(*ms).ok())
+            .filter(|_| !ttls.contains(&-1))
+            .map(Duration::from_millis);
+        Ok(LockInspection {
+            key: key.to_string(),
+            nodes_answered: views.len(),
+            nodes_holding: holding.len(),
+            quorum,
+            remaining,
+            fencing_token: views.iter().filter_map(|v| v.fence.parse().ok()).max(),
+            readers: views.iter().map(|v| v.readers).max().unwrap_or(0),
+            waiters: views.iter().any(|v| v.waiters),
+        })
+    }
+
+    /// [`Locks::force_unlock`](crate::Locks::force_unlock) for a full key: on how many
+    /// nodes the lock key was there.
+    pub(crate) async fn force_unlock_key(&self, key: &Arc<str>) -> Result<usize, LockError> {
+        let round = self
+            .on_nodes(
+                Instant::now(),
+                |conn| force_release(conn, key.clone()),
+                |_| Vote::For,
+                Rule::Proof,
+                Stragglers::Await,
+            )
+            .await;
+        self.inner.hot.forget(key);
+        self.inner.waiters.wake(key);
+        let answered = round.values().count();
+        if answered == 0 {
+            return Err(self.no_quorum(round));
+        }
+        Ok(round.values().filter(|deleted| **deleted == 1).count())
+    }
+}
