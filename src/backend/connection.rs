@@ -19,9 +19,13 @@
 //!   connection since it was sent, and then a `PING` probe gets no answer within
 //!   [`PROBE_TIMEOUT`] while nothing else is answered either.
 //!
-//! A new attempt starts at most once per [`RETRY_INTERVAL`]; in between, commands get
-//! the last attempt's error at once. Replaced connections close when their last command
-//! ends.
+//! A new attempt starts at most once per [`RETRY_INTERVAL`] (a failure sooner after the
+//! last attempt replaces the connection once the interval is over); in between, commands
+//! get the last attempt's error at once. While attempts fail (the node is down), new ones
+//! start in the background, the pause between them doubling from [`RETRY_INTERVAL`] to
+//! [`RECONNECT_MAX_PAUSE`], so that a node that serves again is connected within that
+//! pause plus one connection, before any command has to notice. Replaced connections
+//! close when their last command ends.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +43,53 @@ use crate::backend::node::{Conn, Connector};
 
 /// The shortest time between two connection attempts to one node: 100 ms.
 pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest pause between two background connection attempts to a node that stays
+/// down: 1 s. A node that serves again is connected within this, plus one connection,
+/// without waiting for a command to notice.
+pub(crate) const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// Drives the connection attempt `connecting` of `generation`, and while attempts fail,
+/// starts new ones after a pause that doubles from [`RETRY_INTERVAL`] to
+/// [`RECONNECT_MAX_PAUSE`]; stops at the first connection, when a command started a
+/// newer attempt meanwhile, or when the node's handle is dropped.
+async fn reconnect(
+    core: std::sync::Weak<ConnectionCore>,
+    mut connecting: Connecting,
+    mut generation: u64,
+) {
+    let mut pause = RETRY_INTERVAL;
+    loop {
+        let result = connecting.await;
+        let Some(inner) = core.upgrade() else {
+            return;
+        };
+        if let Ok(conn) = result {
+            inner.connected(generation, &conn);
+            return;
+        }
+        drop(inner);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+        let Some(inner) = core.upgrade() else {
+            return;
+        };
+        let mut state = inner.state();
+        if state.generation != generation || state.ready.is_some() {
+            return;
+        }
+        state.generation += 1;
+        state.retry_scheduled = false;
+        state.started = Instant::now();
+        state.connecting = connect(
+            &inner.connector,
+            &inner.config,
+            inner.scripts,
+            inner.connect_timeout,
+        );
+        generation = state.generation;
+        connecting = state.connecting.clone();
+    }
+}
 /// How long a probe of a silent connection waits for `PONG`: 1 s. Probes of one
 /// connection start at most once per this interval.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -81,6 +132,9 @@ struct Link {
     started: Instant,
     probing: bool,
     probed: Option<Instant>,
+    /// Whether a failure came too soon after the attempt started, and the replacement is
+    /// scheduled for the end of [`RETRY_INTERVAL`].
+    retry_scheduled: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -215,6 +269,7 @@ impl Connection {
                     started: Instant::now(),
                     probing: false,
                     probed: None,
+                    retry_scheduled: false,
                 }),
                 replies: AtomicU64::new(0),
                 failing: AtomicBool::new(false),
@@ -333,10 +388,28 @@ impl ConnectionCore {
     }
 
     /// The connection of `generation` failed: start a new attempt, unless one started
-    /// since, or less than [`RETRY_INTERVAL`] ago.
-    fn failed(&self, generation: u64, error: &dyn std::fmt::Display) {
+    /// since; less than [`RETRY_INTERVAL`] after the last attempt started, once the
+    /// interval is over.
+    fn failed(self: &Arc<Self>, generation: u64, error: &dyn std::fmt::Display) {
         let mut state = self.state();
-        if state.generation != generation || state.started.elapsed() < RETRY_INTERVAL {
+        if state.generation != generation {
+            return;
+        }
+        let wait = RETRY_INTERVAL.saturating_sub(state.started.elapsed());
+        if !wait.is_zero() {
+            // One delayed retry per connection, however many commands fail meanwhile.
+            if std::mem::replace(&mut state.retry_scheduled, true) {
+                return;
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let core = Arc::downgrade(self);
+                runtime.spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    if let Some(inner) = core.upgrade() {
+                        inner.failed(generation, &"a failure less than 100 ms after connecting");
+                    }
+                });
+            }
             return;
         }
         if self.failing.swap(true, Ordering::AcqRel) {
@@ -345,6 +418,7 @@ impl ConnectionCore {
             tracing::warn!(node = %self.label, %error, "Redis node failed; reconnecting");
         }
         state.generation += 1;
+        state.retry_scheduled = false;
         state.started = Instant::now();
         state.ready = None;
         state.connecting = connect(
@@ -353,9 +427,15 @@ impl ConnectionCore {
             self.scripts,
             self.connect_timeout,
         );
-        // Connect now, so that the next command finds the connection ready.
+        // Connect now, so that the next command finds the connection ready; and while the
+        // node stays down, try again in the background, so that the first command after
+        // it is back finds a connection rather than the last attempt's error.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(state.connecting.clone().map(drop));
+            runtime.spawn(reconnect(
+                Arc::downgrade(self),
+                state.connecting.clone(),
+                state.generation,
+            ));
         }
     }
 

@@ -97,10 +97,11 @@ return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - no
 ///
 /// The connection is replaced after any kind of failure, so that the limit comes back
 /// when Redis does. A connection that fails (refused, reset, an answer that is not Redis,
-/// a refused handshake) is replaced by the next call, with at most one connection attempt
-/// per 100 ms, each bounded by the timeout or 500 ms, whichever is longer: once Redis
-/// answers again, calls use it within about 100 ms plus one connection (measured: 80 to
-/// 95 ms). A connection that goes silent without failing (its peer gone without a reset)
+/// a refused handshake) is replaced at once, with at most one connection attempt per
+/// 100 ms, each bounded by the timeout or 500 ms, whichever is longer; while Redis stays
+/// down, attempts go on in the background, paused 100 ms doubling up to 1 s, so once it
+/// answers again calls use it within 1 s plus one connection, without a failed call to
+/// notice it. A connection that goes silent without failing (its peer gone without a reset)
 /// is probed with `PING` when a call times out with nothing else answered, at most once a
 /// second, and replaced when the probe gets no answer within 1 s: within the timeout plus
 /// 2 s.
