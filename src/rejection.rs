@@ -361,19 +361,6 @@ fn grpc_message(detail: &str) -> String {
     out
 }
 
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-/// Whether a request is gRPC: its `content-type` starts with `application/grpc` (which
-/// also covers `application/grpc+proto` and gRPC-Web).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 impl<B: From<Bytes>> From<Rejection> for Response<B> {
     /// The `application/problem+json` response ([`Problem`]): the status, the body
     /// (`type` the kind's [`type_uri`](RejectionKind::type_uri), `title`, `status`,
@@ -395,90 +382,6 @@ impl<B: From<Bytes>> From<Rejection> for Response<B> {
 impl axum::response::IntoResponse for Rejection {
     fn into_response(self) -> axum::response::Response {
         Response::from(self)
-    }
-}
-
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-/// A layer's own rendering of its rejections for HTTP clients (`on_rejection`).
-pub(crate) type RenderFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
-
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-/// How one request's refusals are answered: chosen when the request arrives.
-#[derive(Clone, Default)]
-pub(crate) enum Answers {
-    /// `application/problem+json`, as rendered when the rejection was made.
-    #[default]
-    Problem,
-    /// The gRPC answer.
-    Grpc,
-    /// The layer's `on_rejection` function.
-    Custom(std::sync::Arc<RenderFn>),
-}
-
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-impl std::fmt::Debug for Answers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Answers::Problem => "Problem",
-            Answers::Grpc => "Grpc",
-            Answers::Custom(_) => "Custom",
-        })
-    }
-}
-
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-impl Answers {
-    /// The answers for a request with `headers`, for a layer with `custom` rendering.
-    #[inline]
-    pub(crate) fn for_request(
-        headers: &HeaderMap,
-        custom: Option<&std::sync::Arc<RenderFn>>,
-    ) -> Self {
-        if is_grpc(headers) {
-            Answers::Grpc
-        } else if let Some(render) = custom {
-            Answers::Custom(render.clone())
-        } else {
-            Answers::Problem
-        }
-    }
-
-    /// The response to hand on for a layer's own answer `response` (a problem, carrying
-    /// its rejection).
-    pub(crate) fn render(&self, response: Response<Bytes>) -> Response<Bytes> {
-        if let Answers::Problem = self {
-            return response;
-        }
-        let Some(rejection) = response.extensions().get::<Rejection>() else {
-            return response;
-        };
-        match self {
-            Answers::Problem => response,
-            Answers::Grpc => rejection.clone().into_grpc_response(),
-            Answers::Custom(render) => {
-                let mut custom = render(rejection);
-                if custom.extensions().get::<Rejection>().is_none() {
-                    custom.extensions_mut().insert(rejection.clone());
-                }
-                custom
-            }
-        }
     }
 }
 
@@ -548,18 +451,5 @@ mod tests {
         for (kind, code) in codes {
             assert_eq!(kind.grpc_code(), code, "{kind:?}");
         }
-    }
-
-    #[test]
-    fn only_grpc_content_types_are_grpc() {
-        let headers = |ct: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
-            h
-        };
-        assert!(is_grpc(&headers("application/grpc")));
-        assert!(is_grpc(&headers("application/grpc+proto")));
-        assert!(!is_grpc(&headers("application/json")));
-        assert!(!is_grpc(&HeaderMap::new()));
     }
 }

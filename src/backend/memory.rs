@@ -3,7 +3,6 @@
 
 use std::collections::hash_map::Entry;
 use std::fmt;
-use std::future::Future;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -19,8 +18,10 @@ use crate::error::{ConfigError, LockError};
 use crate::lease::{Access, Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
+mod backend;
 #[cfg(feature = "idempotency")]
 mod idempotency;
+mod inspect;
 mod modes;
 
 mod multi;
@@ -452,117 +453,5 @@ impl MemoryLocks {
         } else {
             Ok(())
         }
-    }
-}
-
-impl MemoryLocks {
-    /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
-    pub(crate) fn inspect_key(&self, key: &str) -> crate::backend::inspect::LockInspection {
-        let now = Instant::now();
-        let state = self.state();
-        let entry = state.keys.get(key);
-        let remaining = entry
-            .and_then(|k| k.holder.as_ref())
-            .and_then(|h| h.left(now));
-        let modes = entry.and_then(|k| k.modes.as_deref());
-        crate::backend::inspect::LockInspection {
-            key: key.to_owned(),
-            nodes_answered: 1,
-            nodes_holding: usize::from(remaining.is_some()),
-            quorum: 1,
-            remaining,
-            fencing_token: None,
-            readers: modes.map_or(0, |m| m.live_readers(now)),
-            waiters: modes.is_some_and(|m| m.has_waiters()) || self.inner.waiters.is_waited(key),
-        }
-    }
-
-    /// [`Locks::force_unlock`](crate::Locks::force_unlock) for a full key: 1 when it was
-    /// held.
-    pub(crate) fn force_unlock_key(&self, key: &str) -> usize {
-        let now = Instant::now();
-        let mut state = self.state();
-        let held = state
-            .keys
-            .get(key)
-            .and_then(|k| k.holder.as_ref())
-            .is_some_and(|h| h.expires_at > now);
-        state.let_go(key);
-        drop(state);
-        self.inner.waiters.wake(key);
-        usize::from(held)
-    }
-}
-
-impl LockBackend for MemoryLocks {
-    fn policy(&self) -> &Settings {
-        &self.inner.policy
-    }
-
-    fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        std::future::ready(self.acquire(key))
-    }
-
-    fn try_all(
-        &self,
-        keys: Arc<[Arc<str>]>,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        std::future::ready(self.acquire_all(&keys))
-    }
-
-    fn wait_plain(
-        &self,
-        key: Arc<str>,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_key_within(key, max_wait)
-    }
-
-    fn wait_access(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_access_within(key, access, max_wait)
-    }
-
-    fn wait_fair(
-        &self,
-        key: Arc<str>,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_fair_key_within(key, max_wait)
-    }
-}
-
-/// Requests by resource name, for this module's tests.
-#[cfg(test)]
-impl MemoryLocks {
-    pub(crate) fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        let key = self.inner.policy.full_key(resource)?;
-        self.acquire(key)
-    }
-
-    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> Result<Lease, LockError>
-    where
-        I: IntoIterator,
-        I::Item: Into<std::borrow::Cow<'a, str>>,
-    {
-        let request = crate::backend::request::LockRequest::all(resources);
-        let (claim, _) = request.resolve(&self.inner.policy)?;
-        self.attempt(&claim, LockMode::Plain, Instant::now())
-    }
-
-    pub(crate) async fn take(
-        &self,
-        request: crate::backend::request::LockRequest<'_>,
-    ) -> Result<Lease, LockError> {
-        let (claim, options) = request.resolve(&self.inner.policy)?;
-        crate::backend::request::acquire(self, claim, options).await
     }
 }

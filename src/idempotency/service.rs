@@ -15,8 +15,9 @@ use super::key::IdempotencyKey;
 use super::layer::FingerprintFn;
 use super::policy::{IdempotencyPolicy, RequestFingerprint};
 use crate::keyed::Keyed;
+use crate::keyed::answers::{Answers, RenderFn};
 use crate::keyed::policy::{BoxError, BoxFuture};
-use crate::rejection::{Answers, RejectedBy, Rejection, RejectionKind, RenderFn};
+use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The service of [`IdempotencyLayer`](super::IdempotencyLayer) around `S`.
 pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;

@@ -12,8 +12,9 @@ use super::body::{Item, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
+use crate::keyed::answers::Answers;
 use crate::protect::{Lost, poll_guarded};
-use crate::rejection::{Answers, RejectedBy};
+use crate::rejection::RejectedBy;
 use http_body::Body;
 use std::time::Duration;
 

@@ -16,7 +16,8 @@ use crate::key::{
     HeaderKey, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value,
     with_scratch, write_key_head,
 };
-use crate::rejection::{Rejection, RejectionKind, RenderFn};
+use crate::keyed::answers::RenderFn;
+use crate::rejection::{Rejection, RejectionKind};
 
 /// The layer of a keyed middleware: where the key comes from and what to do without one
 /// (here), and what to do with it (the policy `P`). [`LockLayer`](crate::LockLayer) and

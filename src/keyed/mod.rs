@@ -74,6 +74,7 @@ macro_rules! layer_setters {
 }
 pub(crate) use layer_setters;
 
+pub(crate) mod answers;
 mod body;
 pub(crate) mod future;
 pub(crate) mod layer;

@@ -10,7 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::{Core, KeyedLayer, Step};
 use super::policy::{Decision, Policy};
 use crate::key::KeyExtractor;
-use crate::rejection::Answers;
+use crate::keyed::answers::Answers;
 
 /// The service of a keyed middleware: reads the request's key, asks the policy, and calls
 /// the inner service `S` (or answers itself). [`Lock`](crate::lock::Lock) and

@@ -181,15 +181,7 @@ impl MemoryRateLimiter {
             }
             None => {
                 let resets_at = now + quota.window();
-                let key: Arc<str> = Arc::from(resource);
-                windows.ends.push(Reverse((resets_at, key.clone())));
-                windows.counts.insert(
-                    key,
-                    Window {
-                        count: 1,
-                        resets_at,
-                    },
-                );
+                windows.open(resource, 1, resets_at);
                 (1, resets_at)
             }
         };
@@ -198,6 +190,13 @@ impl MemoryRateLimiter {
 }
 
 impl Windows {
+    /// A new entry for `resource`, queued for eviction at `resets_at`.
+    fn open(&mut self, resource: &str, count: u64, resets_at: Instant) {
+        let key: Arc<str> = Arc::from(resource);
+        self.ends.push(Reverse((resets_at, key.clone())));
+        self.counts.insert(key, Window { count, resets_at });
+    }
+
     /// One GCRA decision on `resource` at `now` (see [`Quota::gcra`]): the key's
     /// `resets_at` is its theoretical arrival time (TAT), and the key is dropped once that
     /// has passed (a fresh key is in the same state). `full`: no new key may be added.
@@ -227,15 +226,7 @@ impl Windows {
             }
             None => {
                 let tat = now + emission;
-                let key: Arc<str> = Arc::from(resource);
-                self.ends.push(Reverse((tat, key.clone())));
-                self.counts.insert(
-                    key,
-                    Window {
-                        count: 0,
-                        resets_at: tat,
-                    },
-                );
+                self.open(resource, 0, tat);
                 tat
             }
         };
