@@ -18,6 +18,22 @@
 //!   with the floor's lock cycle in the handler, and with `LockLayer` on 1 node;
 //! - `http-idem`: `IdempotencyLayer` on 1 node, a new key per request (a first run).
 //!
+//! The in-process layers beside their peers, on an app served with the peer's address
+//! (`ConnectInfo`), every layer set never to refuse, a new key per request:
+//! - `peer-none`: that app without a layer;
+//! - `peer-map-body`: tower-http's `MapResponseBodyLayer` (any layer; axum boxes the
+//!   route again);
+//! - `peer-tower-concurrency`: tower's `ConcurrencyLimitLayer`;
+//! - `peer-governor`, `peer-governor-headers`: tower_governor per peer IP, without and
+//!   with its `x-ratelimit-*` headers;
+//! - `peer-lock`: `LockLayer::by_header` in process;
+//! - `peer-rate-ip`, `peer-rate-header`, `peer-gcra-header`: `RateLimitLayer` by peer IP
+//!   and by header (fixed window), and by header with GCRA, in process;
+//! - `peer-concurrency`: `ConcurrencyLimitLayer::by_header` in process.
+//!
+//! One request is sent before the count (with a count of 0 too), so that what the first
+//! request sets up (tower_governor's clock calibration, say) stays out of the difference.
+//!
 //! Everything runs on a Tokio runtime of one worker. It starts its own `redis-server`.
 
 use std::sync::Arc;
@@ -31,7 +47,10 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, serve};
+use common::{
+    Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, serve,
+    serve_with_peer,
+};
 
 const TASKS: u64 = 64;
 
@@ -64,6 +83,7 @@ fn main() {
             "http-none" | "http-memory" | "http-floor" | "http-layer" | "http-idem" => {
                 requests(case, &urls, count).await;
             }
+            peer if peer.starts_with("peer-") => peers(peer, &urls, count).await,
             other => panic!("unknown case {other}"),
         }
     });
@@ -117,5 +137,64 @@ async fn requests(case: &str, urls: &[String], count: u64) {
     for _ in 0..count {
         let status = post_key(&mut sender, NEXT.fetch_add(1, Ordering::Relaxed)).await;
         assert_eq!(status, http::StatusCode::OK);
+    }
+}
+
+async fn peers(case: &str, urls: &[String], count: u64) {
+    use std::time::Duration;
+    use tower_redlock::{ConcurrencyLimitLayer, MemoryConcurrencyLimiter, Quota, RateLimitLayer};
+    use tower_redlock::{MemoryRateLimiter, RateLimiter};
+
+    // Built in every case, so that the setup costs the same as the other cases'.
+    let _clients = clients(urls).await;
+    let base = || Router::new().route("/", post(ok_handler));
+    let never = Quota::new(1_000_000_000, Duration::from_secs(60)).expect("a quota");
+    let gcra = Quota::gcra(1_000_000, Duration::from_secs(1), 1_000_000).expect("a quota");
+    let limiter = || RateLimiter::from(MemoryRateLimiter::new());
+    let governor = |headers: bool| {
+        let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+        config.per_nanosecond(1).burst_size(u32::MAX);
+        if headers {
+            let config = config.use_headers().finish().expect("a governor config");
+            base().layer(tower_governor::GovernorLayer::new(config))
+        } else {
+            let config = config.finish().expect("a governor config");
+            base().layer(tower_governor::GovernorLayer::new(config))
+        }
+    };
+    let app = match case {
+        "peer-none" => base(),
+        "peer-map-body" => base().layer(tower_http::map_response_body::MapResponseBodyLayer::new(
+            |body: axum::body::Body| body,
+        )),
+        "peer-tower-concurrency" => {
+            base().layer(tower::limit::ConcurrencyLimitLayer::new(1_000_000))
+        }
+        "peer-governor" => governor(false),
+        "peer-governor-headers" => governor(true),
+        "peer-lock" => base().layer(
+            LockLayer::by_header("Idempotency-Key").backend(Locks::from(MemoryLocks::new())),
+        ),
+        "peer-rate-ip" => base().layer(RateLimitLayer::by_peer_ip(never).backend(limiter())),
+        "peer-rate-header" => {
+            base().layer(RateLimitLayer::by_header("Idempotency-Key", never).backend(limiter()))
+        }
+        "peer-gcra-header" => {
+            base().layer(RateLimitLayer::by_header("Idempotency-Key", gcra).backend(limiter()))
+        }
+        "peer-concurrency" => base().layer(
+            ConcurrencyLimitLayer::by_header("Idempotency-Key", 1_000_000)
+                .backend(MemoryConcurrencyLimiter::new()),
+        ),
+        other => panic!("unknown case {other}"),
+    };
+    let mut sender = connect(serve_with_peer(app).await).await;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // The warm-up request, in every run.
+    let status = post_key(&mut sender, NEXT.fetch_add(1, Ordering::Relaxed)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    for _ in 0..count {
+        let status = post_key(&mut sender, NEXT.fetch_add(1, Ordering::Relaxed)).await;
+        assert_eq!(status, http::StatusCode::OK, "{case} refused a request");
     }
 }

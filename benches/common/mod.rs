@@ -174,6 +174,23 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// [`serve`], with the peer's address in each request (`ConnectInfo<SocketAddr>`), as
+/// the peer-IP keys need.
+pub async fn serve_with_peer(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("local address");
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, app).await.expect("serve");
+    });
+    addr
+}
+
 /// One keep-alive HTTP/1.1 connection.
 pub async fn connect(addr: SocketAddr) -> SendRequest<Empty<Bytes>> {
     let stream = tokio::net::TcpStream::connect(addr)
