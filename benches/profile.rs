@@ -48,8 +48,7 @@ mod common;
 mod support;
 
 use common::{
-    Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, serve,
-    serve_with_peer,
+    Floor, connect, crate_cycle, floor_app, ok_handler, post_key, redlock, serve, serve_with_peer,
 };
 
 const TASKS: u64 = 64;
