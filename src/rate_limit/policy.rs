@@ -2,7 +2,6 @@
 //! over the limit, and tell the client where it stands in the `RateLimit` headers.
 
 use std::fmt;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -240,9 +239,15 @@ impl Headers {
         };
         let remaining = usage.remaining();
         let reset = retry_after_secs(usage.reset_after());
-        let mut value = String::with_capacity(self.name_item.len() + 32);
-        let _ = write!(value, "{};r={remaining};t={reset}", self.name_item);
-        if let Ok(value) = HeaderValue::try_from(value) {
+        // `"name";r=42;t=17`, written without the formatting machinery: it runs on every
+        // counted request.
+        let mut value = Vec::with_capacity(self.name_item.len() + 48);
+        value.extend_from_slice(self.name_item.as_bytes());
+        value.extend_from_slice(b";r=");
+        push_decimal(&mut value, remaining);
+        value.extend_from_slice(b";t=");
+        push_decimal(&mut value, reset);
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
             headers.append(RATELIMIT.clone(), value);
         }
         if self.legacy {
@@ -277,6 +282,21 @@ impl Headers {
         self.decorate(response.headers_mut(), None);
         response
     }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// `60 s`, `1500 ms`.
