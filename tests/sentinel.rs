@@ -13,9 +13,29 @@ use tower_redlock::{Node, Quota, RedisRateLimiter, Redlock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_reach_the_new_primary_after_the_old_one_is_killed() {
-    let mut setup = Sentinels::start();
+    let setup = Sentinels::start();
     let sentinels = setup.sentinel_urls();
-    let node = || Node::sentinel(&sentinels, SERVICE);
+    failover(setup, move || Node::sentinel(&sentinels, SERVICE)).await;
+}
+
+/// The same over TLS: the sentinels and both servers speak only TLS to the client
+/// (`rediss://`, the test's CA trusted with `Node::root_ca`), replication included.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_requests_reach_the_new_primary_after_the_old_one_is_killed() {
+    let setup = Sentinels::start_tls();
+    let sentinels = setup.sentinel_urls();
+    assert!(sentinels.iter().all(|url| url.starts_with("rediss://")));
+    let ca = setup.tls.as_ref().unwrap().0.ca_pem.clone();
+    failover(setup, move || {
+        Node::sentinel(&sentinels, SERVICE).root_ca(ca.clone())
+    })
+    .await;
+}
+
+/// The contract on the Sentinel-managed primary, then the primary killed: locks and the
+/// rate limit reach the promoted replica.
+async fn failover(mut setup: Sentinels, node: impl Fn() -> Node) {
     contract("sentinel", || vec![node()], node()).await;
 
     let redlock = Locks::from(
@@ -37,10 +57,11 @@ async fn requests_reach_the_new_primary_after_the_old_one_is_killed() {
     limiter.hit("sentinel", quota).await.unwrap();
 
     let replica = setup.replica.port;
+    let named = setup.replica_named_port();
     setup.primary.kill();
     let killed = Instant::now();
     let promoted = eventually(Duration::from_secs(30), || async {
-        setup.named_primary() == Some(replica) && cli(replica, &["ROLE"]).starts_with("master")
+        setup.named_primary() == Some(named) && cli(replica, &["ROLE"]).starts_with("master")
     })
     .await;
     assert!(promoted, "the sentinels promoted the replica");

@@ -374,25 +374,119 @@ pub struct Sentinels {
     pub primary: Server,
     pub replica: Server,
     pub sentinels: Vec<Server>,
+    /// With TLS: the certificate files, and each server's TLS port (the primary's, the
+    /// replica's, then the sentinels').
+    pub tls: Option<(TlsFiles, Vec<u16>)>,
+}
+
+/// A CA and a certificate for `127.0.0.1` signed by it, in a temporary directory.
+pub struct TlsFiles {
+    /// The CA's certificate, PEM.
+    pub ca_pem: String,
+    files: tempfile::TempDir,
+}
+
+impl TlsFiles {
+    pub fn new() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "tower-redlock test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let tls = TlsFiles {
+            ca_pem: ca.pem(),
+            files,
+        };
+        std::fs::write(tls.path("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(tls.path("server.pem"), cert.pem()).unwrap();
+        std::fs::write(tls.path("server.key"), key.serialize_pem()).unwrap();
+        tls
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.files.path().join(name).display().to_string()
+    }
+
+    /// The server settings that serve TLS on `tls_port` with this certificate (clients
+    /// not asked for theirs), replication over TLS included.
+    fn settings(&self, tls_port: u16) -> Vec<(String, String)> {
+        [
+            ("tls-port", tls_port.to_string()),
+            ("tls-cert-file", self.path("server.pem")),
+            ("tls-key-file", self.path("server.key")),
+            ("tls-ca-cert-file", self.path("ca.pem")),
+            ("tls-auth-clients", "no".to_owned()),
+            ("tls-replication", "yes".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
 }
 
 pub const SERVICE: &str = "mymaster";
 
 impl Sentinels {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start), every server (sentinels included) speaking TLS on a port
+    /// of its own, replication over TLS; the plain ports stay for the harness's checks.
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(TlsFiles::new()))
+    }
+
+    fn start_with(tls: Option<TlsFiles>) -> Self {
         let binary = Path::new("redis-server");
-        let primary = Server::redis(binary, &[]);
-        let primary_port = primary.port.to_string();
-        let replica = Server::redis(binary, &["--replicaof", "127.0.0.1", &primary_port]);
+        let tls_ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+        let args = |i: usize| -> Vec<String> {
+            tls.as_ref().map_or_else(Vec::new, |tls| {
+                tls.settings(tls_ports[i])
+                    .into_iter()
+                    .flat_map(|(k, v)| [format!("--{k}"), v])
+                    .collect()
+            })
+        };
+        let primary_args = args(0);
+        let primary_refs: Vec<&str> = primary_args.iter().map(String::as_str).collect();
+        let primary = Server::redis(binary, &primary_refs);
+        // Over TLS, the primary is watched, and replicated from, on its TLS port, and the
+        // replica tells its TLS port, which the sentinels then name after a failover.
+        let (primary_port, replica_announce) = match &tls {
+            Some(_) => (tls_ports[0], Some(tls_ports[1])),
+            None => (primary.port, None),
+        };
+        let mut replica_args = args(1);
+        replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned()]);
+        replica_args.push(primary_port.to_string());
+        if let Some(port) = replica_announce {
+            replica_args.extend(["--replica-announce-port".to_owned(), port.to_string()]);
+        }
+        let replica_refs: Vec<&str> = replica_args.iter().map(String::as_str).collect();
+        let replica = Server::redis(binary, &replica_refs);
         let sentinels = (0..3)
-            .map(|_| {
-                let primary_port = primary_port.clone();
+            .map(|i| {
+                let tls_lines: String = tls.as_ref().map_or_else(String::new, |tls| {
+                    tls.settings(tls_ports[2 + i])
+                        .into_iter()
+                        .map(|(k, v)| format!("{k} {v}\n"))
+                        .collect()
+                });
                 Server::start(binary, move |port, dir| {
                     let conf = dir.join("sentinel.conf");
                     std::fs::write(
                         &conf,
                         format!(
-                            "port {port}\nbind 127.0.0.1\ndir {}\n\
+                            "port {port}\nbind 127.0.0.1\ndir {}\n{tls_lines}\
                              sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
                              sentinel down-after-milliseconds {SERVICE} 1000\n\
                              sentinel failover-timeout {SERVICE} 10000\n\
@@ -405,10 +499,12 @@ impl Sentinels {
                 })
             })
             .collect::<Vec<_>>();
+        let replica_named = replica_announce.unwrap_or(replica.port);
         let setup = Sentinels {
             primary,
             replica,
             sentinels,
+            tls: tls.map(|tls| (tls, tls_ports)),
         };
         wait_until("the replica to sync", Duration::from_secs(20), || {
             setup
@@ -423,7 +519,7 @@ impl Sentinels {
                 setup.sentinels.iter().all(|s| {
                     let replicas = s.cli(&["SENTINEL", "REPLICAS", SERVICE]);
                     let others = s.cli(&["SENTINEL", "SENTINELS", SERVICE]);
-                    replicas.contains(&setup.replica.port.to_string())
+                    replicas.contains(&replica_named.to_string())
                         && others.matches("runid").count() == 2
                 })
             },
@@ -432,7 +528,20 @@ impl Sentinels {
     }
 
     pub fn sentinel_urls(&self) -> Vec<String> {
-        self.sentinels.iter().map(Server::url).collect()
+        match &self.tls {
+            Some((_, ports)) => ports[2..]
+                .iter()
+                .map(|port| format!("rediss://127.0.0.1:{port}"))
+                .collect(),
+            None => self.sentinels.iter().map(Server::url).collect(),
+        }
+    }
+
+    /// The port the sentinels name the replica by (its TLS port, with TLS).
+    pub fn replica_named_port(&self) -> u16 {
+        self.tls
+            .as_ref()
+            .map_or(self.replica.port, |(_, ports)| ports[1])
     }
 
     /// The port of the primary the sentinels name now.
@@ -450,48 +559,24 @@ pub struct TlsNode {
     pub tls_port: u16,
     /// The CA's certificate, PEM.
     pub ca_pem: String,
-    _files: tempfile::TempDir,
+    _files: TlsFiles,
 }
 
 impl TlsNode {
     pub fn start() -> Self {
-        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "tower-redlock test CA");
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
-        let files = tempfile::tempdir().unwrap();
-        let path = |name: &str| files.path().join(name).display().to_string();
-        std::fs::write(path("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(path("server.pem"), cert.pem()).unwrap();
-        std::fs::write(path("server.key"), key.serialize_pem()).unwrap();
+        let files = TlsFiles::new();
         let tls_port = free_port();
-        let server = Server::redis(
-            Path::new("redis-server"),
-            &[
-                "--tls-port",
-                &tls_port.to_string(),
-                "--tls-cert-file",
-                &path("server.pem"),
-                "--tls-key-file",
-                &path("server.key"),
-                "--tls-ca-cert-file",
-                &path("ca.pem"),
-                "--tls-auth-clients",
-                "no",
-            ],
-        );
+        let args: Vec<String> = files
+            .settings(tls_port)
+            .into_iter()
+            .flat_map(|(k, v)| [format!("--{k}"), v])
+            .collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::redis(Path::new("redis-server"), &refs);
         TlsNode {
             server,
             tls_port,
-            ca_pem: ca.pem(),
+            ca_pem: files.ca_pem.clone(),
             _files: files,
         }
     }
@@ -548,7 +633,13 @@ pub async fn contract(
     );
     redlock.unlock(second).await.unwrap();
 
-    let limiter = RedisRateLimiter::from_node(limiter).build().await.unwrap();
+    // A timeout no loaded machine reaches: the first call connects (over TLS, through
+    // the sentinels), and the contract is about answers, not their speed.
+    let limiter = RedisRateLimiter::from_node(limiter)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     let quota: Quota = "2/60".parse().unwrap();
     assert_eq!(limiter.hit("contract", quota).await.unwrap().remaining(), 1);
     assert_eq!(limiter.hit("contract", quota).await.unwrap().remaining(), 0);
