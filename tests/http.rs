@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use support::{RedisNode, eventually, exists, nodes, serve, urls};
+use support::{Logs, RedisNode, eventually, exists, nodes, serve, urls};
 use tokio::sync::Notify;
 use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks, Redlock};
 
@@ -582,48 +582,6 @@ async fn locked_extractor_does_not_reuse_a_lease_of_another_backend() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
-}
-
-/// What the layers log, captured for one test (its runtime runs on the test's thread).
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .finish();
-        (logs.clone(), tracing::subscriber::set_default(subscriber))
-    }
-
-    /// The `ERROR` lines that contain `needle`.
-    fn errors_with(&self, needle: &str) -> usize {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .filter(|l| l.contains("ERROR") && l.contains(needle))
-            .count()
-    }
 }
 
 /// Serves any service, without the peer address (no `ConnectInfo`).

@@ -4,41 +4,12 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::RedisNode;
+use support::{Logs, RedisNode};
 use tower_redlock::{LockError, Locks, Redlock, Renewal};
 
 const SECRET: &str = "acct-8675309";
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
 
 async fn set(node: &RedisNode, key: &str, value: &str) {
     let mut conn = node.conn().await;
@@ -54,13 +25,7 @@ async fn set(node: &RedisNode, key: &str, value: &str) {
 
 #[tokio::test]
 async fn no_key_value_in_any_log_line_by_default_and_the_whole_key_when_asked() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Logs::capture();
 
     let node = RedisNode::start();
     let locks = Locks::from(

@@ -5,57 +5,19 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, serve};
+use support::{Logs, RedisNode, serve};
 use tower_redlock::{
     ConcurrencyLimitLayer, LockLayer, Quota, RateLimitLayer, RateLimiter, RedisConcurrencyLimiter,
     RedisRateLimiter, Redlock,
 };
 
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    /// The lines that contain every one of `needles`.
-    fn lines_with(&self, needles: &[&str]) -> usize {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .count()
-    }
-}
-
 #[tokio::test]
 async fn limiters_fail_open_locks_fail_closed_and_the_log_has_one_line_per_layer() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Logs::capture();
 
     let mut node = RedisNode::start();
     let timeout = Duration::from_millis(200);

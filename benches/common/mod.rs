@@ -159,15 +159,27 @@ pub async fn ok_handler() -> &'static str {
     "ok"
 }
 
-/// Serves `app` on a free loopback port, with TCP_NODELAY on accepted connections.
-pub async fn serve(app: Router) -> SocketAddr {
+/// Sets TCP_NODELAY on an accepted connection.
+fn nodelay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+}
+
+/// A free loopback port, with TCP_NODELAY on accepted connections.
+async fn nodelay_listener() -> (
+    SocketAddr,
+    axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
     let addr = listener.local_addr().expect("local address");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let nodelay: fn(&mut tokio::net::TcpStream) = nodelay;
+    (addr, listener.tap_io(nodelay))
+}
+
+/// Serves `app` on a free loopback port, with TCP_NODELAY on accepted connections.
+pub async fn serve(app: Router) -> SocketAddr {
+    let (addr, listener) = nodelay_listener().await;
     tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
     });
@@ -177,13 +189,7 @@ pub async fn serve(app: Router) -> SocketAddr {
 /// [`serve`], with the peer's address in each request (`ConnectInfo<SocketAddr>`), as
 /// the peer-IP keys need.
 pub async fn serve_with_peer(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener.local_addr().expect("local address");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let (addr, listener) = nodelay_listener().await;
     tokio::spawn(async move {
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
         axum::serve(listener, app).await.expect("serve");

@@ -15,7 +15,7 @@ use super::key::IdempotencyKey;
 use super::layer::FingerprintFn;
 use super::policy::{IdempotencyPolicy, RequestFingerprint};
 use crate::keyed::Keyed;
-use crate::keyed::answers::{Answers, RenderFn};
+use crate::keyed::answers::{RenderFn, Rendering};
 use crate::keyed::policy::{BoxError, BoxFuture};
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
@@ -114,7 +114,7 @@ where
                             "The request body could not be read.",
                         )
                     };
-                    let answers = Answers::for_request(&parts.headers, on_rejection.as_ref());
+                    let answers = Rendering::for_request(&parts.headers, on_rejection.as_ref());
                     return Ok(answers.render(rejection.into()).map(ResB::from));
                 }
             };

@@ -20,7 +20,7 @@ pub(crate) type RenderFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
 
 /// How one request's refusals are answered: chosen when the request arrives.
 #[derive(Clone, Default)]
-pub(crate) enum Answers {
+pub(crate) enum Rendering {
     /// `application/problem+json`, as rendered when the rejection was made.
     #[default]
     Problem,
@@ -30,17 +30,17 @@ pub(crate) enum Answers {
     Custom(std::sync::Arc<RenderFn>),
 }
 
-impl std::fmt::Debug for Answers {
+impl std::fmt::Debug for Rendering {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Answers::Problem => "Problem",
-            Answers::Grpc => "Grpc",
-            Answers::Custom(_) => "Custom",
+            Rendering::Problem => "Problem",
+            Rendering::Grpc => "Grpc",
+            Rendering::Custom(_) => "Custom",
         })
     }
 }
 
-impl Answers {
+impl Rendering {
     /// The answers for a request with `headers`, for a layer with `custom` rendering.
     #[inline]
     pub(crate) fn for_request(
@@ -48,27 +48,27 @@ impl Answers {
         custom: Option<&std::sync::Arc<RenderFn>>,
     ) -> Self {
         if is_grpc(headers) {
-            Answers::Grpc
+            Rendering::Grpc
         } else if let Some(render) = custom {
-            Answers::Custom(render.clone())
+            Rendering::Custom(render.clone())
         } else {
-            Answers::Problem
+            Rendering::Problem
         }
     }
 
     /// The response to hand on for a layer's own answer `response` (a problem, carrying
     /// its rejection).
     pub(crate) fn render(&self, response: Response<Bytes>) -> Response<Bytes> {
-        if let Answers::Problem = self {
+        if let Rendering::Problem = self {
             return response;
         }
         let Some(rejection) = response.extensions().get::<Rejection>() else {
             return response;
         };
         match self {
-            Answers::Problem => response,
-            Answers::Grpc => rejection.clone().into_grpc_response(),
-            Answers::Custom(render) => {
+            Rendering::Problem => response,
+            Rendering::Grpc => rejection.clone().into_grpc_response(),
+            Rendering::Custom(render) => {
                 let mut custom = render(rejection);
                 if custom.extensions().get::<Rejection>().is_none() {
                     custom.extensions_mut().insert(rejection.clone());

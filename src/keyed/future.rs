@@ -12,7 +12,7 @@ use super::body::{Item, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
-use crate::keyed::answers::Answers;
+use crate::keyed::answers::Rendering;
 use crate::protect::{Lost, poll_guarded};
 use crate::rejection::RejectedBy;
 use http_body::Body;
@@ -34,7 +34,7 @@ pin_project! {
         #[pin]
         state: Phase<S, ReqB, P::Permit>,
         // How the layer's own answers are rendered for this request.
-        answers: Answers,
+        answers: Rendering,
     }
 }
 
@@ -96,7 +96,7 @@ where
     P: Policy,
 {
     #[inline]
-    pub(crate) fn answered(response: Response<Bytes>, answers: Answers) -> Self {
+    pub(crate) fn answered(response: Response<Bytes>, answers: Rendering) -> Self {
         Self {
             state: Phase::Answered {
                 response: Some(response),
@@ -109,7 +109,7 @@ where
     pub(crate) fn unguarded(service: &mut S, request: Request<ReqB>) -> Self {
         Self {
             state: run(service, request, None),
-            answers: Answers::Problem,
+            answers: Rendering::Problem,
         }
     }
 
@@ -119,7 +119,7 @@ where
         fail_open: bool,
         service: &mut S,
         request: Request<ReqB>,
-        answers: Answers,
+        answers: Rendering,
     ) -> Self {
         Self {
             state: Phase::from_verdict::<P>(verdict, fail_open, service, request),
@@ -133,7 +133,7 @@ where
         fail_open: bool,
         service: S,
         request: Request<ReqB>,
-        answers: Answers,
+        answers: Rendering,
     ) -> Self {
         Self {
             state: Phase::Deciding {
@@ -263,7 +263,7 @@ where
                             output.map(|r| r.map(|b| ResponseBody::plain(b, None))),
                         );
                     };
-                    let grpc = matches!(this.answers, Answers::Grpc);
+                    let grpc = matches!(this.answers, Rendering::Grpc);
                     match finish(held, output, *lost, grpc, cx) {
                         Finish::Ready(output) => return Poll::Ready(output),
                         Finish::Lost(response) => this.state.set(Phase::Answered {

@@ -10,7 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::{Core, KeyedLayer, Step};
 use super::policy::{Decision, Policy};
 use crate::key::KeyExtractor;
-use crate::keyed::answers::Answers;
+use crate::keyed::answers::Rendering;
 
 /// The service of a keyed middleware: reads the request's key, asks the policy, and calls
 /// the inner service `S` (or answers itself). [`Lock`](crate::lock::Lock) and
@@ -71,7 +71,7 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let core = &*self.core;
         let (mut parts, body) = req.into_parts();
-        let answers = Answers::for_request(&parts.headers, core.on_rejection.as_ref());
+        let answers = Rendering::for_request(&parts.headers, core.on_rejection.as_ref());
         core.policy.prepare(&mut parts);
         let decision = match core.step(&mut parts) {
             Step::Answer(response) => return ResponseFuture::answered(*response, answers),
