@@ -117,6 +117,20 @@ pub enum NodeFailureReason {
         /// The counter's key.
         key: String,
     },
+    /// The node wrote the lock (or the fencing counter, or the idempotency record), but
+    /// fewer acknowledgements came within the replica timeout than
+    /// [`Node::wait_for_replicas`](crate::Node::wait_for_replicas) and
+    /// [`Node::wait_for_fsync`](crate::Node::wait_for_fsync) ask for: the node did not
+    /// grant it, and what it wrote there is deleted. Replicas down, or lagging.
+    NotAcknowledged {
+        /// The replicas that acknowledged (`WAIT`'s answer).
+        replicas: u32,
+        /// The replicas asked for.
+        wanted: u32,
+        /// Whether the primary's append-only file had it on disk (`WAITAOF`), or was not
+        /// asked.
+        fsynced: bool,
+    },
 }
 
 #[cfg(feature = "redis")]
@@ -138,6 +152,21 @@ impl fmt::Display for NodeFailure {
                 self.node,
                 crate::redact::LogKey(key)
             ),
+            NodeFailureReason::NotAcknowledged {
+                replicas,
+                wanted,
+                fsynced,
+            } => {
+                write!(
+                    f,
+                    "{}: the write was acknowledged by {replicas} of the {wanted} replicas asked for",
+                    self.node
+                )?;
+                if !fsynced {
+                    f.write_str(", and not fsynced by the primary")?;
+                }
+                f.write_str(" within the replica timeout")
+            }
         }
     }
 }
@@ -193,6 +222,19 @@ pub enum ConfigError {
         timeout: Duration,
         /// The TTL it was checked against.
         ttl: Duration,
+    },
+    /// A node's [`replica_timeout`](crate::Node::replica_timeout) is zero or not shorter
+    /// than the node timeout, which bounds the whole operation.
+    #[error(
+        "invalid replica timeout {timeout:?} for node {index}: it must be above zero and shorter than the node timeout {node_timeout:?}"
+    )]
+    InvalidReplicaTimeout {
+        /// Position of the node in the list, from 0.
+        index: usize,
+        /// The replica timeout.
+        timeout: Duration,
+        /// The node timeout it was checked against.
+        node_timeout: Duration,
     },
     /// The clock drift factor is not a finite number in `[0, 0.5)`.
     #[error(

@@ -294,6 +294,13 @@ impl Connection {
         Ok(redis::from_redis_value(reply.extract_error()?)?)
     }
 
+    /// The acknowledgements this node's granting writes wait for, if any
+    /// ([`Node::wait_for_replicas`](crate::Node::wait_for_replicas)).
+    #[cfg(feature = "lock")]
+    pub(crate) fn ack(&self) -> Option<crate::backend::node::ReplicaAck> {
+        self.shared.connector.ack
+    }
+
     /// Runs `op` on the current connection, and replaces the connection after a failure.
     async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
     where

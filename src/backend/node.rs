@@ -12,6 +12,9 @@ use redis::aio::ConnectionLike;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
 
+mod ack;
+pub(crate) use ack::ReplicaAck;
+
 /// One of the crate's Redis nodes: a Redlock node ([`Redlock::from_nodes`]) or the rate
 /// limiter's store ([`RedisRateLimiter::from_node`]), whatever its topology.
 ///
@@ -43,6 +46,7 @@ pub struct Node {
     kind: Result<Topology, RedisError>,
     #[cfg(feature = "tls")]
     root_ca: Option<Vec<u8>>,
+    ack: Option<ReplicaAck>,
 }
 
 // Made once per node and consumed by the builder: the size of the variants does not
@@ -181,6 +185,7 @@ impl Node {
             kind,
             #[cfg(feature = "tls")]
             root_ca: None,
+            ack: None,
         }
     }
 
@@ -285,6 +290,7 @@ impl Node {
             target,
             label,
             connect_timeout,
+            ack: self.ack.filter(|ack| ack.replicas > 0 || ack.fsync),
         })
     }
 }
@@ -317,6 +323,9 @@ pub(crate) struct Connector {
     target: Endpoint,
     pub(crate) label: String,
     connect_timeout: Duration,
+    /// The acknowledgements the node's granting writes wait for, if any.
+    #[cfg_attr(not(feature = "lock"), allow(dead_code))]
+    pub(crate) ack: Option<ReplicaAck>,
 }
 
 // Made once per node and cloned only into its connection and its subscriber: the size

@@ -137,6 +137,25 @@ impl Server {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
     }
+
+    /// Freezes the process (SIGSTOP): its connections stay open, it reads nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server is running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
 }
 
 impl Drop for Server {

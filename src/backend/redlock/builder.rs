@@ -137,9 +137,18 @@ impl RedlockBuilder {
         let mut nodes = Vec::with_capacity(self.nodes.len());
         let mut connectors = Vec::with_capacity(self.nodes.len());
         for (index, node) in self.nodes.into_iter().enumerate() {
-            let connector = node
+            let mut connector = node
                 .connector(connect_timeout)
                 .map_err(|source| ConfigError::InvalidUrl { index, source })?;
+            if let Some(ack) = &mut connector.ack {
+                ack.resolve(node_timeout).map_err(|timeout| {
+                    ConfigError::InvalidReplicaTimeout {
+                        index,
+                        timeout,
+                        node_timeout,
+                    }
+                })?;
+            }
             connectors.push(connector.clone());
             let label = connector.label.clone();
             let conn = Connection::new(connector, connect_timeout, scripts::ALL);

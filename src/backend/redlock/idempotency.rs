@@ -86,7 +86,11 @@ async fn begin_on(
         .arg(Aux::record(&key))
         .arg(token.as_bytes())
         .arg(ttl_ms);
-    let reply: Vec<Value> = scripts::run(&mut conn, &BEGIN, &cmd).await?;
+    let reply: Vec<Value> =
+        scripts::run_acked(&mut conn, Some(&BEGIN), &cmd, |reply: &Vec<Value>| {
+            matches!(reply.as_slice(), [Value::Int(1)])
+        })
+        .await?;
     Ok(match reply.as_slice() {
         [Value::Int(2), Value::BulkString(record)] => Found::Record(Bytes::from(record.clone())),
         [Value::Int(1)] => Found::Set,
@@ -109,7 +113,7 @@ async fn finish_on(
         .arg(token.as_bytes())
         .arg(&record[..])
         .arg(ttl_ms);
-    Ok(scripts::run(&mut conn, &FINISH, &cmd).await?)
+    scripts::run_acked(&mut conn, Some(&FINISH), &cmd, |&stored| stored == 1).await
 }
 
 async fn read_on(mut conn: Connection, key: Arc<str>) -> Result<Option<Bytes>, NodeFailureReason> {

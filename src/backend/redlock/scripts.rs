@@ -7,6 +7,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 
 use super::keys::Aux;
 use crate::backend::connection::Connection;
+use crate::backend::node::ReplicaAck;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -65,6 +66,62 @@ pub(super) async fn run<T: FromRedisValue>(
         }
         result => result,
     }
+}
+
+/// Runs a write that may grant (a lock, a fencing counter, an idempotency record) as
+/// [`run`] does, or, on a node that asks for acknowledgements (`Node::wait_for_replicas`),
+/// with `WAIT` and `WAITAOF` after it in the same pipeline; `granted` tells from the reply
+/// whether it wrote what must be acknowledged. A reply that granted without its
+/// acknowledgements is the node's failure ([`NodeFailureReason::NotAcknowledged`]).
+/// `script` is `None` for a native command.
+pub(super) async fn run_acked<T: FromRedisValue>(
+    conn: &mut Connection,
+    script: Option<&Script>,
+    cmd: &Cmd,
+    granted: impl FnOnce(&T) -> bool,
+) -> Result<T, NodeFailureReason> {
+    let Some(ack) = conn.ack() else {
+        return Ok(match script {
+            Some(script) => run(conn, script, cmd).await?,
+            None => conn.query(cmd).await?,
+        });
+    };
+    // Boxed: the acknowledged path stays out of the size of every acquisition's future.
+    let (reply, failure) = Box::pin(acknowledged::<T>(conn, ack, script, cmd)).await?;
+    match failure {
+        Some(failure) if granted(&reply) => Err(failure),
+        _ => Ok(reply),
+    }
+}
+
+/// `cmd` with its acknowledgements, in one pipeline (with the `NOSCRIPT` fallback): its
+/// reply, and the node's failure when the acknowledgements fell short.
+async fn acknowledged<T: FromRedisValue>(
+    conn: &mut Connection,
+    ack: ReplicaAck,
+    script: Option<&Script>,
+    cmd: &Cmd,
+) -> RedisResult<(T, Option<NodeFailureReason>)> {
+    use redis::aio::ConnectionLike as _;
+    let pipe = ack.pipeline(cmd);
+    let count = ack.replies();
+    let mut replies = conn.req_packed_commands(&pipe, 0, count).await;
+    let no_script = |replies: &RedisResult<Vec<Value>>| match replies {
+        Ok(values) => {
+            matches!(values.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
+        }
+        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+    };
+    if let Some(script) = script.filter(|_| no_script(&replies)) {
+        script.load_async(conn).await?;
+        replies = conn.req_packed_commands(&pipe, 0, count).await;
+    }
+    let mut replies = replies?.into_iter();
+    let first = replies.next().unwrap_or(Value::Nil).extract_error()?;
+    let rest = replies
+        .map(Value::extract_error)
+        .collect::<RedisResult<Vec<_>>>()?;
+    Ok((redis::from_redis_value(first)?, ack.acknowledged(&rest)?))
 }
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
@@ -291,7 +348,11 @@ pub(super) async fn run_attempt(
     cmd: &Cmd,
     keys: &[Arc<str>],
 ) -> Result<Attempted, NodeFailureReason> {
-    Attempted::decode(run(conn, script, cmd).await?, keys)
+    let reply = run_acked(conn, Some(script), cmd, |&(status, _): &(i64, i64)| {
+        status == 1
+    })
+    .await?;
+    Attempted::decode(reply, keys)
 }
 
 /// An acquisition attempt on one node: a plain one by [`acquire_plain`]; a waiter's or a
@@ -346,7 +407,8 @@ async fn acquire_plain(
         .arg("NX")
         .arg("PX")
         .arg(ttl_ms);
-    if let Value::Okay = conn.query(&set).await? {
+    let set: Value = run_acked(&mut conn, None, &set, |v| matches!(v, Value::Okay)).await?;
+    if let Value::Okay = set {
         return Ok(Attempted::Set(0));
     }
     let mut pttl = command("PTTL");
@@ -418,7 +480,7 @@ pub(super) async fn raise_fence(
         .arg(token.as_bytes())
         .arg(fencing_token)
         .arg(fence_ms);
-    let reply = run(&mut conn, &FENCE, &cmd).await?;
+    let reply = run_acked(&mut conn, Some(&FENCE), &cmd, |&written| written == 1).await?;
     if reply == -2 {
         return Err(invalid_counter(&key));
     }

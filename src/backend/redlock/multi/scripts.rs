@@ -6,7 +6,7 @@ use redis::Script;
 
 use super::super::keys::Aux;
 use super::super::scripts::{
-    Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run, run_attempt,
+    Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run, run_acked, run_attempt,
 };
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
@@ -199,7 +199,7 @@ pub(in crate::backend::redlock) async fn fence_on(
         .arg(fencing_token)
         .arg(fence_ms)
         .arg(keys.len());
-    let reply = run(&mut conn, &FENCE_ALL, &cmd).await?;
+    let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
     if reply == -2 {
         return Err(invalid_counter(&keys[0]));
     }

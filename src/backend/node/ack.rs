@@ -1,0 +1,151 @@
+//! Replica acknowledgement: a node that grants only once its replicas (and, optionally,
+//! its own append-only file) have the write, by `WAIT` and `WAITAOF` in the write's
+//! pipeline.
+
+use std::time::Duration;
+
+use redis::{Cmd, Pipeline, RedisResult, Value};
+
+use super::Node;
+
+impl Node {
+    /// Makes this node grant a lock only once `replicas` of its replicas have the write:
+    /// after each write that takes a lock, raises a fencing counter or stores an
+    /// idempotency record, the node is sent `WAIT replicas timeout` in the same round trip
+    /// (one pipeline). Fewer acknowledgements within [`replica_timeout`] mean the node did
+    /// not grant it: the attempt counts as that node's failure
+    /// ([`NodeFailureReason::NotAcknowledged`]), what it wrote is deleted there like any
+    /// other attempt's that fell short, and the verdict follows the quorum rule as
+    /// usual. For a primary with replicas, a Sentinel-managed primary, or a Redis Cluster
+    /// (each shard's primary waits for its own replicas). Default: off (0).
+    ///
+    /// What it buys: a primary that fails right after granting a lock, before the write
+    /// reached its replicas, no longer hands the lock to a second client once a replica is
+    /// promoted, as long as the promoted replica is one that acknowledged. What it does
+    /// not: replication stays asynchronous, and a failover may still promote a replica
+    /// that had not acknowledged (Redis docs, `WAIT`: "it does not make Redis a strongly
+    /// consistent store"); and a replica restarted without persistence forgets. Each wait
+    /// holds the node's connection for the replicas' round trip (usually under a
+    /// millisecond on a LAN), and a replica that is down costs each acquisition the
+    /// replica timeout and refuses it.
+    ///
+    /// The Redis docs: <https://redis.io/docs/latest/commands/wait/>. Applies to Redlock
+    /// nodes; a limiter's store ([`RedisRateLimiter::from_node`]) ignores it.
+    ///
+    /// [`replica_timeout`]: Node::replica_timeout
+    /// [`NodeFailureReason::NotAcknowledged`]: crate::NodeFailureReason::NotAcknowledged
+    /// [`RedisRateLimiter::from_node`]: crate::RedisRateLimiter::from_node
+    pub fn wait_for_replicas(mut self, replicas: u32) -> Self {
+        self.ack_mut().replicas = replicas;
+        self
+    }
+
+    /// Also waits for the primary to write each such write to its append-only file and
+    /// fsync it (`WAITAOF 1 0 timeout`, Redis 7.2 and later, Valkey 8): a primary that
+    /// restarts from its AOF then still has the lock. The primary must run with
+    /// `appendonly yes` (the node answers an error otherwise, and refuses every
+    /// acquisition). The Redis docs: <https://redis.io/docs/latest/commands/waitaof/>.
+    /// Default: off.
+    pub fn wait_for_fsync(mut self) -> Self {
+        self.ack_mut().fsync = true;
+        self
+    }
+
+    /// How long [`wait_for_replicas`] and [`wait_for_fsync`] wait, in all, for the
+    /// acknowledgements: it must be shorter than the Redlock's node timeout (checked by
+    /// [`RedlockBuilder::build`], [`ConfigError::InvalidReplicaTimeout`]). Default: half
+    /// the node timeout, rounded down to whole milliseconds, at least 1 ms.
+    ///
+    /// [`wait_for_replicas`]: Node::wait_for_replicas
+    /// [`wait_for_fsync`]: Node::wait_for_fsync
+    /// [`RedlockBuilder::build`]: crate::RedlockBuilder::build
+    /// [`ConfigError::InvalidReplicaTimeout`]: crate::ConfigError::InvalidReplicaTimeout
+    pub fn replica_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_mut().timeout = Some(timeout);
+        self
+    }
+
+    fn ack_mut(&mut self) -> &mut ReplicaAck {
+        self.ack.get_or_insert(ReplicaAck {
+            replicas: 0,
+            fsync: false,
+            timeout: None,
+        })
+    }
+}
+
+/// What a node's granting writes wait for ([`Node::wait_for_replicas`],
+/// [`Node::wait_for_fsync`]): at least one of them is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAck {
+    pub(crate) replicas: u32,
+    pub(crate) fsync: bool,
+    /// `None` until the builder sets the default from the node timeout.
+    pub(crate) timeout: Option<Duration>,
+}
+
+#[cfg_attr(not(feature = "lock"), allow(dead_code))]
+impl ReplicaAck {
+    /// Sets the default timeout (half of `node_timeout`) where none was given, and checks
+    /// that it is above zero and shorter than `node_timeout`.
+    pub(crate) fn resolve(&mut self, node_timeout: Duration) -> Result<(), Duration> {
+        let timeout = *self
+            .timeout
+            .get_or_insert((node_timeout / 2).max(Duration::from_millis(1)));
+        if timeout.is_zero() || timeout >= node_timeout {
+            return Err(timeout);
+        }
+        Ok(())
+    }
+
+    /// `cmd`, then `WAIT` (and `WAITAOF`), as one pipeline: one round trip. The replies
+    /// after the first are read by [`ReplicaAck::acknowledged`].
+    pub(crate) fn pipeline(&self, cmd: &Cmd) -> Pipeline {
+        let ms = self.timeout.map_or(1, |t| {
+            u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        if self.replicas > 0 {
+            pipe.cmd("WAIT").arg(self.replicas).arg(ms);
+        }
+        if self.fsync {
+            pipe.cmd("WAITAOF").arg(1).arg(0).arg(ms);
+        }
+        pipe
+    }
+
+    /// How many replies [`ReplicaAck::pipeline`] gets back.
+    pub(crate) fn replies(&self) -> usize {
+        1 + usize::from(self.replicas > 0) + usize::from(self.fsync)
+    }
+
+    /// Reads the `WAIT` and `WAITAOF` replies: `Ok(None)` when every acknowledgement came,
+    /// otherwise what came, as the node's failure.
+    pub(crate) fn acknowledged(
+        &self,
+        replies: &[Value],
+    ) -> RedisResult<Option<crate::error::NodeFailureReason>> {
+        let mut replies = replies.iter();
+        let mut replicas = None;
+        if self.replicas > 0 {
+            let n: u64 = redis::from_redis_value_ref(replies.next().unwrap_or(&Value::Nil))?;
+            replicas = Some(n);
+        }
+        let mut fsynced = true;
+        if self.fsync {
+            let (local, _): (u64, u64) =
+                redis::from_redis_value_ref(replies.next().unwrap_or(&Value::Nil))?;
+            fsynced = local >= 1;
+        }
+        let enough = replicas.is_none_or(|n| n >= u64::from(self.replicas));
+        if enough && fsynced {
+            return Ok(None);
+        }
+        Ok(Some(crate::error::NodeFailureReason::NotAcknowledged {
+            replicas: replicas.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            wanted: self.replicas,
+            fsynced,
+        }))
+    }
+}
