@@ -263,3 +263,53 @@ async fn the_concurrency_limit_on_a_cluster_admits_at_most_the_limit_per_key_acr
         assert_eq!(send(tenant.clone()).await.unwrap(), 200, "{tenant}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_across_shards_is_taken_slot_by_slot_all_or_none_and_released_everywhere() {
+    let cluster = Cluster::start(3);
+    let locks = on_cluster(&cluster).await;
+    let key = |resource: &str| format!("{}{resource}", locks.prefix());
+    let shard = |resource: &str| cluster.shard_of(&key(resource)).0;
+    // Two sets of three accounts, sharing `shared`, each spread over at least two shards.
+    let accounts: Vec<String> = (0..40).map(|i| format!("account:{i}")).collect();
+    let shared = &accounts[0];
+    let pick = |skip: &[&String]| -> Vec<String> {
+        let mut set = vec![shared.clone()];
+        for account in &accounts[1..] {
+            if set.len() < 3
+                && !skip.contains(&account)
+                && shard(account) != shard(&set[set.len() - 1])
+            {
+                set.push(account.clone());
+            }
+        }
+        set
+    };
+    let first = pick(&[]);
+    let second = pick(&first.iter().collect::<Vec<_>>());
+    assert_eq!((first.len(), second.len()), (3, 3));
+    let on_its_shard = |resource: &str| cli(shard(resource), &["EXISTS", &key(resource)]);
+
+    let mut lease = locks.acquire(LockRequest::all(&first)).await.unwrap();
+    assert!(lease.fencing_token().is_some());
+    for account in &first {
+        assert_eq!(on_its_shard(account).trim(), "1", "{account} on its shard");
+    }
+    // The second set meets `shared` held: refused, and none of its other keys is left
+    // set on any shard.
+    let refused = locks.acquire(LockRequest::all(&second)).await;
+    assert!(
+        matches!(refused, Err(LockError::Taken { .. })),
+        "{refused:?}"
+    );
+    for account in &second[1..] {
+        assert_eq!(on_its_shard(account).trim(), "0", "{account} released");
+    }
+    locks.extend(&mut lease).await.unwrap();
+    locks.unlock(lease).await.unwrap();
+    for account in &first {
+        assert_eq!(on_its_shard(account).trim(), "0", "{account} released");
+    }
+    let taken = locks.acquire(LockRequest::all(&second)).await.unwrap();
+    locks.unlock(taken).await.unwrap();
+}

@@ -567,6 +567,15 @@ async fn post_transfer(
 /// Runs the transfers at once, alternating between the examples; each retries while it
 /// gets 423. Returns how many moved money (200) and how many lacked the funds (409).
 async fn run_transfers(examples: &[Example], transfers: &[(&str, &str, i64)]) -> (usize, usize) {
+    run_transfers_retrying(examples, transfers, &[423]).await
+}
+
+/// [`run_transfers`], retrying on each status of `retry`.
+async fn run_transfers_retrying(
+    examples: &[Example],
+    transfers: &[(&str, &str, i64)],
+    retry: &'static [u16],
+) -> (usize, usize) {
     let client = reqwest::Client::new();
     let mut tasks = Vec::new();
     for (i, (from, to, amount)) in transfers.iter().enumerate() {
@@ -579,11 +588,13 @@ async fn run_transfers(examples: &[Example], transfers: &[(&str, &str, i64)]) ->
                 match resp.status().as_u16() {
                     200 => return true,
                     409 => return false,
-                    423 => tokio::time::sleep(Duration::from_millis(5)).await,
+                    status if retry.contains(&status) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     other => panic!("unexpected {other}: {}", resp.text().await.unwrap()),
                 }
             }
-            panic!("a transfer never got an answer other than 423");
+            panic!("a transfer never got an answer other than {retry:?}");
         }));
     }
     let (mut moved, mut refused) = (0, 0);
@@ -781,5 +792,89 @@ async fn flash_sale_on_a_cluster_sells_exactly_the_stock_through_a_failover() {
     let counts = item(&examples[1], "tv").await;
     assert_eq!(counts["stock"], 0, "{counts}");
     assert_eq!(counts["sold"], 20, "{counts}");
+    drop(cluster);
+}
+
+/// `/transfers` on a Redis Cluster (`REDIS_CLUSTER`): each transfer locks two accounts
+/// whose keys lie in different slots, taken slot by slot; a shard that holds some of
+/// the accounts' locks fails over (`CLUSTER FAILOVER`) while transfers run, and the total
+/// is kept. The balances are chosen to live on another shard than the one failed over,
+/// so that the example's own two writes per transfer (not atomic, on purpose) are not
+/// what the failover interrupts. Transfers retry on 423 and on 503.
+#[cfg(feature = "cluster-async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_transfers_keep_the_total_on_a_cluster_through_a_failover() {
+    let cluster = support::topology::Cluster::start(3);
+    let urls = cluster.urls().join(",");
+    let env = [("REDIS_CLUSTER", urls.as_str())];
+    let examples = [
+        start_example_with(&[], 10, true, &env).await,
+        start_example_with(&[], 10, true, &env).await,
+    ];
+    let lock_shard = |account: &str| {
+        cluster
+            .shard_of(&format!("tower-redlock:account:{account}"))
+            .0
+    };
+    let data_shard = |account: &str| cluster.shard_of(&format!("flash_sale:account:{account}")).0;
+    // Four accounts whose balances share one shard, and whose locks lie on at least
+    // two shards, one of them another than the balances'.
+    let names: Vec<String> = (0..400).map(|i| format!("n{i}")).collect();
+    let data = data_shard(&names[0]);
+    let candidates: Vec<&String> = names
+        .iter()
+        .filter(|name| data_shard(name) == data)
+        .take(12)
+        .collect();
+    let moving = candidates
+        .iter()
+        .find(|name| lock_shard(name) != data)
+        .expect("an account whose lock is on another shard than the balances");
+    let failed_over = lock_shard(moving);
+    let mut accounts = vec![moving.as_str()];
+    accounts.extend(
+        candidates
+            .iter()
+            .filter(|name| *name != moving)
+            .take(3)
+            .map(|name| name.as_str()),
+    );
+    for account in &accounts {
+        put_balance(&examples[0], account, 100).await;
+    }
+    let mut transfers = Vec::new();
+    for (i, from) in accounts.iter().enumerate() {
+        for (j, to) in accounts.iter().enumerate() {
+            if i != j {
+                transfers.push((*from, *to, 30 + ((i * 7 + j * 13) % 50) as i64));
+            }
+        }
+    }
+    let (moved, _) = run_transfers_retrying(&examples, &transfers, &[423, 503]).await;
+    assert!(moved > 0);
+    // The failover in the middle of a second run of transfers.
+    assert_eq!(lock_shard(moving), failed_over);
+    let key = format!("tower-redlock:account:{moving}");
+    let failover = tokio::task::spawn_blocking(move || {
+        cluster.failover(&key);
+        cluster
+    });
+    // Rounds of transfers while the shard moves, and one after.
+    let mut during = 0;
+    while !failover.is_finished() {
+        during += run_transfers_retrying(&examples, &transfers, &[423, 503])
+            .await
+            .0;
+    }
+    let cluster = failover.await.unwrap();
+    let (after, _) = run_transfers_retrying(&examples, &transfers, &[423, 503]).await;
+    assert!(during + after > 0);
+    let mut total = 0;
+    for account in &accounts {
+        let balance = balance(&examples[1], account).await;
+        assert!(balance >= 0, "{account} went negative: {balance}");
+        total += balance;
+    }
+    assert_eq!(total, 400, "money was lost or made");
     drop(cluster);
 }

@@ -301,6 +301,12 @@ impl Connection {
         self.shared.connector.ack
     }
 
+    /// Whether the node is a Redis Cluster (its scripts' keys must share a hash slot).
+    #[cfg(all(feature = "cluster-async", feature = "lock"))]
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.shared.connector.is_cluster()
+    }
+
     /// Runs `op` on the current connection, and replaces the connection after a failure.
     async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
     where

@@ -361,6 +361,12 @@ fn timed_out(what: &str, after: Duration) -> RedisError {
 }
 
 impl Connector {
+    /// Whether the node is a Redis Cluster.
+    #[cfg(all(feature = "cluster-async", feature = "lock"))]
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.target, Endpoint::Cluster { .. })
+    }
+
     /// The database number commands run on (0 on a cluster or through Sentinel).
     pub(crate) fn db(&self) -> i64 {
         match &self.target {

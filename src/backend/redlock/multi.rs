@@ -16,8 +16,9 @@
 //!
 //! Keys on one plain Redis node need no common hash slot. A Redis Cluster refuses a script
 //! over keys of several slots (`CROSSSLOT`), and the keys of a set hash to different slots
-//! (braces in resource names are percent-encoded, so no hash tag joins them): sets are for
-//! independent nodes.
+//! (braces in resource names are percent-encoded, so no hash tag joins them): on a cluster
+//! node, each script runs once per slot, in slot order, all or none on the node (see
+//! [`scripts::acquire_on`]; not atomic across its shards).
 
 pub(super) mod scripts;
 

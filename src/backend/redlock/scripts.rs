@@ -407,7 +407,16 @@ async fn acquire_plain(
         .arg("NX")
         .arg("PX")
         .arg(ttl_ms);
-    let set: Value = run_acked(&mut conn, None, &set, |v| matches!(v, Value::Okay)).await?;
+    let set: Value = match conn.ack() {
+        None => conn.query(&set).await?,
+        // Boxed: the plain attempt's future stays the size of one command's.
+        Some(_) => {
+            Box::pin(run_acked(&mut conn, None, &set, |v| {
+                matches!(v, Value::Okay)
+            }))
+            .await?
+        }
+    };
     if let Value::Okay = set {
         return Ok(Attempted::Set(0));
     }

@@ -172,7 +172,7 @@ fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> re
     cmd
 }
 
-pub(in crate::backend::redlock) async fn acquire_on(
+async fn acquire_group(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -187,7 +187,7 @@ pub(in crate::backend::redlock) async fn acquire_on(
     run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &keys).await
 }
 
-pub(in crate::backend::redlock) async fn fence_on(
+async fn fence_group(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -206,7 +206,7 @@ pub(in crate::backend::redlock) async fn fence_on(
     Ok(reply)
 }
 
-pub(in crate::backend::redlock) async fn extend_on(
+async fn extend_group(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -222,7 +222,7 @@ pub(in crate::backend::redlock) async fn extend_on(
     Ok(run(&mut conn, &EXTEND_ALL, &cmd).await?)
 }
 
-pub(in crate::backend::redlock) async fn release_on(
+async fn release_group(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
@@ -233,4 +233,172 @@ pub(in crate::backend::redlock) async fn release_on(
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE_ALL, &cmd).await?))
+}
+
+/// The set's keys by Redis Cluster hash slot, in slot order (one order for every set, so
+/// two sets always take their common slots in the same order), when the node is a
+/// cluster's and the keys lie in several slots; `None` where one script takes the whole
+/// set (a plain node, or one slot).
+#[cfg_attr(not(feature = "cluster-async"), allow(unused_variables))]
+fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str>]>>> {
+    #[cfg(feature = "cluster-async")]
+    if conn.is_cluster() {
+        let mut slotted: Vec<(u16, &Arc<str>)> = keys.iter().map(|key| (slot(key), key)).collect();
+        if slotted.iter().all(|(s, _)| *s == slotted[0].0) {
+            return None;
+        }
+        // Stable: within a slot the keys keep their (sorted) order.
+        slotted.sort_by_key(|(s, _)| *s);
+        let groups = slotted
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|group| group.iter().map(|(_, key)| Arc::clone(key)).collect())
+            .collect();
+        return Some(groups);
+    }
+    None
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the first
+/// non-empty `{...}`), or of the whole key, modulo 16384 (the Redis Cluster
+/// specification, "Key distribution model").
+#[cfg(feature = "cluster-async")]
+fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(bytes)) % 16384
+}
+
+/// Takes every key of the set on one node, or none: one script; on a cluster whose slots
+/// the set spans, one script per slot in slot order, and a refusal releases the slots
+/// already taken (all or none on the node, though not atomically across its shards).
+pub(in crate::backend::redlock) async fn acquire_on(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fenced: bool,
+) -> Result<Attempted, NodeFailureReason> {
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return acquire_group(conn, keys, token, ttl_ms, fenced).await;
+    };
+    let mut highest = 0;
+    for (i, group) in groups.iter().enumerate() {
+        match acquire_group(conn.clone(), group.clone(), token, ttl_ms, fenced).await {
+            Ok(Attempted::Set(counter)) => highest = highest.max(counter),
+            refused => {
+                // Where this attempt took a slot's keys, they are ours to delete; the
+                // caller deletes the rest where the node failed.
+                for taken in &groups[..i] {
+                    let _ = release_group(conn.clone(), taken.clone(), token, false).await;
+                }
+                return refused;
+            }
+        }
+    }
+    Ok(Attempted::Set(highest))
+}
+
+/// Raises the set's fencing counters (see [`FENCE_ALL`]), slot by slot on a cluster:
+/// 1 when every slot's were raised, 0 when a key does not hold the token.
+pub(in crate::backend::redlock) async fn fence_on(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    fencing_token: u64,
+    fence_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return fence_group(conn, keys, token, fencing_token, fence_ms).await;
+    };
+    for group in groups {
+        let written = fence_group(conn.clone(), group, token, fencing_token, fence_ms).await?;
+        if written != 1 {
+            return Ok(written);
+        }
+    }
+    Ok(1)
+}
+
+/// Extends the set (see [`EXTEND_ALL`]), slot by slot on a cluster: 1 when every slot's
+/// keys were extended, -1 when a key holds anything else, 0 when a key is gone.
+pub(in crate::backend::redlock) async fn extend_on(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return extend_group(conn, keys, token, ttl_ms, fence_ms).await;
+    };
+    let mut answer = 1;
+    for group in groups {
+        match extend_group(conn.clone(), group, token, ttl_ms, fence_ms).await? {
+            -1 => return Ok(-1),
+            1 => {}
+            other => answer = other,
+        }
+    }
+    Ok(answer)
+}
+
+/// Releases the set (see [`RELEASE_ALL`]), slot by slot on a cluster, every slot even
+/// after a refusal: deleted when every key was, held by another when any key is.
+pub(in crate::backend::redlock) async fn release_on(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    publish: bool,
+) -> Result<ReleaseReply, NodeFailureReason> {
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return release_group(conn, keys, token, publish).await;
+    };
+    let mut answer = ReleaseReply::Deleted;
+    let mut failure = None;
+    for group in groups {
+        match release_group(conn.clone(), group, token, publish).await {
+            Ok(ReleaseReply::HeldByOther) => answer = ReleaseReply::HeldByOther,
+            Ok(ReleaseReply::Absent) if matches!(answer, ReleaseReply::Deleted) => {
+                answer = ReleaseReply::Absent;
+            }
+            Ok(_) => {}
+            Err(e) => failure = Some(e),
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(answer),
+    }
+}
+
+#[cfg(all(test, feature = "cluster-async"))]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_the_cluster_specifications() {
+        // The CRC16 check value of the specification, and redis-rs's own routing.
+        assert_eq!(slot("123456789"), 0x31C3);
+        for key in [
+            "foo",
+            "{user1000}.following",
+            "foo{}{bar}",
+            "foo{{bar}}zap",
+            "foo{bar}{zap}",
+            "tower-redlock:/transfers:account:1",
+            "",
+        ] {
+            let theirs = redis::cluster_routing::Slot::for_key(key);
+            assert_eq!(
+                format!("{theirs:?}"),
+                format!("Slot({})", slot(key)),
+                "{key}"
+            );
+        }
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+    }
 }
