@@ -160,7 +160,8 @@ async fn redlock_replaces_a_connection_that_went_silent() {
     let urls = vec![proxy.url(), nodes[1].url(), nodes[2].url()];
     let redlock = redlock(urls).await;
     assert!(locks_once(&redlock, "recovery").await);
-    assert_eq!(proxy.open_connections(), 1);
+    // The command connection and the release subscriber's.
+    assert_eq!(proxy.open_connections(), 2);
 
     // Node 0's connection forwards nothing from now on, and never closes; node 1 stops.
     proxy.black_hole();
@@ -173,10 +174,11 @@ async fn redlock_replaces_a_connection_that_went_silent() {
         took <= bound,
         "took {took:?} to replace the silent connection"
     );
-    // The silent connection was closed, not left open beside the new one.
+    // The silent command connection was closed, not left open beside the new one (the
+    // subscriber's, silent too, stays: nothing is asked of it).
     assert!(
         eventually(Duration::from_secs(2), || async {
-            proxy.open_connections() == 1
+            proxy.open_connections() == 2
         })
         .await,
         "{} connections open through the proxy",
@@ -439,5 +441,80 @@ async fn the_first_request_after_nodes_come_back_is_served() {
     assert!(
         first.is_ok(),
         "the first request after the nodes came back: {first:?}"
+    );
+}
+
+/// The crate's connections open on the node: every client but the one asking.
+async fn crate_connections(node: &RedisNode) -> usize {
+    let mut conn = node.conn().await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    list.lines().count().saturating_sub(1)
+}
+
+#[tokio::test]
+async fn after_a_node_restarts_its_connections_are_back_before_the_first_request() {
+    let mut node = RedisNode::start();
+    let locks = redlock(vec![node.url()]).await;
+    // The command connection and the release subscriber's, both opened by the build.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            crate_connections(&node).await == 2
+        })
+        .await
+    );
+
+    // The node restarts; nothing waits or locks from here on.
+    node.restart();
+    let restarted = Instant::now();
+    let back = eventually(Duration::from_secs(5), || async {
+        crate_connections(&node).await == 2
+    })
+    .await;
+    let after = restarted.elapsed();
+    assert!(back, "the connections are not back 5 s after the restart");
+    // The documented bound: a pause of at most 1 s, then one connection.
+    assert!(
+        after < RECOVERY + Duration::from_secs(1),
+        "back after {after:?}"
+    );
+    eprintln!("both connections back {after:?} after the restart");
+    // The first request after the restart is served on the new connection.
+    let held = locks.try_lock("report").await;
+    assert!(
+        held.is_ok(),
+        "the first request after the restart: {held:?}"
+    );
+    let held = held.unwrap();
+
+    // And the new subscriber serves: a waiter is woken by the release, well before its
+    // fallback timer (1 s).
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let lease = locks
+                .acquire(tower_redlock::LockRequest::new("report").wait(Duration::from_secs(5)))
+                .await;
+            (lease, Instant::now())
+        }
+    });
+    let channel = format!("{{{}report}}:released", locks.prefix());
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            support::subscribers(std::slice::from_ref(&node), &channel).await == 1
+        })
+        .await
+    );
+    let released = Instant::now();
+    locks.unlock(held).await.unwrap();
+    let (lease, acquired) = waiter.await.unwrap();
+    locks.unlock(lease.unwrap()).await.unwrap();
+    assert!(
+        acquired.duration_since(released) < Duration::from_millis(500),
+        "woken {:?} after the release",
+        acquired.duration_since(released)
     );
 }

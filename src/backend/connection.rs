@@ -301,6 +301,17 @@ impl Connection {
         self.shared.connector.ack
     }
 
+    /// The node closed another connection of this process (the release subscriber's):
+    /// replaces this one in the background too, before a command finds it broken.
+    #[cfg(feature = "lock")]
+    pub(crate) fn node_dropped(&self) {
+        let generation = self.shared.state().generation;
+        self.shared.failed(
+            generation,
+            &"the node closed the release subscriber's connection",
+        );
+    }
+
     /// Whether the node is a Redis Cluster (its scripts' keys must share a hash slot).
     #[cfg(all(feature = "cluster-async", feature = "lock"))]
     pub(crate) fn is_cluster(&self) -> bool {

@@ -62,7 +62,10 @@ impl RedlockBuilder {
     /// 50 ms for a 10 s TTL on a fast network.
     ///
     /// Recovery: a node's connection that fails in any way (refused, reset, an answer that
-    /// is not Redis, a refused handshake) is replaced by the next operation, with at most
+    /// is not Redis, a refused handshake) is replaced at once when the release subscriber
+    /// sees the node drop it ([`notify_waiters`](Self::notify_waiters), on by default;
+    /// measured: both connections back 80 ms after a restart, with no request), and
+    /// otherwise by the next operation, with at most
     /// one connection attempt per 100 ms, each bounded by the node timeout or 500 ms,
     /// whichever is longer. Once the node serves Redis again, operations use it within
     /// about 100 ms plus one connection (measured: 70 to 95 ms). A connection that goes
@@ -85,8 +88,12 @@ impl RedlockBuilder {
 
     /// Whether [`LockRequest::wait`](crate::LockRequest::wait) waiters subscribe to release
     /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber
-    /// connection per node, opened on the first wait and closed when the last handle of
-    /// the client is dropped). Default on; off, waiters only re-try on their fallback
+    /// connection per node, opened by `build` and closed when the last handle of the
+    /// client is dropped). The subscriber also watches its node: when the node drops it
+    /// (a restart, a failover), the node's command connection is replaced at once, and
+    /// the subscriber itself in the background (the first attempt at once, then pauses
+    /// doubling from 100 ms to 1 s), so that the first request after the node is back
+    /// finds new connections. Default on; off, waiters only re-try on their fallback
     /// timer (the holder's remaining TTL, capped at 1 s), and set no mark. A release
     /// publishes only when a subscribed waiter (of any process) set the mark
     /// `{<lock key>}:waiters` beside the lock, so a lock nobody waits for costs no
@@ -158,6 +165,7 @@ impl RedlockBuilder {
             });
         }
         let quorum = nodes.len() / 2 + 1;
+        let conns = nodes.iter().map(|node| node.conn.clone()).collect();
         let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
             inner: Arc::new(RedlockCore {
@@ -166,6 +174,7 @@ impl RedlockBuilder {
                 notifier: self.notify_waiters.then(|| {
                     Arc::new(Notifier::new(
                         connectors,
+                        conns,
                         waiters.clone(),
                         node_timeout.max(Duration::from_millis(100)),
                     ))
@@ -206,6 +215,9 @@ impl RedlockBuilder {
             if let Some(Err(reason)) = load {
                 tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
             }
+        }
+        if let Some(notifier) = &redlock.inner.notifier {
+            notifier.watch();
         }
         Ok(redlock)
     }

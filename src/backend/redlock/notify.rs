@@ -1,23 +1,31 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per node, opened on
 //! the first wait, waking this process's waiters (see [`Waiters`]) when a holder releases.
 //!
-//! A lock's release channel is `{<lock key>}:released` (see [`Aux`]). A subscriber
+//! A lock's release channel is `{<lock key>}:released` (see [`Aux`]). The subscriber
+//! connections open when the client is built, and watch their nodes: a node that drops
+//! one has the node's command connection replaced at once too, so that the first command
+//! after a restart finds a new connection rather than the broken one. A subscriber
 //! connection lives as long as the client (every handle of the [`Redlock`]) or until it
 //! is replaced, whichever comes first: dropping it ends its reader task, which closes the
-//! connection.
+//! connection. A connection that the node drops (a restart, a failover, a broken link) is
+//! replaced in the background, as the command connections are: the first attempt at once,
+//! then after pauses that double from 100 ms to 1 s, resubscribing the keys waited on; so
+//! a node that serves again has its subscriber back within about a second, before the next
+//! waiter needs it.
 //!
 //! [`Redlock`]: super::Redlock
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSubSink;
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::oneshot;
 
 use super::keys::Aux;
+use crate::backend::connection::{Connection, RECONNECT_MAX_PAUSE, RETRY_INTERVAL};
 use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
 
@@ -39,6 +47,9 @@ impl Drop for UnsubscribeOnDrop {
 pub(crate) struct Notifier {
     pub(crate) waiters: Arc<Waiters>,
     nodes: Vec<NodeSubscriber>,
+    /// The nodes' command connections, in node order: replaced as soon as the node drops
+    /// its subscriber connection, before a command runs into the broken one.
+    conns: Vec<Connection>,
     timeout: Duration,
 }
 
@@ -62,6 +73,7 @@ struct Subscriber {
 impl Notifier {
     pub(crate) fn new(
         connectors: Vec<Connector>,
+        conns: Vec<Connection>,
         waiters: Arc<Waiters>,
         timeout: Duration,
     ) -> Self {
@@ -74,7 +86,22 @@ impl Notifier {
                     sink: tokio::sync::Mutex::new(None),
                 })
                 .collect(),
+            conns,
             timeout,
+        }
+    }
+
+    /// Opens every node's subscriber connection in the background, retried as after a
+    /// drop (see [`read`]): it then watches the node, so that a node that restarts or
+    /// drops this process's connections has them replaced before the next command.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        for index in 0..self.nodes.len() {
+            let notifier = Arc::downgrade(self);
+            tokio::spawn(async move {
+                if let Some(reading) = reconnect(&notifier, index).await {
+                    read(notifier, index, reading).await;
+                }
+            });
         }
     }
 
@@ -84,12 +111,15 @@ impl Notifier {
     /// a waiter arriving while another's subscription is in flight waits for it under the
     /// node's lock, and subscribes itself if that one gave up. Failures are left to the
     /// fallback timer.
-    pub(crate) async fn subscribe(&self, key: &Arc<str>) {
-        futures_util::future::join_all(self.nodes.iter().map(|node| self.subscribe_on(node, key)))
-            .await;
+    pub(crate) async fn subscribe(self: &Arc<Self>, key: &Arc<str>) {
+        futures_util::future::join_all(
+            (0..self.nodes.len()).map(|node| self.subscribe_on(node, key)),
+        )
+        .await;
     }
 
-    async fn subscribe_on(&self, node: &NodeSubscriber, key: &Arc<str>) {
+    async fn subscribe_on(self: &Arc<Self>, index: usize, key: &Arc<str>) {
+        let node = &self.nodes[index];
         let attempt = async {
             let mut sink = node.sink.lock().await;
             if !sink
@@ -97,7 +127,7 @@ impl Notifier {
                 .is_some_and(|s| s.alive.load(Ordering::Acquire))
             {
                 *sink = None;
-                *sink = Some(self.connect(node).await?);
+                *sink = Some(self.connect(index).await?);
             }
             let Some(open) = sink.as_mut() else {
                 return Ok(());
@@ -148,46 +178,136 @@ impl Notifier {
         });
     }
 
-    /// Opens a subscriber connection and the task that reads it; resubscribes the keys
-    /// currently waited on.
-    async fn connect(&self, node: &NodeSubscriber) -> redis::RedisResult<Subscriber> {
-        let pubsub = node.connector.pubsub().await?;
-        let (mut sink, mut stream) = pubsub.split();
+    /// Opens a subscriber connection to node `index` and the task that reads it;
+    /// resubscribes the keys currently waited on. Should the node drop the connection,
+    /// the task replaces it in the background (see [`read`]).
+    async fn connect(self: &Arc<Self>, index: usize) -> redis::RedisResult<Subscriber> {
+        let (sink, stream, waited) = self.open(index).await?;
+        // Only now: should this future be dropped (the subscribe timed out) or fail before,
+        // both halves go with it and the connection is closed, not left to a reader task.
+        let (subscriber, reading) = Reading::start(sink, stream, waited);
+        tokio::spawn(read(Arc::downgrade(self), index, reading));
+        Ok(subscriber)
+    }
+
+    /// A subscriber connection to node `index`, subscribed to the keys waited on now.
+    async fn open(
+        &self,
+        index: usize,
+    ) -> redis::RedisResult<(PubSubSink, PubSubStream, Vec<Arc<str>>)> {
+        let pubsub = self.nodes[index].connector.pubsub().await?;
+        let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
             let channels: Vec<_> = waited.iter().map(|key| Aux::released(key)).collect();
             sink.subscribe(channels).await?;
         }
-        // Only now: should this future be dropped (the subscribe timed out) or fail before,
-        // both halves go with it and the connection is closed, not left to a reader task.
-        let waiters = self.waiters.clone();
+        Ok((sink, stream, waited))
+    }
+}
+
+/// What a reader task holds of its connection.
+struct Reading {
+    stream: PubSubStream,
+    alive: Arc<AtomicBool>,
+    closed: oneshot::Receiver<()>,
+}
+
+impl Reading {
+    /// The two halves of a new connection: the subscriber kept by the node, and the
+    /// reader's part.
+    fn start(sink: PubSubSink, stream: PubSubStream, waited: Vec<Arc<str>>) -> (Subscriber, Self) {
         let alive = Arc::new(AtomicBool::new(true));
-        let reader_alive = alive.clone();
-        let (close, mut closed) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    msg = stream.next() => match msg {
-                        Some(msg) => {
-                            if let Some(key) = Aux::lock_key_of_release(msg.get_channel_name()) {
-                                waiters.wake(key);
-                            }
-                        }
-                        None => break,
-                    },
-                    // The subscriber was dropped: dropping `stream` closes the connection.
-                    _ = &mut closed => break,
-                }
-            }
-            reader_alive.store(false, Ordering::Release);
-            // Whoever waits now would miss notifications from this node: let them re-try.
-            waiters.wake_all();
-        });
-        Ok(Subscriber {
+        let (close, closed) = oneshot::channel::<()>();
+        let subscriber = Subscriber {
             sink,
-            alive,
+            alive: alive.clone(),
             channels: waited.into_iter().collect(),
             _close: close,
-        })
+        };
+        (
+            subscriber,
+            Reading {
+                stream,
+                alive,
+                closed,
+            },
+        )
+    }
+}
+
+/// Reads node `index`'s release messages and wakes their waiters. When the node drops the
+/// connection, replaces it: at once, then after pauses that double from
+/// [`RETRY_INTERVAL`] to [`RECONNECT_MAX_PAUSE`] (the command connections' bounds), each
+/// attempt bounded by the notifier's timeout, and reads the new one; its waiters are woken
+/// to re-try then, since a release may have gone unheard. Ends when the subscriber is
+/// dropped (replaced by a subscription, or the client gone).
+async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
+    loop {
+        let dropped_by_node = loop {
+            tokio::select! {
+                msg = reading.stream.next() => match msg {
+                    Some(msg) => {
+                        let Some(key) = Aux::lock_key_of_release(msg.get_channel_name()) else {
+                            continue;
+                        };
+                        let Some(notifier) = notifier.upgrade() else {
+                            return;
+                        };
+                        notifier.waiters.wake(key);
+                    }
+                    None => break true,
+                },
+                // The subscriber was dropped: dropping `stream` closes the connection.
+                _ = &mut reading.closed => break false,
+            }
+        };
+        reading.alive.store(false, Ordering::Release);
+        let Some(this) = notifier.upgrade() else {
+            return;
+        };
+        // Whoever waits now would miss notifications from this node: let them re-try.
+        this.waiters.wake_all();
+        if !dropped_by_node {
+            return;
+        }
+        // The node's command connection most likely went with it.
+        this.conns[index].node_dropped();
+        drop(this);
+        match reconnect(&notifier, index).await {
+            Some(next) => reading = next,
+            None => return,
+        }
+    }
+}
+
+/// A new connection for node `index` after the node dropped the last one, with the
+/// backoff of [`read`]; `None` when a subscription reconnected first or the client is gone.
+async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
+    let mut pause = RETRY_INTERVAL;
+    loop {
+        let this = notifier.upgrade()?;
+        {
+            let mut sink = this.nodes[index].sink.lock().await;
+            if sink
+                .as_ref()
+                .is_some_and(|s| s.alive.load(Ordering::Acquire))
+            {
+                return None;
+            }
+            if let Ok(Ok((new_sink, stream, waited))) =
+                tokio::time::timeout(this.timeout, this.open(index)).await
+            {
+                let (subscriber, reading) = Reading::start(new_sink, stream, waited);
+                *sink = Some(subscriber);
+                drop(sink);
+                this.waiters.wake_all();
+                return Some(reading);
+            }
+            *sink = None;
+        }
+        drop(this);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
     }
 }
