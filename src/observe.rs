@@ -16,6 +16,9 @@
 //! | `tower_redlock_rate_limit_requests_total` | counter | `result`: `allowed`, `limited`, `unavailable`, `invalid` | the rate-limit policy, the keyed core |
 //! | `tower_redlock_idempotency_requests_total` | counter | `result`: `new`, `replayed`, `in_flight`, `mismatch`, `missing`, `invalid`, `unavailable` | the idempotency policy, the keyed core |
 //! | `tower_redlock_node_errors_total` | counter | `node`: `host:port` | a Redlock round, the Redis rate limiter |
+//! | `tower_redlock_leases_held` | gauge | | the watchdog: made with the lease, dropped with it |
+//! | `tower_redlock_waiters` | gauge | | a waiter's registration (`backend::wait`) |
+//! | `tower_redlock_concurrency_permits_held` | gauge | | the concurrency limiter's permit slot |
 //!
 //! Spans (`DEBUG`): `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`,
 //! `.idempotency.lookup`, `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`,
@@ -169,6 +172,43 @@ pub(crate) fn lock_acquired_in(elapsed: Duration) {
 }
 
 /// Records how long a lease was held.
+/// What this process holds or waits for now, each a gauge raised when one starts and
+/// lowered when it ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Held {
+    /// `tower_redlock_leases_held`: leases held for requests (`LockLayer`, `Locked`,
+    /// `IdempotencyLayer`) and for `Locks::with_lock`/`with_lease`.
+    Lease,
+    /// `tower_redlock_waiters`: requests waiting for a lock or a permit (`max_wait`,
+    /// `LockRequest::wait`).
+    Waiter,
+    /// `tower_redlock_concurrency_permits_held`: `ConcurrencyLimitLayer` permits held.
+    Permit,
+}
+
+impl Held {
+    /// One more.
+    pub(crate) fn start(self) {
+        #[cfg(feature = "metrics")]
+        self.gauge().increment(1.0);
+    }
+
+    /// One fewer.
+    pub(crate) fn end(self) {
+        #[cfg(feature = "metrics")]
+        self.gauge().decrement(1.0);
+    }
+
+    #[cfg(feature = "metrics")]
+    fn gauge(self) -> metrics::Gauge {
+        match self {
+            Held::Lease => metrics::gauge!("tower_redlock_leases_held"),
+            Held::Waiter => metrics::gauge!("tower_redlock_waiters"),
+            Held::Permit => metrics::gauge!("tower_redlock_concurrency_permits_held"),
+        }
+    }
+}
+
 pub(crate) fn lock_held_for(held: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(held.as_secs_f64());

@@ -556,3 +556,87 @@ async fn a_node_that_stops_answering_is_counted_once_its_deadline_passes() {
         assert_eq!(m.counter(NODE_ERRORS, "node", &live), 0, "{m:?}");
     }
 }
+
+/// The gauges' values: the debugging recorder's snapshot hands out what changed since the
+/// last one (it swaps each value for 0), so the values are the sums of the snapshots.
+#[derive(Default)]
+struct Gauges(std::cell::RefCell<HashMap<String, f64>>);
+
+impl Gauges {
+    fn now(&self, snapshotter: &Snapshotter, name: &str) -> f64 {
+        let mut totals = self.0.borrow_mut();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Gauge(change) = value {
+                *totals.entry(key.key().name().to_owned()).or_default() += change.into_inner();
+            }
+        }
+        totals.get(name).copied().unwrap_or(0.0)
+    }
+}
+
+#[tokio::test]
+async fn gauges_show_the_leases_permits_and_waiters_of_this_process_now() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let nodes = nodes(1);
+    let locks = redlock(&nodes, Duration::from_secs(10)).await;
+    let limiter = RedisConcurrencyLimiter::builder(nodes[0].url())
+        .build()
+        .await
+        .unwrap();
+    let gate = Gate::default();
+    // A permit first, then the lock, waiting for it up to 5 s.
+    let route = gate.handler().layer(
+        tower::ServiceBuilder::new()
+            .layer(ConcurrencyLimitLayer::by_header("Idempotency-Key", 5).backend(limiter))
+            .layer(
+                LockLayer::by_header("Idempotency-Key")
+                    .backend(locks)
+                    .max_wait(Duration::from_secs(5)),
+            ),
+    );
+    let url = format!(
+        "{}/export",
+        serve(Router::new().route("/export", route)).await
+    );
+    let client = reqwest::Client::new();
+    let send = || {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { post_with(&client, &url, Some(SECRET), "").await })
+    };
+    let gauges = Gauges::default();
+    let now = |name| gauges.now(&snapshotter, name);
+
+    let first = send();
+    gate.entered().await;
+    let second = send();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            now("tower_redlock_waiters") == 1.0
+        })
+        .await,
+        "the second request waits for the lock"
+    );
+    assert_eq!(now("tower_redlock_leases_held"), 1.0);
+    assert_eq!(now("tower_redlock_concurrency_permits_held"), 2.0);
+
+    gate.open();
+    assert_eq!(first.await.unwrap(), 200);
+    gate.entered().await;
+    assert_eq!(now("tower_redlock_waiters"), 0.0);
+    assert_eq!(now("tower_redlock_leases_held"), 1.0);
+    gate.open();
+    assert_eq!(second.await.unwrap(), 200);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            now("tower_redlock_leases_held") == 0.0
+                && now("tower_redlock_concurrency_permits_held") == 0.0
+        })
+        .await,
+        "leases {} and permits {} left after the requests",
+        now("tower_redlock_leases_held"),
+        now("tower_redlock_concurrency_permits_held")
+    );
+}

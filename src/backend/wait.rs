@@ -63,6 +63,7 @@ impl Waiters {
             }
         });
         entry.count += 1;
+        crate::observe::Held::Waiter.start();
         WaitTicket {
             waiters: self,
             key: key.clone(),
@@ -115,6 +116,7 @@ impl WaitTicket<'_> {
 
 impl Drop for WaitTicket<'_> {
     fn drop(&mut self) {
+        crate::observe::Held::Waiter.end();
         self.leave();
     }
 }

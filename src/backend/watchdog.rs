@@ -71,6 +71,7 @@ impl RenewError for LockError {
 
 impl Watchdog {
     pub(crate) fn new(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
+        crate::observe::Held::Lease.start();
         Self {
             status: Arc::new(LeaseState::new(locks, lease, renewal)),
             schedule: None,
@@ -166,6 +167,7 @@ impl Drop for Watchdog {
         if let Some(acquired) = acquired {
             crate::observe::lock_held_for(acquired.elapsed());
         }
+        crate::observe::Held::Lease.end();
         self.status.closed.store(true, Ordering::Release);
         self.notify_status();
     }

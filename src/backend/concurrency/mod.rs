@@ -134,8 +134,14 @@ enum HeldPermit {
 }
 
 impl PermitSlot {
+    /// A permit just taken (counted in the permits gauge until the slot is dropped).
+    fn held(permit: HeldPermit) -> Self {
+        crate::observe::Held::Permit.start();
+        Self(Some(permit))
+    }
+
     pub(crate) fn memory(store: MemoryConcurrencyLimiter, key: Arc<str>) -> Self {
-        Self(Some(HeldPermit::Memory { store, key }))
+        Self::held(HeldPermit::Memory { store, key })
     }
 
     /// The key, as the store keeps it.
@@ -187,6 +193,7 @@ impl PermitSlot {
 
 impl Drop for PermitSlot {
     fn drop(&mut self) {
+        crate::observe::Held::Permit.end();
         match self.0.take() {
             None => {}
             Some(HeldPermit::Memory { store, key }) => store.release(&key),
@@ -234,7 +241,7 @@ impl ConcurrencyLimiter {
             PermitStore::Redis(r) => r
                 .acquire(resource, limit)
                 .await
-                .map(|slot| PermitSlot(Some(HeldPermit::Redis(slot)))),
+                .map(|slot| PermitSlot::held(HeldPermit::Redis(slot))),
             PermitStore::Memory(m) => m.acquire_slot(resource, limit),
         }
     }
