@@ -287,6 +287,7 @@ impl Connection {
     ///
     /// The connection's, the server's error reply, and a reply that does not convert to
     /// `T`.
+    #[cfg_attr(not(feature = "lock"), allow(dead_code))]
     pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         let reply = self
             .run(|mut conn| async move { conn.send(cmd).await })
@@ -301,9 +302,15 @@ impl Connection {
         self.shared.connector.ack
     }
 
+    /// The node this connection goes to, for its release subscriber.
+    #[cfg(feature = "concurrency-limit")]
+    pub(crate) fn connector(&self) -> &Connector {
+        &self.shared.connector
+    }
+
     /// The node closed another connection of this process (the release subscriber's):
     /// replaces this one in the background too, before a command finds it broken.
-    #[cfg(feature = "lock")]
+    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) fn node_dropped(&self) {
         let generation = self.shared.state().generation;
         self.shared.failed(

@@ -36,6 +36,11 @@ pub(crate) mod inspect;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod node;
+#[cfg(all(
+    feature = "redis",
+    any(feature = "lock", feature = "concurrency-limit")
+))]
+pub(crate) mod notify;
 #[cfg(feature = "rate-limit")]
 pub(crate) mod rate_limit;
 #[cfg(feature = "idempotency")]

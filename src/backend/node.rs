@@ -338,7 +338,10 @@ enum Endpoint {
     Cluster {
         client: redis::cluster::ClusterClient,
         /// For subscriber connections: a cluster-wide `PUBLISH` reaches every node.
-        #[cfg_attr(not(feature = "lock"), allow(dead_code))]
+        #[cfg_attr(
+            not(any(feature = "lock", feature = "concurrency-limit")),
+            allow(dead_code)
+        )]
         seeds: Vec<Client>,
     },
     #[cfg(feature = "sentinel")]
@@ -430,7 +433,7 @@ impl Connector {
 
     /// A subscriber connection: to the server; on a cluster to the first seed node that
     /// answers; through Sentinel to the current primary.
-    #[cfg(feature = "lock")]
+    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         match &self.target {
             Endpoint::Single(client) => client.get_async_pubsub().await,

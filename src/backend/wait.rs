@@ -81,20 +81,20 @@ impl Waiters {
         }
     }
 
-    #[cfg(all(feature = "lock", feature = "redis"))]
+    #[cfg(feature = "redis")]
     pub(crate) fn wake_all(&self) {
         for waiting in self.keys().values() {
             waiting.notify.notify_waiters();
         }
     }
 
-    #[cfg(feature = "lock")]
+    #[cfg(any(feature = "lock", feature = "redis"))]
     /// Whether anybody waits on `key`.
     pub(crate) fn is_waited(&self, key: &str) -> bool {
         self.keys().contains_key(key)
     }
 
-    #[cfg(all(feature = "lock", feature = "redis"))]
+    #[cfg(feature = "redis")]
     pub(crate) fn keys_waited(&self) -> Vec<Arc<str>> {
         self.keys().keys().cloned().collect()
     }

@@ -239,7 +239,7 @@ impl ConcurrencyLimiter {
         match &self.backend {
             #[cfg(feature = "redis")]
             PermitStore::Redis(r) => r
-                .acquire(resource, limit)
+                .acquire(resource, limit, false)
                 .await
                 .map(|slot| PermitSlot::held(HeldPermit::Redis(slot))),
             PermitStore::Memory(m) => m.acquire_slot(resource, limit),
@@ -256,10 +256,12 @@ impl ConcurrencyLimiter {
     }
 
     /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
-    /// has passed. A waiter is woken by every release of a permit on `resource` in this
-    /// process, as a lock's waiters are; a permit released by another replica (or
-    /// expired) is found by the fallback timer, whose pause starts at 5 ms and doubles up
-    /// to 100 ms, with jitter, never past the deadline.
+    /// has passed. A waiter is woken by every release of a permit on `resource`, as a
+    /// lock's waiters are: in this process directly, and on Redis by any replica's
+    /// release through pub/sub (the waiter subscribes to the set's release channel, and
+    /// its tries mark the set so that releases publish). An expired permit, or a release
+    /// whose notification was lost, is found by the fallback timer, whose pause starts at
+    /// 5 ms and doubles up to 100 ms, with jitter, never past the deadline.
     pub(crate) async fn acquire_within(
         &self,
         resource: &str,
@@ -267,14 +269,41 @@ impl ConcurrencyLimiter {
         max_wait: Duration,
     ) -> Result<PermitSlot, ConcurrencyError> {
         let deadline = Instant::now().checked_add(max_wait);
-        let ticket = self.waiters().register(&Arc::from(resource));
+        // A first try as anyone's: a request that gets its permit (or may not wait)
+        // neither subscribes nor marks the set.
+        match self.try_acquire(resource, limit).await {
+            Err(ConcurrencyError::LimitReached { .. }) if !max_wait.is_zero() => {}
+            other => return other,
+        }
+        // Waiters are told apart by the key of their permits: the set's on Redis (whose
+        // release channel names it), the resource in process.
+        let key: Arc<str> = match &self.backend {
+            #[cfg(feature = "redis")]
+            PermitStore::Redis(r) => Arc::from(r.key(resource)),
+            PermitStore::Memory(_) => Arc::from(resource),
+        };
+        let ticket = self.waiters().register(&key);
+        // On Redis, subscribed before the first try, whose mark makes releases publish.
+        #[cfg(feature = "redis")]
+        let _subscription = match &self.backend {
+            PermitStore::Redis(r) => Some(r.subscribe(&key).await),
+            PermitStore::Memory(_) => None,
+        };
         let mut step = WAIT_STEP.0;
         loop {
             // Armed before the try, so that a release during it is not missed.
             let notified = ticket.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            match self.try_acquire(resource, limit).await {
+            let attempt = match &self.backend {
+                #[cfg(feature = "redis")]
+                PermitStore::Redis(r) => r
+                    .acquire(resource, limit, true)
+                    .await
+                    .map(|slot| PermitSlot::held(HeldPermit::Redis(slot))),
+                PermitStore::Memory(m) => m.acquire_slot(resource, limit),
+            };
+            match attempt {
                 Err(ConcurrencyError::LimitReached { limit }) => {
                     let now = Instant::now();
                     let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(now));

@@ -1,5 +1,6 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
+use crate::backend::notify::{Notifier, UnsubscribeOnDrop};
 use crate::backend::wait::Waiters;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -32,8 +33,10 @@ const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 /// server's clock), counts the live ones (`ZCARD`), and under the limit adds ours
 /// (`ZADD`, scored by its expiry in ms on the server's clock) and keeps the set alive at
 /// least as long as its newest permit (`PEXPIRE`). Answers `{1, held}` with the permit,
-/// `{0, held}` without. A key of another type is not touched: the script answers an
-/// error.
+/// `{0, held}` without; a waiter's try (subscribed to the set's release channel) also
+/// sets the waiters' mark KEYS[2] for ARGV[4] ms when it gets none, so that the next
+/// release publishes ([`RELEASE`]). A key of another type is not touched: the script
+/// answers an error.
 ///
 /// The permit scheme is Redisson's `RPermitExpirableSemaphore`; the script reads the
 /// server's clock (`TIME`), so the replicas' clocks do not matter, and Redis replicates
@@ -51,6 +54,9 @@ local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 if held >= tonumber(ARGV[1]) then
+  if KEYS[2] then
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+  end
   return {0, held}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
@@ -61,6 +67,26 @@ return {1, held + 1}
 ",
     )
 });
+
+/// Gives back the permit ARGV[1] of the set KEYS[1] (`ZREM`); when waiters marked the
+/// set (KEYS[2], set by their tries), deletes the mark and publishes on the release
+/// channel ARGV[2], waking the waiters of every replica (as a lock's release does).
+/// Answers how many permits it removed (0 or 1).
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('PUBLISH', ARGV[2], '')
+end
+return removed
+",
+    )
+});
+
+/// How long a waiter's mark lives: past the longest pause between two of its tries
+/// (100 ms), which set it again.
+const MARK_MS: u64 = 1_000;
 
 /// Renews a permit, atomically: if our token is still in the set and not expired, moves
 /// its expiry to now + TTL (`ZADD XX`) and keeps the set alive that long; answers 1, or 0
@@ -91,7 +117,8 @@ return 1
 /// Each key's permits are one sorted set, `{prefix}{<key>}` (the key in a Redis Cluster
 /// hash tag), of random 128-bit tokens scored by their expiry on the server's clock.
 /// Taking a permit is one round trip (one script: drop the expired permits, count, add
-/// ours under the limit), releasing one is one round trip (`ZREM` of our token), and a
+/// ours under the limit), releasing one is one round trip (a script: `ZREM` of our
+/// token, and a `PUBLISH` when waiters marked the set, waking them on every replica), and a
 /// permit lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s)
 /// unless renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it
 /// while the request runs (every TTL/3, [`Renewal`](crate::Renewal)), so a replica that
@@ -131,8 +158,10 @@ pub struct RedisConcurrencyLimiter {
 struct RedisInner {
     store: NodeStore,
     ttl: Duration,
-    /// The requests of this process waiting for a permit, woken by its releases.
-    waiters: Waiters,
+    /// The requests of this process waiting for a permit, woken by the releases of every
+    /// replica (those of this process directly, the others' through `notifier`).
+    waiters: Arc<Waiters>,
+    notifier: Arc<Notifier>,
 }
 
 impl fmt::Debug for RedisConcurrencyLimiter {
@@ -208,26 +237,40 @@ impl RedisConcurrencyLimiter {
             .map_err(ConcurrencyError::Unavailable)
     }
 
-    /// Takes a permit on `resource` if fewer than `limit` are live: one round trip.
+    /// The key of `resource`'s permit set: `{prefix}{<resource>}`.
+    pub(crate) fn key(&self, resource: &str) -> String {
+        let prefix = &self.inner.store.prefix;
+        let mut key = String::with_capacity(prefix.len() + resource.len() + 2);
+        key.push_str(prefix);
+        key.push('{');
+        key.push_str(resource);
+        key.push('}');
+        key
+    }
+
+    /// Takes a permit on `resource` if fewer than `limit` are live: one round trip. A
+    /// `waiting` try (subscribed to the set's release channel) marks the set when it gets
+    /// none.
     pub(crate) async fn acquire(
         &self,
         resource: &str,
         limit: u32,
+        waiting: bool,
     ) -> Result<RedisSlot, ConcurrencyError> {
         check_resource(resource)?;
         let inner = &*self.inner;
-        let mut key = String::with_capacity(inner.store.prefix.len() + resource.len() + 2);
-        key.push_str(&inner.store.prefix);
-        key.push('{');
-        key.push_str(resource);
-        key.push('}');
+        let key = self.key(resource);
         let token = token();
         let mut conn = inner.store.conn();
         let mut invocation = ACQUIRE.key(&key);
+        if waiting {
+            invocation.key(format!("{key}:waiters"));
+        }
         invocation
             .arg(limit)
             .arg(inner.ttl.as_millis() as u64)
-            .arg(&*token);
+            .arg(&*token)
+            .arg(MARK_MS);
         let start = Instant::now();
         let reply = self
             .bounded(invocation.invoke_async::<(i64, i64)>(&mut conn))
@@ -276,26 +319,38 @@ impl RedisConcurrencyLimiter {
         Ok(validity(start, self.inner.ttl))
     }
 
-    /// Gives back the permit `token` on `key`: one `ZREM`; then wakes the requests of this
-    /// process that wait for a permit on its resource (those of other processes try
-    /// again on their timers).
+    /// Gives back the permit `token` on `key`, in one script ([`RELEASE`]) that also
+    /// publishes the release when waiters (of any replica) marked the set; then wakes the
+    /// requests of this process that wait on it.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
         let mut conn = self.inner.store.conn();
-        let mut cmd = redis::cmd("ZREM");
-        cmd.arg(key).arg(token);
-        let released = self.bounded(cmd.query_async::<i64>(&mut conn)).await;
-        let resource = key
-            .strip_prefix(&*self.inner.store.prefix)
-            .and_then(|k| k.strip_prefix('{')?.strip_suffix('}'));
-        if let Some(resource) = resource {
-            self.inner.waiters.wake(resource);
-        }
+        let mut invocation = RELEASE.key(key);
+        invocation
+            .key(format!("{key}:waiters"))
+            .arg(token)
+            .arg(crate::backend::notify::channel(key));
+        let released = self
+            .bounded(invocation.invoke_async::<i64>(&mut conn))
+            .await;
+        self.inner.waiters.wake(key);
         released.map(drop)
     }
 
-    /// The requests of this process waiting for a permit.
+    /// The requests of this process waiting for a permit, by the key of their set.
     pub(crate) fn waiters(&self) -> &Waiters {
         &self.inner.waiters
+    }
+
+    /// Subscribes to the release channel of the set `key`, for a waiter: returns once the
+    /// subscription is confirmed (or given up, leaving the waiter to its timer), with
+    /// what unsubscribes when the wait ends.
+    pub(crate) async fn subscribe(&self, key: &Arc<str>) -> UnsubscribeOnDrop {
+        let notifier = &self.inner.notifier;
+        notifier.subscribe(key).await;
+        UnsubscribeOnDrop {
+            notifier: notifier.clone(),
+            key: key.clone(),
+        }
     }
 }
 
@@ -342,11 +397,21 @@ impl RedisConcurrencyLimiterBuilder {
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
         let store = self.settings.connect().await?;
+        let waiters = Arc::new(Waiters::default());
+        let conn = store.conn();
+        let notifier = Arc::new(Notifier::new(
+            vec![conn.connector().clone()],
+            vec![conn],
+            waiters.clone(),
+            store.timeout.max(Duration::from_millis(100)),
+        ));
+        notifier.watch();
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
                 store,
                 ttl: self.ttl,
-                waiters: Waiters::default(),
+                waiters,
+                notifier,
             }),
         })
     }

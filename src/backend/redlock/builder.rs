@@ -7,10 +7,10 @@ use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 
 use super::hot::HotKeys;
-use super::notify::Notifier;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
 use super::{NodeConn, Redlock, RedlockCore, scripts};
+use crate::backend::notify::Notifier;
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
 use crate::error::ConfigError;

@@ -160,11 +160,6 @@ impl<'a> Aux<'a> {
         Self::new(lock_key, "waiters")
     }
 
-    /// The release channel, published on when a marked lock is released.
-    pub(super) fn released(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "released")
-    }
-
     /// The lock's idempotency record.
     #[cfg(feature = "idempotency")]
     pub(super) fn record(lock_key: &'a str) -> Self {
@@ -194,11 +189,6 @@ impl<'a> Aux<'a> {
     /// The fair queue's per-entry deadlines.
     pub(super) fn queue_deadlines(lock_key: &'a str) -> Self {
         Self::new(lock_key, "queue-deadlines")
-    }
-
-    /// The lock key of a release channel's name.
-    pub(super) fn lock_key_of_release(channel: &str) -> Option<&str> {
-        channel.strip_prefix('{')?.strip_suffix("}:released")
     }
 }
 

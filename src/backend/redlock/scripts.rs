@@ -518,11 +518,6 @@ mod tests {
             Aux::fence(key).to_string(),
             "{tower-redlock:/items:42}:fence"
         );
-        let channel = Aux::released(key).to_string();
-        assert_eq!(channel, "{tower-redlock:/items:42}:released");
-        assert_eq!(Aux::lock_key_of_release(&channel), Some(key));
-        assert_eq!(Aux::lock_key_of_release(key), None);
-        assert_eq!(Aux::lock_key_of_release("{x}:fence"), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use super::notify::UnsubscribeOnDrop;
+use crate::backend::notify::UnsubscribeOnDrop;
 use crate::backend::wait::{MAX_FALLBACK, Waiters, bounded_wait};
 use crate::error::LockError;
 use crate::lease::Lease;

@@ -1,7 +1,9 @@
-//! Release notifications over Redis pub/sub: one subscriber connection per node, opened on
-//! the first wait, waking this process's waiters (see [`Waiters`]) when a holder releases.
+//! Release notifications over Redis pub/sub: one subscriber connection per node, waking
+//! this process's waiters (see [`Waiters`]) when a holder releases, for the lock backend's
+//! waiters and the Redis concurrency limiter's.
 //!
-//! A lock's release channel is `{<lock key>}:released` (see [`Aux`]). The subscriber
+//! A key's release channel is `{<key>}:released` ([`channel`]): a lock key's, or a
+//! permit set's. The subscriber
 //! connections open when the client is built, and watch their nodes: a node that drops
 //! one has the node's command connection replaced at once too, so that the first command
 //! after a restart finds a new connection rather than the broken one. A subscriber
@@ -13,7 +15,7 @@
 //! a node that serves again has its subscriber back within about a second, before the next
 //! waiter needs it.
 //!
-//! [`Redlock`]: super::Redlock
+//! [`Redlock`]: crate::Redlock
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,10 +26,20 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::oneshot;
 
-use super::keys::Aux;
 use crate::backend::connection::{Connection, RECONNECT_MAX_PAUSE, RETRY_INTERVAL};
 use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
+
+/// The release channel of `key`: `{<key>}:released`. The scripts that publish on it build
+/// the same name (`'{' .. KEYS[1] .. '}:released'`).
+pub(crate) fn channel(key: &str) -> String {
+    format!("{{{key}}}:released")
+}
+
+/// The key whose release channel is `channel`, if it is one.
+fn key_of_channel(channel: &str) -> Option<&str> {
+    channel.strip_prefix('{')?.strip_suffix("}:released")
+}
 
 /// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
 /// unless someone in the process waits on it again.
@@ -135,7 +147,7 @@ impl Notifier {
             if open.channels.contains(key) {
                 return Ok(());
             }
-            let subscribed = open.sink.subscribe(Aux::released(key)).await;
+            let subscribed = open.sink.subscribe(channel(key)).await;
             match subscribed {
                 Ok(()) => {
                     open.channels.insert(key.clone());
@@ -171,7 +183,7 @@ impl Notifier {
                 }
                 if let Some(open) = sink.as_mut() {
                     open.channels.remove(&key);
-                    let unsubscribe = open.sink.unsubscribe(Aux::released(&key));
+                    let unsubscribe = open.sink.unsubscribe(channel(&key));
                     let _ = tokio::time::timeout(this.timeout, unsubscribe).await;
                 }
             }
@@ -199,7 +211,7 @@ impl Notifier {
         let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
-            let channels: Vec<_> = waited.iter().map(|key| Aux::released(key)).collect();
+            let channels: Vec<_> = waited.iter().map(|key| channel(key)).collect();
             sink.subscribe(channels).await?;
         }
         Ok((sink, stream, waited))
@@ -248,7 +260,7 @@ async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
             tokio::select! {
                 msg = reading.stream.next() => match msg {
                     Some(msg) => {
-                        let Some(key) = Aux::lock_key_of_release(msg.get_channel_name()) else {
+                        let Some(key) = key_of_channel(msg.get_channel_name()) else {
                             continue;
                         };
                         let Some(notifier) = notifier.upgrade() else {
@@ -309,5 +321,19 @@ async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
         drop(this);
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{channel, key_of_channel};
+
+    #[test]
+    fn a_release_channel_names_its_key() {
+        let key = "tower-redlock:/items:42";
+        assert_eq!(channel(key), "{tower-redlock:/items:42}:released");
+        assert_eq!(key_of_channel(&channel(key)), Some(key));
+        assert_eq!(key_of_channel(key), None);
+        assert_eq!(key_of_channel("{x}:fence"), None);
     }
 }
