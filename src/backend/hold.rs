@@ -8,6 +8,12 @@
 //! `:` counts under one shared, empty scope). The estimate of a scope is an exponentially
 //! weighted moving average of its hold times, each new one weighing 1/4.
 //!
+//! After the first [`WARM_UP`] releases, a release of the same scope as the last one
+//! recorded is recorded once in [`SAMPLE_EVERY`] times: an average of hold times needs a
+//! sample, not every one, and such a release then costs a comparison rather than a
+//! lookup. A release of any other scope is recorded, so a scope's first release always
+//! is.
+//!
 //! The answer to a contended request ([`retry_after`](HoldTimes::retry_after)) is that
 //! estimate, bounded by the holder's remaining TTL: a handler that holds a key for 50 ms
 //! answers `Retry-After: 1` (the header counts whole seconds, at least 1) rather than the
@@ -21,6 +27,12 @@ use crate::backend::KeyMap;
 /// How far one observation moves the estimate: by 1/2^WEIGHT_SHIFT of the difference.
 const WEIGHT_SHIFT: u32 = 2;
 
+/// Releases recorded, every one, before sampling starts.
+const WARM_UP: u64 = 64;
+
+/// After the warm-up, one release in this many is recorded.
+const SAMPLE_EVERY: u64 = 8;
+
 /// Scopes tracked at most; a scope seen after that has no estimate (its answers keep the
 /// holder's remaining TTL). Scopes are the server's (routes, extractor types, resource
 /// names), never a client's, so this is a guard rather than a limit anyone should reach.
@@ -33,13 +45,26 @@ const MAX_SCOPES: usize = 1024;
 pub(crate) struct HoldTimes {
     /// Per scope, the estimate in microseconds.
     scopes: KeyMap<Box<str>, u64>,
+    /// Releases seen, recorded or not.
+    releases: u64,
+    /// The scope of the last release recorded.
+    last: Box<str>,
 }
 
 impl HoldTimes {
-    /// Records that `key` (with the backend's `prefix`) was held for `held`.
+    /// Records that `key` (with the backend's `prefix`) was held for `held`: every
+    /// release during the warm-up and every release of another scope than the last
+    /// recorded, and one in [`SAMPLE_EVERY`] of the others.
     pub(crate) fn record(&mut self, key: &str, prefix: &str, held: Duration) {
-        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        self.releases = self.releases.wrapping_add(1);
         let scope = scope_of(key, prefix);
+        if self.releases > WARM_UP && self.releases % SAMPLE_EVERY != 0 && *self.last == *scope {
+            return;
+        }
+        if *self.last != *scope {
+            self.last = scope.into();
+        }
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
         if let Some(estimate) = self.scopes.get_mut(scope) {
             *estimate = if sample >= *estimate {
                 estimate.saturating_add((sample - *estimate) >> WEIGHT_SHIFT)
@@ -124,6 +149,45 @@ mod tests {
         );
         // Other scopes are apart.
         assert_eq!(holds.estimate("tower-redlock:/users:42", PREFIX), None);
+    }
+
+    #[test]
+    fn after_the_warm_up_one_release_in_eight_of_the_same_scope_is_recorded() {
+        let mut holds = HoldTimes::default();
+        let key = "tower-redlock:report:1";
+        for _ in 0..WARM_UP {
+            holds.record(key, PREFIX, Duration::from_millis(100));
+        }
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(100))
+        );
+        // Seven releases pass unrecorded, the eighth moves the estimate.
+        for _ in 1..SAMPLE_EVERY {
+            holds.record(key, PREFIX, Duration::from_millis(900));
+        }
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(100))
+        );
+        holds.record(key, PREFIX, Duration::from_millis(900));
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(300))
+        );
+        // Another scope's release is recorded at once, and so is the next one of the
+        // first scope.
+        let other = "tower-redlock:export:1";
+        holds.record(other, PREFIX, Duration::from_millis(40));
+        assert_eq!(
+            holds.estimate(other, PREFIX),
+            Some(Duration::from_millis(40))
+        );
+        holds.record(key, PREFIX, Duration::from_millis(300));
+        assert_eq!(
+            holds.estimate(key, PREFIX),
+            Some(Duration::from_millis(300))
+        );
     }
 
     #[test]
