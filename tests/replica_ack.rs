@@ -416,3 +416,36 @@ async fn wait_for_fsync_grants_with_an_append_only_file_and_refuses_without() {
         "the refused attempt's key was left on the node"
     );
 }
+
+/// A `WAIT` that blocks (its replica frozen) holds up only the node's acknowledged writes:
+/// a release sent meanwhile is answered at once, not after the replica timeout.
+#[tokio::test]
+async fn a_blocked_wait_does_not_hold_up_a_release_on_the_same_node() {
+    let (primary, replica) = primary_and_replica();
+    let locks = one_node(
+        Node::url(primary.url())
+            .wait_for_replicas(1)
+            .replica_timeout(Duration::from_millis(400)),
+    )
+    .await;
+    let held = locks.try_lock("first").await.unwrap();
+    replica.pause();
+    let blocked = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.try_lock("second").await }
+    });
+    // The second acquisition's `WAIT` is blocking by now.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    locks.unlock(held).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(200),
+        "the release waited {took:?} behind the WAIT"
+    );
+    assert!(matches!(
+        blocked.await.unwrap(),
+        Err(LockError::NoQuorum { .. })
+    ));
+    replica.resume();
+}

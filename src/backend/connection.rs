@@ -35,8 +35,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
-    RedisResult, ServerError, ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value,
 };
 
 use crate::backend::node::{Conn, Connector};
@@ -119,6 +118,11 @@ struct ConnectionCore {
     replies: AtomicU64,
     /// Whether the last outcome was a failure (for logging the recovery once).
     failing: AtomicBool,
+    /// For a node whose granting writes wait for acknowledgements: a connection of their
+    /// own, so that a `WAIT` never holds up the other commands (a blocked client's later
+    /// commands wait behind it).
+    #[cfg(feature = "lock")]
+    acked: Option<Connection>,
 }
 
 struct Link {
@@ -142,57 +146,6 @@ impl std::fmt::Debug for Connection {
         f.debug_struct("Connection")
             .field("node", &self.shared.label)
             .finish_non_exhaustive()
-    }
-}
-
-/// Whether `error` is the server's reply to a command, which says nothing against the
-/// connection. Except `READONLY`: the server is (now) a replica, as a primary demoted by
-/// a failover, and a new connection finds the new primary.
-fn is_reply(error: &RedisError) -> bool {
-    match error.kind() {
-        ErrorKind::Server(kind) => !is_read_only(kind, error.detail()),
-        ErrorKind::Extension => true,
-        _ => false,
-    }
-}
-
-/// Whether an error reply of `kind` with `detail` says the server is a replica:
-/// `-READONLY ...`, or on Redis before 7 a script's write refused that way, which comes
-/// back wrapped as `-ERR Error running script (...): ... -READONLY You can't write against
-/// a read only replica.`
-fn is_read_only(kind: ServerErrorKind, detail: Option<&str>) -> bool {
-    match kind {
-        ServerErrorKind::ReadOnly => true,
-        ServerErrorKind::ResponseError => detail
-            .is_some_and(|d| d.starts_with("Error running script") && d.contains("-READONLY ")),
-        _ => false,
-    }
-}
-
-/// What a command got back, which may hold the server's error replies as values (redis-rs
-/// hands a single command's `-ERR` back as [`Value::ServerError`], and `query_async`
-/// turns it into an error only later).
-trait Replies {
-    /// The `READONLY` error among the replies, if any.
-    fn read_only(&self) -> Option<&ServerError>;
-}
-
-impl Replies for Value {
-    fn read_only(&self) -> Option<&ServerError> {
-        match self {
-            Value::ServerError(e)
-                if e.kind().is_some_and(|kind| is_read_only(kind, e.details())) =>
-            {
-                Some(e)
-            }
-            _ => None,
-        }
-    }
-}
-
-impl Replies for Vec<Value> {
-    fn read_only(&self) -> Option<&ServerError> {
-        self.iter().find_map(Replies::read_only)
     }
 }
 
@@ -253,6 +206,12 @@ impl Connection {
             .set_response_timeout(None);
         let label = connector.label.clone();
         let db = connector.db();
+        #[cfg(feature = "lock")]
+        let acked = connector.ack.map(|_| {
+            let mut own = connector.clone();
+            own.ack = None;
+            Connection::new(own, connect_timeout, scripts)
+        });
         let connecting = connect(&connector, &config, scripts, connect_timeout);
         Self {
             shared: Arc::new(ConnectionCore {
@@ -273,6 +232,8 @@ impl Connection {
                 }),
                 replies: AtomicU64::new(0),
                 failing: AtomicBool::new(false),
+                #[cfg(feature = "lock")]
+                acked,
             }),
         }
     }
@@ -302,6 +263,12 @@ impl Connection {
         self.shared.connector.ack
     }
 
+    /// The connection for this node's acknowledged writes (see [`Connection::ack`]).
+    #[cfg(feature = "lock")]
+    pub(crate) fn acked(&self) -> Option<Connection> {
+        self.shared.acked.clone()
+    }
+
     /// The node this connection goes to, for its release subscriber.
     #[cfg(feature = "concurrency-limit")]
     pub(crate) fn connector(&self) -> &Connector {
@@ -317,6 +284,10 @@ impl Connection {
             generation,
             &"the node closed the release subscriber's connection",
         );
+        #[cfg(feature = "lock")]
+        if let Some(acked) = &self.shared.acked {
+            acked.node_dropped();
+        }
     }
 
     /// Whether the node is a Redis Cluster (its scripts' keys must share a hash slot).
@@ -525,6 +496,9 @@ impl Drop for Pending<'_> {
         }
     }
 }
+
+mod replies;
+use replies::{Replies, is_reply};
 
 #[cfg(test)]
 mod tests;

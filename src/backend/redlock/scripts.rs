@@ -80,14 +80,16 @@ pub(super) async fn run_acked<T: FromRedisValue>(
     cmd: &Cmd,
     granted: impl FnOnce(&T) -> bool,
 ) -> Result<T, NodeFailureReason> {
-    let Some(ack) = conn.ack() else {
+    let (Some(ack), Some(mut acked)) = (conn.ack(), conn.acked()) else {
         return Ok(match script {
             Some(script) => run(conn, script, cmd).await?,
             None => conn.query(cmd).await?,
         });
     };
-    // Boxed: the acknowledged path stays out of the size of every acquisition's future.
-    let (reply, failure) = Box::pin(acknowledged::<T>(conn, ack, script, cmd)).await?;
+    // On the node's connection for acknowledged writes: a `WAIT` holds up the commands
+    // sent after it on its connection. Boxed: the acknowledged path stays out of the size
+    // of every acquisition's future.
+    let (reply, failure) = Box::pin(acknowledged::<T>(&mut acked, ack, script, cmd)).await?;
     match failure {
         Some(failure) if granted(&reply) => Err(failure),
         _ => Ok(reply),
@@ -455,7 +457,7 @@ pub(super) async fn extend(
     if let Some(fence_ms) = fence_ms {
         cmd.arg(fence_ms);
     }
-    Ok(run(&mut conn, &EXTEND, &cmd).await?)
+    run_acked(&mut conn, Some(&EXTEND), &cmd, |&extended| extended == 1).await
 }
 
 /// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.

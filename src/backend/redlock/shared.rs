@@ -27,7 +27,9 @@ use redis::Script;
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Aux, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_attempt};
+use super::scripts::{
+    Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_acked, run_attempt,
+};
 use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key};
@@ -179,7 +181,10 @@ pub(super) async fn extend_reader(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = evalsha(&SHARED_EXTEND, 1);
     cmd.arg(&*key).arg(token.as_bytes()).arg(ttl_ms);
-    Ok(run(&mut conn, &SHARED_EXTEND, &cmd).await?)
+    run_acked(&mut conn, Some(&SHARED_EXTEND), &cmd, |&extended| {
+        extended == 1
+    })
+    .await
 }
 
 /// Releases a reader on one node (`key` is the readers' set); `publish` wakes the

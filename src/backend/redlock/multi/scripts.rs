@@ -219,7 +219,10 @@ async fn extend_group(
     if let Some(fence_ms) = fence_ms {
         cmd.arg(fence_ms);
     }
-    Ok(run(&mut conn, &EXTEND_ALL, &cmd).await?)
+    run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&extended| {
+        extended == 1
+    })
+    .await
 }
 
 async fn release_group(
