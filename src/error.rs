@@ -117,11 +117,12 @@ pub enum NodeFailureReason {
         /// The counter's key.
         key: String,
     },
-    /// The node wrote the lock (or the fencing counter, or the idempotency record), but
-    /// fewer acknowledgements came within the replica timeout than
+    /// The node wrote the lock (or its extension, the fencing counter, the idempotency
+    /// record), but fewer acknowledgements came within the replica timeout than
     /// [`Node::wait_for_replicas`](crate::Node::wait_for_replicas) and
     /// [`Node::wait_for_fsync`](crate::Node::wait_for_fsync) ask for: the node did not
-    /// grant it, and what it wrote there is deleted. Replicas down, or lagging.
+    /// grant it (an attempt that fails as a whole deletes what it wrote). Replicas down,
+    /// lagging, or fewer than asked for.
     NotAcknowledged {
         /// The replicas that acknowledged (`WAIT`'s answer).
         replicas: u32,
@@ -157,13 +158,18 @@ impl fmt::Display for NodeFailure {
                 wanted,
                 fsynced,
             } => {
-                write!(
-                    f,
-                    "{}: the write was acknowledged by {replicas} of the {wanted} replicas asked for",
-                    self.node
-                )?;
+                write!(f, "{}: the write was ", self.node)?;
+                if *wanted > 0 {
+                    write!(
+                        f,
+                        "acknowledged by {replicas} of the {wanted} replicas asked for"
+                    )?;
+                    if !fsynced {
+                        f.write_str(", and ")?;
+                    }
+                }
                 if !fsynced {
-                    f.write_str(", and not fsynced by the primary")?;
+                    f.write_str("not fsynced by the primary")?;
                 }
                 f.write_str(" within the replica timeout")
             }

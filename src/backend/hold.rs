@@ -58,7 +58,10 @@ impl HoldTimes {
     pub(crate) fn record(&mut self, key: &str, prefix: &str, held: Duration) {
         self.releases = self.releases.wrapping_add(1);
         let scope = scope_of(key, prefix);
-        if self.releases > WARM_UP && self.releases % SAMPLE_EVERY != 0 && *self.last == *scope {
+        if self.releases > WARM_UP
+            && !self.releases.is_multiple_of(SAMPLE_EVERY)
+            && *self.last == *scope
+        {
             return;
         }
         if *self.last != *scope {

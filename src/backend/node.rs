@@ -443,10 +443,15 @@ impl Connector {
                     redis::ErrorKind::InvalidClientConfig,
                     "no seed node known for release notifications",
                 ));
+                // Each seed gets its share of the connect timeout, so that one that is down
+                // without a reset does not keep the others from being tried.
+                let share = u32::try_from(seeds.len()).unwrap_or(u32::MAX).max(1);
+                let each = (self.connect_timeout / share).max(Duration::from_millis(50));
                 for seed in seeds {
-                    match seed.get_async_pubsub().await {
-                        Ok(pubsub) => return Ok(pubsub),
-                        Err(e) => last = e,
+                    match tokio::time::timeout(each, seed.get_async_pubsub()).await {
+                        Ok(Ok(pubsub)) => return Ok(pubsub),
+                        Ok(Err(e)) => last = e,
+                        Err(_) => last = timed_out("subscriber", each),
                     }
                 }
                 Err(last)

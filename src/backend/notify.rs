@@ -54,8 +54,9 @@ impl Drop for UnsubscribeOnDrop {
     }
 }
 
-/// The pub/sub side for Redis: one subscriber connection per node, opened on the first
-/// wait, reading release messages and waking this process's waiters.
+/// The pub/sub side for Redis: one subscriber connection per node, opened by
+/// [`watch`](Notifier::watch) (or by the first wait, if that comes first), reading
+/// release messages and waking this process's waiters.
 pub(crate) struct Notifier {
     pub(crate) waiters: Arc<Waiters>,
     nodes: Vec<NodeSubscriber>,

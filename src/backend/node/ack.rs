@@ -10,31 +10,36 @@ use super::Node;
 
 impl Node {
     /// Makes this node grant a lock only once `replicas` of its replicas have the write:
-    /// after each write that takes a lock, raises a fencing counter or stores an
-    /// idempotency record, the node is sent `WAIT replicas timeout` in the same round trip
-    /// (one pipeline). Fewer acknowledgements within [`replica_timeout`] mean the node did
-    /// not grant it: the attempt counts as that node's failure
-    /// ([`NodeFailureReason::NotAcknowledged`]), what it wrote is deleted there like any
-    /// other attempt's that fell short, and the verdict follows the quorum rule as
-    /// usual. For a primary with replicas, a Sentinel-managed primary, or a Redis Cluster
-    /// (each shard's primary waits for its own replicas). Default: off (0).
+    /// after each write that takes or extends a lock, raises a fencing counter or stores
+    /// an idempotency record, the node is sent `WAIT replicas timeout` in the same round
+    /// trip (one pipeline, on a connection of its own, so that a blocking `WAIT` holds up
+    /// no other command). Fewer acknowledgements within [`replica_timeout`] mean the node
+    /// did not grant it: the operation counts as that node's failure
+    /// ([`NodeFailureReason::NotAcknowledged`]) and the verdict follows the quorum rule as
+    /// usual. When the attempt as a whole fails, what it wrote is deleted, as for any
+    /// attempt that fell short; when the other nodes still make a quorum, the key stays
+    /// under the lease until its release. For a primary with replicas, a Sentinel-managed
+    /// primary, or a Redis Cluster (each shard's primary waits for its own replicas; a set
+    /// of keys waits once per slot). Default: off (0). Nothing checks `replicas` against
+    /// the replicas the node has: more than it has refuses every lock.
     ///
     /// What it buys: a primary that fails right after granting a lock, before the write
     /// reached its replicas, no longer hands the lock to a second client once a replica is
     /// promoted, as long as the promoted replica is one that acknowledged. What it does
     /// not: replication stays asynchronous, and a failover may still promote a replica
     /// that had not acknowledged (Redis docs, `WAIT`: "it does not make Redis a strongly
-    /// consistent store"); and a replica restarted without persistence forgets. Each wait
-    /// holds the node's connection for the replicas' round trip (usually under a
-    /// millisecond on a LAN), and a replica that is down costs each acquisition the
-    /// replica timeout and refuses it.
+    /// consistent store"); a primary restarted without persistence (and no failover)
+    /// forgets, and its replicas with it. Acknowledged writes queue behind each other on
+    /// their connection, each for the replicas' round trip (usually under a millisecond
+    /// on a LAN). While the replicas are down, every acquisition and renewal on the node
+    /// waits the replica timeout and is refused, so running leases end at their validity.
     ///
     /// The Redis docs: <https://redis.io/docs/latest/commands/wait/>. Applies to Redlock
-    /// nodes; a limiter's store ([`RedisRateLimiter::from_node`]) ignores it.
+    /// nodes; the limiters' stores (`RedisRateLimiter`, `RedisConcurrencyLimiter`) ignore
+    /// it.
     ///
     /// [`replica_timeout`]: Node::replica_timeout
     /// [`NodeFailureReason::NotAcknowledged`]: crate::NodeFailureReason::NotAcknowledged
-    /// [`RedisRateLimiter::from_node`]: crate::RedisRateLimiter::from_node
     pub fn wait_for_replicas(mut self, replicas: u32) -> Self {
         self.ack_mut().replicas = replicas;
         self

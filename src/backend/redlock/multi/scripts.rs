@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, LazyLock};
 
+use futures_util::future::join_all;
+
 use redis::Script;
 
 use super::super::keys::Aux;
@@ -276,8 +278,9 @@ fn slot(key: &str) -> u16 {
 }
 
 /// Takes every key of the set on one node, or none: one script; on a cluster whose slots
-/// the set spans, one script per slot in slot order, and a refusal releases the slots
-/// already taken (all or none on the node, though not atomically across its shards).
+/// the set spans, one script per slot, one after another in slot order, and a refusal
+/// releases the slots already taken, all at once (all or none on the node, though not
+/// atomically across its shards).
 pub(in crate::backend::redlock) async fn acquire_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -293,11 +296,14 @@ pub(in crate::backend::redlock) async fn acquire_on(
         match acquire_group(conn.clone(), group.clone(), token, ttl_ms, fenced).await {
             Ok(Attempted::Set(counter)) => highest = highest.max(counter),
             refused => {
-                // Where this attempt took a slot's keys, they are ours to delete; the
-                // caller deletes the rest where the node failed.
-                for taken in &groups[..i] {
-                    let _ = release_group(conn.clone(), taken.clone(), token, false).await;
-                }
+                // Where this attempt took a slot's keys, they are ours to delete (all
+                // at once); the caller deletes the rest where the node failed.
+                join_all(
+                    groups[..i]
+                        .iter()
+                        .map(|taken| release_group(conn.clone(), taken.clone(), token, false)),
+                )
+                .await;
                 return refused;
             }
         }
@@ -305,8 +311,8 @@ pub(in crate::backend::redlock) async fn acquire_on(
     Ok(Attempted::Set(highest))
 }
 
-/// Raises the set's fencing counters (see [`FENCE_ALL`]), slot by slot on a cluster:
-/// 1 when every slot's were raised, 0 when a key does not hold the token.
+/// Raises the set's fencing counters (see [`FENCE_ALL`]), on a cluster in every slot at
+/// once: 1 when every slot's were raised, 0 when a key does not hold the token.
 pub(in crate::backend::redlock) async fn fence_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -317,17 +323,25 @@ pub(in crate::backend::redlock) async fn fence_on(
     let Some(groups) = by_slot(&conn, &keys) else {
         return fence_group(conn, keys, token, fencing_token, fence_ms).await;
     };
-    for group in groups {
-        let written = fence_group(conn.clone(), group, token, fencing_token, fence_ms).await?;
+    let written = join_all(
+        groups
+            .into_iter()
+            .map(|group| fence_group(conn.clone(), group, token, fencing_token, fence_ms)),
+    )
+    .await;
+    let mut answer = 1;
+    for written in written {
+        let written = written?;
         if written != 1 {
-            return Ok(written);
+            answer = written;
         }
     }
-    Ok(1)
+    Ok(answer)
 }
 
-/// Extends the set (see [`EXTEND_ALL`]), slot by slot on a cluster: 1 when every slot's
-/// keys were extended, -1 when a key holds anything else, 0 when a key is gone.
+/// Extends the set (see [`EXTEND_ALL`]), on a cluster in every slot at once: 1 when
+/// every slot's keys were extended, -1 when a key holds anything else, 0 when a key is
+/// gone.
 pub(in crate::backend::redlock) async fn extend_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -338,9 +352,15 @@ pub(in crate::backend::redlock) async fn extend_on(
     let Some(groups) = by_slot(&conn, &keys) else {
         return extend_group(conn, keys, token, ttl_ms, fence_ms).await;
     };
+    let extended = join_all(
+        groups
+            .into_iter()
+            .map(|group| extend_group(conn.clone(), group, token, ttl_ms, fence_ms)),
+    )
+    .await;
     let mut answer = 1;
-    for group in groups {
-        match extend_group(conn.clone(), group, token, ttl_ms, fence_ms).await? {
+    for extended in extended {
+        match extended? {
             -1 => return Ok(-1),
             1 => {}
             other => answer = other,
@@ -349,8 +369,8 @@ pub(in crate::backend::redlock) async fn extend_on(
     Ok(answer)
 }
 
-/// Releases the set (see [`RELEASE_ALL`]), slot by slot on a cluster, every slot even
-/// after a refusal: deleted when every key was, held by another when any key is.
+/// Releases the set (see [`RELEASE_ALL`]), on a cluster in every slot at once: deleted
+/// when every key was, held by another when any key is.
 pub(in crate::backend::redlock) async fn release_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -360,10 +380,16 @@ pub(in crate::backend::redlock) async fn release_on(
     let Some(groups) = by_slot(&conn, &keys) else {
         return release_group(conn, keys, token, publish).await;
     };
+    let released = join_all(
+        groups
+            .into_iter()
+            .map(|group| release_group(conn.clone(), group, token, publish)),
+    )
+    .await;
     let mut answer = ReleaseReply::Deleted;
     let mut failure = None;
-    for group in groups {
-        match release_group(conn.clone(), group, token, publish).await {
+    for released in released {
+        match released {
             Ok(ReleaseReply::HeldByOther) => answer = ReleaseReply::HeldByOther,
             Ok(ReleaseReply::Absent) if matches!(answer, ReleaseReply::Deleted) => {
                 answer = ReleaseReply::Absent;
