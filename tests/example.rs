@@ -564,6 +564,20 @@ async fn post_transfer(
         .unwrap()
 }
 
+/// A transfer between every pair of `accounts`, both ways round, with amounts that
+/// overdraw some accounts at times.
+fn every_pair<'a>(accounts: &[&'a str]) -> Vec<(&'a str, &'a str, i64)> {
+    let mut transfers = Vec::new();
+    for (i, from) in accounts.iter().enumerate() {
+        for (j, to) in accounts.iter().enumerate() {
+            if i != j {
+                transfers.push((*from, *to, 30 + ((i * 7 + j * 13) % 50) as i64));
+            }
+        }
+    }
+    transfers
+}
+
 /// Runs the transfers at once, alternating between the examples; each retries while it
 /// gets 423. Returns how many moved money (200) and how many lacked the funds (409).
 async fn run_transfers(examples: &[Example], transfers: &[(&str, &str, i64)]) -> (usize, usize) {
@@ -619,15 +633,7 @@ async fn example_transfers_keep_the_total_across_two_processes_and_a_node_fault(
     for account in accounts {
         put_balance(&examples[0], account, 100).await;
     }
-    // Every pair, both ways round, amounts that overdraw some accounts at times.
-    let mut transfers = Vec::new();
-    for (i, from) in accounts.iter().enumerate() {
-        for (j, to) in accounts.iter().enumerate() {
-            if i != j {
-                transfers.push((*from, *to, 30 + ((i * 7 + j * 13) % 50) as i64));
-            }
-        }
-    }
+    let transfers = every_pair(&accounts);
     let (moved, refused) = run_transfers(&examples, &transfers).await;
     assert!(moved > 0, "{moved} moved, {refused} refused");
     // A minority of lock nodes gone (not the one with the balances): still exclusive.
@@ -842,14 +848,7 @@ async fn example_transfers_keep_the_total_on_a_cluster_through_a_failover() {
     for account in &accounts {
         put_balance(&examples[0], account, 100).await;
     }
-    let mut transfers = Vec::new();
-    for (i, from) in accounts.iter().enumerate() {
-        for (j, to) in accounts.iter().enumerate() {
-            if i != j {
-                transfers.push((*from, *to, 30 + ((i * 7 + j * 13) % 50) as i64));
-            }
-        }
-    }
+    let transfers = every_pair(&accounts);
     let (moved, _) = run_transfers_retrying(&examples, &transfers, &[423, 503]).await;
     assert!(moved > 0);
     // The failover in the middle of a second run of transfers.

@@ -444,15 +444,9 @@ async fn the_first_request_after_nodes_come_back_is_served() {
     );
 }
 
-/// The crate's connections open on the node: every client but the one asking.
+/// The crate's connections open on the node.
 async fn crate_connections(node: &RedisNode) -> usize {
-    let mut conn = node.conn().await;
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    list.lines().count().saturating_sub(1)
+    support::client_list(node).await.len()
 }
 
 #[tokio::test]

@@ -444,27 +444,12 @@ async fn release_nobody_waits_for_costs_no_publish() {
     );
 }
 
-/// The node's client connections (`CLIENT LIST`), one line each.
-async fn client_list(node: &RedisNode) -> Vec<String> {
-    let mut conn = node.conn().await;
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    // Leave out the connection that asks.
-    list.lines()
-        .filter(|line| !line.contains("cmd=client|list"))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test]
 async fn dropping_every_handle_closes_the_subscriber_connections() {
     let nodes = nodes(1);
     let holder = redlock(&nodes, Duration::from_secs(30), true).await;
     let _lease = holder.try_lock("leak").await.unwrap();
-    let baseline = client_list(&nodes[0]).await.len();
+    let baseline = support::client_list(&nodes[0]).await.len();
     for cycle in 0..5 {
         let waiter = redlock(&nodes, Duration::from_secs(30), true).await;
         let err = waiter
@@ -473,7 +458,7 @@ async fn dropping_every_handle_closes_the_subscriber_connections() {
             .unwrap_err();
         assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
         // The wait opened a subscriber connection beside the client's own.
-        let open = client_list(&nodes[0]).await;
+        let open = support::client_list(&nodes[0]).await;
         assert!(
             open.len() >= baseline + 2,
             "cycle {cycle}: no subscriber connection was opened: {open:#?}"
@@ -483,10 +468,10 @@ async fn dropping_every_handle_closes_the_subscriber_connections() {
         drop(clone);
     }
     let settled = eventually(Duration::from_secs(5), || async {
-        client_list(&nodes[0]).await.len() == baseline
+        support::client_list(&nodes[0]).await.len() == baseline
     })
     .await;
-    let left = client_list(&nodes[0]).await;
+    let left = support::client_list(&nodes[0]).await;
     assert!(
         settled,
         "{} connections left by 5 dropped clients: {left:#?}",
@@ -542,7 +527,7 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
         .unwrap_err();
     assert!(matches!(err, LockError::Taken { .. }), "{err:?}");
     let subscribed_connections = || async {
-        client_list(&nodes[0])
+        support::client_list(&nodes[0])
             .await
             .iter()
             .filter(|line| line.contains("user=waiter") && !line.contains(" sub=0 "))
@@ -555,7 +540,7 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
     assert!(
         closed,
         "the subscriber whose subscribe failed is still open: {:#?}",
-        client_list(&nodes[0]).await
+        support::client_list(&nodes[0]).await
     );
     // The waiter on a carries on, on its fallback timer.
     holder.unlock(a).await.unwrap();

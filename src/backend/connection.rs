@@ -1,13 +1,10 @@
 //! One Redis node's connection, replaced after every kind of failure.
 //!
-//! redis-rs's `ConnectionManager` reconnects only after an I/O error
-//! (`reconnect_if_io_error` in its `aio/connection_manager.rs`, redis 1.x): a connection
-//! attempt that fails another way stays stored, and every later command gets the same
-//! error until the process restarts. That happens when a node's port answers something
-//! that is not Redis (an HTTP server, a TLS port: a parse error) or refuses the handshake
-//! (a proxy without a backend answering `-ERR` to `SELECT`: a server error). No setting
-//! of `ConnectionManagerConfig` changes it. And no error at all comes from a connection
-//! whose peer vanished without a reset: its commands wait for ever.
+//! redis-rs's `ConnectionManager` reconnects only after an I/O error (redis 1.x,
+//! `reconnect_if_io_error`): an attempt that fails another way (a port answering
+//! something that is not Redis, a refused handshake) stays stored, and every later command
+//! gets its error until the process restarts; no setting changes it. And a connection
+//! whose peer vanished without a reset never fails: its commands wait for ever.
 //!
 //! [`Connection`] keeps redis-rs's multiplexed connection
 //! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
@@ -269,8 +266,8 @@ impl Connection {
         self.shared.acked.clone()
     }
 
-    /// The node this connection goes to, for its release subscriber.
-    #[cfg(feature = "concurrency-limit")]
+    /// The node this connection goes to.
+    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) fn connector(&self) -> &Connector {
         &self.shared.connector
     }
@@ -288,12 +285,6 @@ impl Connection {
         if let Some(acked) = &self.shared.acked {
             acked.node_dropped();
         }
-    }
-
-    /// Whether the node is a Redis Cluster (its scripts' keys must share a hash slot).
-    #[cfg(all(feature = "cluster-async", feature = "lock"))]
-    pub(crate) fn is_cluster(&self) -> bool {
-        self.shared.connector.is_cluster()
     }
 
     /// Runs `op` on the current connection, and replaces the connection after a failure.

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-#[cfg(feature = "cluster-async")]
-use redis::aio::ConnectionLike;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError};
 
 mod ack;
+mod conn;
 pub(crate) use ack::ReplicaAck;
+pub(crate) use conn::Conn;
 
 /// One of the crate's Redis nodes: a Redlock node ([`Redlock::from_nodes`]) or the rate
 /// limiter's store ([`RedisRateLimiter::from_node`]), whatever its topology.
@@ -461,49 +460,6 @@ impl Connector {
                 let primary = client.lock().await.async_get_client().await?;
                 primary.get_async_pubsub().await
             }
-        }
-    }
-}
-
-/// An open connection to a [`Node`]: cheap to clone, multiplexed.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(MultiplexedConnection),
-    #[cfg(feature = "cluster-async")]
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl Conn {
-    /// Sends one command and reads its reply: straight on a single server's multiplexed
-    /// connection (no boxed future), routed by the cluster client on a cluster.
-    pub(crate) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
-            Conn::Single(conn) => conn.send_packed_command(cmd).await,
-            #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => conn.req_packed_command(cmd).await,
-        }
-    }
-
-    /// Loads `script` (`SCRIPT LOAD`; on a cluster, on every primary).
-    pub(crate) async fn load(&mut self, script: &redis::Script) -> RedisResult<String> {
-        match self {
-            Conn::Single(conn) => script.load_async(conn).await,
-            #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => script.load_async(conn).await,
-        }
-    }
-
-    /// Sends a pipeline and reads `count` replies from `offset` on.
-    pub(crate) async fn send_pipeline(
-        &mut self,
-        pipeline: &Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        match self {
-            Conn::Single(conn) => conn.send_packed_commands(pipeline, offset, count).await,
-            #[cfg(feature = "cluster-async")]
-            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count).await,
         }
     }
 }

@@ -593,3 +593,18 @@ impl Logs {
         self.lines_with(&["ERROR", needle])
     }
 }
+
+/// The node's client connections (`CLIENT LIST`), one line each.
+pub async fn client_list(node: &RedisNode) -> Vec<String> {
+    let mut conn = node.conn().await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Leave out the connection that asks.
+    list.lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}

@@ -7,7 +7,6 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 
 use super::keys::Aux;
 use crate::backend::connection::Connection;
-use crate::backend::node::ReplicaAck;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -66,64 +65,6 @@ pub(super) async fn run<T: FromRedisValue>(
         }
         result => result,
     }
-}
-
-/// Runs a write that may grant (a lock, a fencing counter, an idempotency record) as
-/// [`run`] does, or, on a node that asks for acknowledgements (`Node::wait_for_replicas`),
-/// with `WAIT` and `WAITAOF` after it in the same pipeline; `granted` tells from the reply
-/// whether it wrote what must be acknowledged. A reply that granted without its
-/// acknowledgements is the node's failure ([`NodeFailureReason::NotAcknowledged`]).
-/// `script` is `None` for a native command.
-pub(super) async fn run_acked<T: FromRedisValue>(
-    conn: &mut Connection,
-    script: Option<&Script>,
-    cmd: &Cmd,
-    granted: impl FnOnce(&T) -> bool,
-) -> Result<T, NodeFailureReason> {
-    let (Some(ack), Some(mut acked)) = (conn.ack(), conn.acked()) else {
-        return Ok(match script {
-            Some(script) => run(conn, script, cmd).await?,
-            None => conn.query(cmd).await?,
-        });
-    };
-    // On the node's connection for acknowledged writes: a `WAIT` holds up the commands
-    // sent after it on its connection. Boxed: the acknowledged path stays out of the size
-    // of every acquisition's future.
-    let (reply, failure) = Box::pin(acknowledged::<T>(&mut acked, ack, script, cmd)).await?;
-    match failure {
-        Some(failure) if granted(&reply) => Err(failure),
-        _ => Ok(reply),
-    }
-}
-
-/// `cmd` with its acknowledgements, in one pipeline (with the `NOSCRIPT` fallback): its
-/// reply, and the node's failure when the acknowledgements fell short.
-async fn acknowledged<T: FromRedisValue>(
-    conn: &mut Connection,
-    ack: ReplicaAck,
-    script: Option<&Script>,
-    cmd: &Cmd,
-) -> RedisResult<(T, Option<NodeFailureReason>)> {
-    use redis::aio::ConnectionLike as _;
-    let pipe = ack.pipeline(cmd);
-    let count = ack.replies();
-    let mut replies = conn.req_packed_commands(&pipe, 0, count).await;
-    let no_script = |replies: &RedisResult<Vec<Value>>| match replies {
-        Ok(values) => {
-            matches!(values.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
-        }
-        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
-    };
-    if let Some(script) = script.filter(|_| no_script(&replies)) {
-        script.load_async(conn).await?;
-        replies = conn.req_packed_commands(&pipe, 0, count).await;
-    }
-    let mut replies = replies?.into_iter();
-    let first = replies.next().unwrap_or(Value::Nil).extract_error()?;
-    let rest = replies
-        .map(Value::extract_error)
-        .collect::<RedisResult<Vec<_>>>()?;
-    Ok((redis::from_redis_value(first)?, ack.acknowledged(&rest)?))
 }
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
@@ -505,49 +446,8 @@ pub(super) async fn connect(mut conn: Connection) -> Result<(), NodeFailureReaso
     Ok(())
 }
 
+mod acked;
+pub(super) use acked::run_acked;
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aux_keys_carry_the_lock_key_as_their_hash_tag() {
-        let key = "tower-redlock:/items:42";
-        assert_eq!(
-            Aux::waiters(key).to_string(),
-            "{tower-redlock:/items:42}:waiters"
-        );
-        assert_eq!(
-            Aux::fence(key).to_string(),
-            "{tower-redlock:/items:42}:fence"
-        );
-    }
-
-    #[test]
-    fn attempt_replies_decode_to_a_counter_a_holders_ttl_or_a_bad_counter() {
-        let keys: [Arc<str>; 2] = ["a".into(), "b".into()];
-        let decode = |reply| {
-            Attempted::decode(reply, &keys).map_err(|e| match e {
-                NodeFailureReason::InvalidFencingCounter { key } => key,
-                other => panic!("{other:?}"),
-            })
-        };
-        assert_eq!(decode((1, 0)), Ok(Attempted::Set(0)));
-        assert_eq!(decode((1, 7)), Ok(Attempted::Set(7)));
-        assert_eq!(decode((0, -1)), Ok(Attempted::Held { pttl_ms: -1 }));
-        assert_eq!(decode((0, 5000)), Ok(Attempted::Held { pttl_ms: 5000 }));
-        assert_eq!(decode((-1, 2)), Err("{b}:fence".to_owned()));
-        // An index out of range names the first key rather than failing.
-        assert_eq!(decode((-1, 9)), Err("{a}:fence".to_owned()));
-        assert_eq!(decode((-1, i64::MIN)), Err("{a}:fence".to_owned()));
-    }
-
-    #[test]
-    fn aux_keys_are_written_as_one_argument() {
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(Aux::waiters("k"));
-        assert_eq!(
-            cmd.get_packed_command(),
-            b"*2\r\n$6\r\nEXISTS\r\n$11\r\n{k}:waiters\r\n".to_vec()
-        );
-    }
-}
+mod tests;

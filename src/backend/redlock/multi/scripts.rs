@@ -247,7 +247,7 @@ async fn release_group(
 #[cfg_attr(not(feature = "cluster-async"), allow(unused_variables))]
 fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str>]>>> {
     #[cfg(feature = "cluster-async")]
-    if conn.is_cluster() {
+    if conn.connector().is_cluster() {
         let mut slotted: Vec<(u16, &Arc<str>)> = keys.iter().map(|key| (slot(key), key)).collect();
         if slotted.iter().all(|(s, _)| *s == slotted[0].0) {
             return None;
