@@ -267,7 +267,10 @@ impl Connection {
     }
 
     /// The node this connection goes to.
-    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+    #[cfg(any(
+        all(feature = "lock", feature = "cluster-async"),
+        feature = "concurrency-limit"
+    ))]
     pub(crate) fn connector(&self) -> &Connector {
         &self.shared.connector
     }
