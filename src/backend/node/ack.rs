@@ -57,9 +57,10 @@ impl Node {
     }
 
     /// How long [`wait_for_replicas`] and [`wait_for_fsync`] wait, in all, for the
-    /// acknowledgements: it must be shorter than the Redlock's node timeout (checked by
-    /// [`RedlockBuilder::build`], [`ConfigError::InvalidReplicaTimeout`]). Default: half
-    /// the node timeout, rounded down to whole milliseconds, at least 1 ms.
+    /// acknowledgements (with both, each command gets half): it must be shorter than the
+    /// Redlock's node timeout (checked by [`RedlockBuilder::build`],
+    /// [`ConfigError::InvalidReplicaTimeout`]). Default: half the node timeout, in whole
+    /// milliseconds (rounded down), at least 1 ms.
     ///
     /// [`wait_for_replicas`]: Node::wait_for_replicas
     /// [`wait_for_fsync`]: Node::wait_for_fsync
@@ -106,9 +107,12 @@ impl ReplicaAck {
     /// `cmd`, then `WAIT` (and `WAITAOF`), as one pipeline: one round trip. The replies
     /// after the first are read by [`ReplicaAck::acknowledged`].
     pub(crate) fn pipeline(&self, cmd: &Cmd) -> Pipeline {
-        let ms = self.timeout.map_or(1, |t| {
-            u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
-        });
+        let total = self
+            .timeout
+            .map_or(1, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        // The commands wait one after the other: each gets its share of the timeout.
+        let commands = u64::from(self.replicas > 0) + u64::from(self.fsync);
+        let ms = (total / commands.max(1)).max(1);
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
         if self.replicas > 0 {
@@ -152,5 +156,71 @@ impl ReplicaAck {
             wanted: self.replicas,
             fsynced,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(replicas: u32, fsync: bool, ms: u64) -> ReplicaAck {
+        ReplicaAck {
+            replicas,
+            fsync,
+            timeout: Some(Duration::from_millis(ms)),
+        }
+    }
+
+    #[test]
+    fn the_waits_share_the_replica_timeout() {
+        let packed = |a: ReplicaAck| {
+            String::from_utf8_lossy(&a.pipeline(&redis::cmd("PING")).get_packed_pipeline())
+                .into_owned()
+        };
+        assert!(packed(ack(1, false, 100)).contains("WAIT\r\n$1\r\n1\r\n$3\r\n100\r\n"));
+        let both = packed(ack(2, true, 100));
+        assert!(both.contains("WAIT\r\n$1\r\n2\r\n$2\r\n50\r\n"), "{both}");
+        assert!(
+            both.contains("WAITAOF\r\n$1\r\n1\r\n$1\r\n0\r\n$2\r\n50\r\n"),
+            "{both}"
+        );
+        assert_eq!(ack(2, true, 100).replies(), 3);
+    }
+
+    #[test]
+    fn the_default_is_half_the_node_timeout_and_must_be_shorter() {
+        let mut a = ReplicaAck {
+            replicas: 1,
+            fsync: false,
+            timeout: None,
+        };
+        assert_eq!(a.resolve(Duration::from_millis(500)), Ok(()));
+        assert_eq!(a.timeout, Some(Duration::from_millis(250)));
+        let mut long = ack(1, false, 500);
+        assert_eq!(
+            long.resolve(Duration::from_millis(500)),
+            Err(Duration::from_millis(500))
+        );
+    }
+
+    #[test]
+    fn acknowledgements_fall_short_with_too_few_replicas_or_no_fsync() {
+        let two = ack(2, false, 100);
+        assert!(two.acknowledged(&[Value::Int(2)]).unwrap().is_none());
+        assert!(matches!(
+            two.acknowledged(&[Value::Int(1)]).unwrap(),
+            Some(crate::error::NodeFailureReason::NotAcknowledged {
+                replicas: 1,
+                wanted: 2,
+                fsynced: true
+            })
+        ));
+        let fsync = ack(0, true, 100);
+        let aof = |local| Value::Array(vec![Value::Int(local), Value::Int(0)]);
+        assert!(fsync.acknowledged(&[aof(1)]).unwrap().is_none());
+        assert!(matches!(
+            fsync.acknowledged(&[aof(0)]).unwrap(),
+            Some(crate::error::NodeFailureReason::NotAcknowledged { fsynced: false, .. })
+        ));
     }
 }
