@@ -33,7 +33,33 @@ use crate::backend::wait::Waiters;
 /// The release channel of `key`: `{<key>}:released`. The scripts that publish on it build
 /// the same name (`'{' .. KEYS[1] .. '}:released'`).
 pub(crate) fn channel(key: &str) -> String {
-    format!("{{{key}}}:released")
+    released(key).to_string()
+}
+
+/// [`channel`] as a command argument, written in place.
+pub(crate) fn released(key: &str) -> Joined<'_, 3> {
+    Joined(["{", key, "}:released"])
+}
+
+/// Pieces written as one Redis argument in place, with no string built for it (a
+/// channel's or a key's name made of a key and a suffix), or shown joined.
+pub(crate) struct Joined<'a, const N: usize>(pub(crate) [&'a str; N]);
+
+impl<const N: usize> redis::ToRedisArgs for Joined<'_, N> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        for part in self.0 {
+            // Writing into the command's buffer cannot fail.
+            let _ = arg.write_all(part.as_bytes());
+        }
+    }
+}
+
+impl<const N: usize> std::fmt::Display for Joined<'_, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|part| f.write_str(part))
+    }
 }
 
 /// The key whose release channel is `channel`, if it is one.
@@ -336,5 +362,16 @@ mod tests {
         assert_eq!(key_of_channel(&channel(key)), Some(key));
         assert_eq!(key_of_channel(key), None);
         assert_eq!(key_of_channel("{x}:fence"), None);
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(super::released(key));
+        assert_eq!(
+            cmd.get_packed_command(),
+            format!(
+                "*2\r\n$7\r\nPUBLISH\r\n${}\r\n{}\r\n",
+                channel(key).len(),
+                channel(key)
+            )
+            .into_bytes()
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
-use crate::backend::notify::{Notifier, UnsubscribeOnDrop};
+use crate::backend::notify::{Joined, Notifier, UnsubscribeOnDrop, released};
 use crate::backend::wait::Waiters;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -264,7 +264,7 @@ impl RedisConcurrencyLimiter {
         let mut conn = inner.store.conn();
         let mut invocation = ACQUIRE.key(&key);
         if waiting {
-            invocation.key(format!("{key}:waiters"));
+            invocation.key(Joined([&key, ":waiters"]));
         }
         invocation
             .arg(limit)
@@ -326,9 +326,9 @@ impl RedisConcurrencyLimiter {
         let mut conn = self.inner.store.conn();
         let mut invocation = RELEASE.key(key);
         invocation
-            .key(format!("{key}:waiters"))
+            .key(Joined([key, ":waiters"]))
             .arg(token)
-            .arg(crate::backend::notify::channel(key));
+            .arg(released(key));
         let released = self
             .bounded(invocation.invoke_async::<i64>(&mut conn))
             .await;

@@ -1,5 +1,6 @@
 //! The Lua scripts of a lease on several keys, and their calls on one node.
 
+use std::future::Future;
 use std::sync::{Arc, LazyLock};
 
 use futures_util::future::join_all;
@@ -227,17 +228,18 @@ async fn extend_group(
     .await
 }
 
+/// [`RELEASE_ALL`] on one slot's keys: its reply code (see [`ReleaseReply::of`]).
 async fn release_group(
     mut conn: Connection,
     keys: Arc<[Arc<str>]>,
     token: Token,
     publish: bool,
-) -> Result<ReleaseReply, NodeFailureReason> {
+) -> Result<i64, NodeFailureReason> {
     let mut cmd = set_command(&RELEASE_ALL, &keys, Some(Beside::Waiters));
     cmd.arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
-    Ok(ReleaseReply::of(run(&mut conn, &RELEASE_ALL, &cmd).await?))
+    Ok(run(&mut conn, &RELEASE_ALL, &cmd).await?)
 }
 
 /// The set's keys by Redis Cluster hash slot, in slot order (one order for every set, so
@@ -311,8 +313,29 @@ pub(in crate::backend::redlock) async fn acquire_on(
     Ok(Attempted::Set(highest))
 }
 
-/// Raises the set's fencing counters (see [`FENCE_ALL`]), on a cluster in every slot at
-/// once: 1 when every slot's were raised, 0 when a key does not hold the token.
+/// `op` on the set: on one node in one script, and on a cluster whose slots the set
+/// spans, on every slot's keys at once. The scripts of a set answer 1 for done, 0 and -1
+/// for the ways they fell short (a key gone, a key held by another): the answer is the
+/// worst of the slots' (the lowest), or the failure of any slot.
+async fn on_every_slot<Fut>(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    op: impl Fn(Connection, Arc<[Arc<str>]>) -> Fut,
+) -> Result<i64, NodeFailureReason>
+where
+    Fut: Future<Output = Result<i64, NodeFailureReason>>,
+{
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return op(conn, keys).await;
+    };
+    let answers = join_all(groups.into_iter().map(|group| op(conn.clone(), group))).await;
+    answers
+        .into_iter()
+        .try_fold(1, |worst, answer| Ok(worst.min(answer?)))
+}
+
+/// Raises the set's fencing counters (see [`FENCE_ALL`]), in every slot at once on a
+/// cluster: 1 when every slot's were raised, 0 when a key does not hold the token.
 pub(in crate::backend::redlock) async fn fence_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -320,28 +343,14 @@ pub(in crate::backend::redlock) async fn fence_on(
     fencing_token: u64,
     fence_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    let Some(groups) = by_slot(&conn, &keys) else {
-        return fence_group(conn, keys, token, fencing_token, fence_ms).await;
-    };
-    let written = join_all(
-        groups
-            .into_iter()
-            .map(|group| fence_group(conn.clone(), group, token, fencing_token, fence_ms)),
-    )
-    .await;
-    let mut answer = 1;
-    for written in written {
-        let written = written?;
-        if written != 1 {
-            answer = written;
-        }
-    }
-    Ok(answer)
+    on_every_slot(conn, keys, |conn, keys| {
+        fence_group(conn, keys, token, fencing_token, fence_ms)
+    })
+    .await
 }
 
-/// Extends the set (see [`EXTEND_ALL`]), on a cluster in every slot at once: 1 when
-/// every slot's keys were extended, -1 when a key holds anything else, 0 when a key is
-/// gone.
+/// Extends the set (see [`EXTEND_ALL`]), in every slot at once on a cluster: 1 when every
+/// slot's keys were extended, -1 when a key holds anything else, 0 when a key is gone.
 pub(in crate::backend::redlock) async fn extend_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -349,27 +358,13 @@ pub(in crate::backend::redlock) async fn extend_on(
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    let Some(groups) = by_slot(&conn, &keys) else {
-        return extend_group(conn, keys, token, ttl_ms, fence_ms).await;
-    };
-    let extended = join_all(
-        groups
-            .into_iter()
-            .map(|group| extend_group(conn.clone(), group, token, ttl_ms, fence_ms)),
-    )
-    .await;
-    let mut answer = 1;
-    for extended in extended {
-        match extended? {
-            -1 => return Ok(-1),
-            1 => {}
-            other => answer = other,
-        }
-    }
-    Ok(answer)
+    on_every_slot(conn, keys, |conn, keys| {
+        extend_group(conn, keys, token, ttl_ms, fence_ms)
+    })
+    .await
 }
 
-/// Releases the set (see [`RELEASE_ALL`]), on a cluster in every slot at once: deleted
+/// Releases the set (see [`RELEASE_ALL`]), in every slot at once on a cluster: deleted
 /// when every key was, held by another when any key is.
 pub(in crate::backend::redlock) async fn release_on(
     conn: Connection,
@@ -377,31 +372,11 @@ pub(in crate::backend::redlock) async fn release_on(
     token: Token,
     publish: bool,
 ) -> Result<ReleaseReply, NodeFailureReason> {
-    let Some(groups) = by_slot(&conn, &keys) else {
-        return release_group(conn, keys, token, publish).await;
-    };
-    let released = join_all(
-        groups
-            .into_iter()
-            .map(|group| release_group(conn.clone(), group, token, publish)),
-    )
-    .await;
-    let mut answer = ReleaseReply::Deleted;
-    let mut failure = None;
-    for released in released {
-        match released {
-            Ok(ReleaseReply::HeldByOther) => answer = ReleaseReply::HeldByOther,
-            Ok(ReleaseReply::Absent) if matches!(answer, ReleaseReply::Deleted) => {
-                answer = ReleaseReply::Absent;
-            }
-            Ok(_) => {}
-            Err(e) => failure = Some(e),
-        }
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(answer),
-    }
+    on_every_slot(conn, keys, |conn, keys| {
+        release_group(conn, keys, token, publish)
+    })
+    .await
+    .map(ReleaseReply::of)
 }
 
 #[cfg(all(test, feature = "cluster-async"))]
