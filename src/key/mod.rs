@@ -323,6 +323,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract_all(&self, parts: &mut Parts) -> Result<Option<Vec<String>>, KeyError> {
         Ok(self.extract(parts)?.map(|value| vec![value.into_owned()]))
     }
+
+    /// Appends this request's key value to `out` as a layer's key holds it: checked with
+    /// [`validate_value`] and escaped; `Ok(false)` when the request has none. The default
+    /// does it over [`extract`](Self::extract); an extractor whose values need neither
+    /// (an IP address) writes them straight in, without a copy.
+    #[doc(hidden)]
+    #[cfg(any(
+        feature = "lock",
+        feature = "rate-limit",
+        feature = "concurrency-limit"
+    ))]
+    fn write_value(&self, parts: &mut Parts, out: &mut String) -> Result<bool, KeyError> {
+        let Some(value) = self.extract(parts)? else {
+            return Ok(false);
+        };
+        validate_value(&value)?;
+        push_escaped(out, &value);
+        Ok(true)
+    }
 }
 
 pub(crate) mod extractors;

@@ -292,15 +292,11 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         }
         let read = with_scratch(|key| {
             self.write_key_head(key, parts);
-            let value = match self.extractor.extract(parts) {
-                Ok(Some(value)) => value,
-                Ok(None) => return Err(None),
-                Err(e) => return Err(Some(e)),
-            };
-            validate_value(&value).map_err(Some)?;
-            push_escaped(key, &value);
-            drop(value);
-            Ok(self.policy.decide(key, parts))
+            match self.extractor.write_value(parts, key) {
+                Ok(true) => Ok(self.policy.decide(key, parts)),
+                Ok(false) => Err(None),
+                Err(e) => Err(Some(e)),
+            }
         });
         match read {
             Ok(decision) => Step::Decided(decision),

@@ -9,7 +9,8 @@ use std::borrow::Cow;
 
 pub use crate::key::GlobalKey;
 use crate::key::{
-    HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, Misconfiguration, NoKey, validate_value,
+    HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, Misconfiguration, NoKey, push_escaped,
+    validate_value,
 };
 
 /// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` in the request extensions
@@ -48,6 +49,14 @@ impl PeerIpKey {
 impl KeyExtractor for PeerIpKey {
     fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
         Ok(Self::peer_ip(parts).map(|ip| Cow::Owned(ip.to_string())))
+    }
+
+    fn write_value(&self, parts: &mut Parts, out: &mut String) -> Result<bool, KeyError> {
+        let Some(ip) = Self::peer_ip(parts) else {
+            return Ok(false);
+        };
+        push_ip(out, ip);
+        Ok(true)
     }
 
     fn no_key(&self, _parts: &mut Parts) -> NoKey {
@@ -99,23 +108,70 @@ fn no_peer_address() -> NoKey {
     ))
 }
 
+/// Checks a client id from the header: a key value that still fits once tagged.
+fn check_id(value: &str) -> Result<(), KeyError> {
+    validate_value(value)?;
+    let max = MAX_KEY_LEN - ID_TAG.len();
+    if value.len() > max {
+        return Err(KeyError::TooLong {
+            len: value.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Appends `ip` as its `Display` writes it; an IPv4 address without the formatting
+/// machinery (it runs on every request of a layer keyed on the peer).
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            // Writing to a `String` cannot fail.
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
 const ID_TAG: &str = "id:";
 const IP_TAG: &str = "ip:";
 
 impl KeyExtractor for HeaderOrPeerIp {
     fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
         if let Some(value) = self.header.extract(parts)? {
-            validate_value(&value)?;
-            let max = MAX_KEY_LEN - ID_TAG.len();
-            if value.len() > max {
-                return Err(KeyError::TooLong {
-                    len: value.len(),
-                    max,
-                });
-            }
+            check_id(&value)?;
             return Ok(Some(Cow::Owned(format!("{ID_TAG}{value}"))));
         }
         Ok(PeerIpKey::peer_ip(parts).map(|ip| Cow::Owned(format!("{IP_TAG}{ip}"))))
+    }
+
+    fn write_value(&self, parts: &mut Parts, out: &mut String) -> Result<bool, KeyError> {
+        if let Some(value) = self.header.extract(parts)? {
+            check_id(&value)?;
+            out.push_str(ID_TAG);
+            push_escaped(out, &value);
+            return Ok(true);
+        }
+        let Some(ip) = PeerIpKey::peer_ip(parts) else {
+            return Ok(false);
+        };
+        out.push_str(IP_TAG);
+        push_ip(out, ip);
+        Ok(true)
     }
 
     fn no_key(&self, _parts: &mut Parts) -> NoKey {
@@ -199,6 +255,43 @@ mod tests {
         let mut scope = String::new();
         key.write_scope(without, &mut scope);
         assert_eq!(scope, "client");
+    }
+
+    #[test]
+    fn written_values_are_the_extracted_ones() {
+        let header = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
+        fn agree(key: &impl KeyExtractor, ip: &str) {
+            let mut written = String::new();
+            assert!(
+                key.write_value(&mut parts(None, peer(ip)), &mut written)
+                    .unwrap()
+            );
+            let mut request = parts(None, peer(ip));
+            let extracted = key.extract(&mut request).unwrap().unwrap();
+            assert_eq!(written, extracted, "{ip}");
+        }
+        for ip in [
+            "203.0.113.7",
+            "0.0.0.0",
+            "10.20.100.255",
+            "2001:db8::1",
+            "::ffff:192.0.2.9",
+        ] {
+            agree(&PeerIpKey, ip);
+            agree(&header, ip);
+        }
+        let mut written = String::new();
+        assert!(
+            !PeerIpKey
+                .write_value(&mut parts(None, None), &mut written)
+                .unwrap()
+        );
+        assert!(
+            header
+                .write_value(&mut parts(Some("a{b}"), None), &mut written)
+                .unwrap()
+        );
+        assert_eq!(written, "id:a%7Bb%7D");
     }
 
     #[test]
