@@ -120,7 +120,7 @@ impl Lease {
 
     /// The token that proves ownership: on Redis, the lock key's value (a waiter asking to
     /// be woken sets a mark beside the key, never in its value; see
-    /// [`Redlock::lock_within`](crate::LockRequest::wait)).
+    /// [`LockRequest::wait`](crate::LockRequest::wait)).
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -161,7 +161,7 @@ impl Lease {
     }
 
     /// Whether this is a shared lease (one of the readers of a key, taken with
-    /// [`Locks::lock_shared_within`](crate::LockRequest::mode) or
+    /// [`LockRequest::mode`](crate::LockRequest::mode) or
     /// [`LockLayer::mode`](crate::LockLayer::mode)) rather than an exclusive one. Its
     /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`, where its token
     /// is a member.

@@ -57,13 +57,13 @@ impl HoldTimes {
     /// recorded, and one in [`SAMPLE_EVERY`] of the others.
     pub(crate) fn record(&mut self, key: &str, prefix: &str, held: Duration) {
         self.releases = self.releases.wrapping_add(1);
-        let scope = scope_of(key, prefix);
         if self.releases > WARM_UP
             && !self.releases.is_multiple_of(SAMPLE_EVERY)
-            && *self.last == *scope
+            && in_scope(key, prefix, &self.last)
         {
             return;
         }
+        let scope = scope_of(key, prefix);
         if *self.last != *scope {
             self.last = scope.into();
         }
@@ -97,6 +97,15 @@ impl HoldTimes {
 }
 
 /// The scope of `key`: between `prefix` and the first `:` after it; empty without one.
+/// Whether `key`'s scope is `scope`: [`scope_of`] without searching the key for its end.
+fn in_scope(key: &str, prefix: &str, scope: &str) -> bool {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    match rest.strip_prefix(scope) {
+        Some(after) if !scope.is_empty() => after.starts_with(':'),
+        _ => scope_of(key, prefix) == scope,
+    }
+}
+
 fn scope_of<'a>(key: &'a str, prefix: &str) -> &'a str {
     let rest = key.strip_prefix(prefix).unwrap_or(key);
     rest.split_once(':').map_or("", |(scope, _)| scope)
@@ -116,6 +125,27 @@ mod tests {
             "idempotency-key POST /orders"
         );
         assert_eq!(scope_of("tower-redlock:job-7", PREFIX), "");
+    }
+
+    #[test]
+    fn in_scope_agrees_with_scope_of() {
+        let keys = [
+            "tower-redlock:report:1",
+            "tower-redlock:report",
+            "tower-redlock:reports:1",
+        ];
+        for key in keys
+            .into_iter()
+            .chain(["tower-redlock::x", "other:report:1"])
+        {
+            for scope in ["report", "", "reports", "rep"] {
+                assert_eq!(
+                    in_scope(key, PREFIX, scope),
+                    scope_of(key, PREFIX) == scope,
+                    "{key} in {scope}"
+                );
+            }
+        }
     }
 
     #[test]

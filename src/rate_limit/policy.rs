@@ -240,13 +240,14 @@ impl Headers {
         let remaining = usage.remaining();
         let reset = retry_after_secs(usage.reset_after());
         // `"name";r=42;t=17`, written without the formatting machinery: it runs on every
-        // counted request.
-        let mut value = Vec::with_capacity(self.name_item.len() + 48);
-        value.extend_from_slice(self.name_item.as_bytes());
-        value.extend_from_slice(b";r=");
-        push_decimal(&mut value, remaining);
-        value.extend_from_slice(b";t=");
-        push_decimal(&mut value, reset);
+        // counted request. The buffer is exactly as long as the value, so that it becomes
+        // the header's bytes without another allocation.
+        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (r, t) = (r.format(remaining), t.format(reset));
+        let mut value = Vec::with_capacity(self.name_item.len() + 6 + r.len() + t.len());
+        for part in [&*self.name_item, ";r=", r, ";t=", t] {
+            value.extend_from_slice(part.as_bytes());
+        }
         if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
             headers.append(RATELIMIT.clone(), value);
         }
@@ -282,11 +283,6 @@ impl Headers {
         self.decorate(response.headers_mut(), None);
         response
     }
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `60 s`, `1500 ms`.

@@ -124,8 +124,7 @@ impl MemoryLocks {
         }
     }
 
-    /// [`lock_shared_within`](Self::lock_shared_within) or
-    /// [`lock_exclusive_within`](Self::lock_exclusive_within) for a prefixed key.
+    /// Shared or exclusive access to a prefixed key, waiting up to `max_wait`.
     pub(crate) async fn lock_access_within(
         &self,
         key: Arc<str>,
@@ -205,7 +204,8 @@ impl MemoryLocks {
         Ok(lease)
     }
 
-    /// [`lock_fair_within`](Self::lock_fair_within) for a prefixed key.
+    /// A fair (first come, first served) acquisition of a prefixed key, waiting up to
+    /// `max_wait`.
     pub(crate) async fn lock_fair_key_within(
         &self,
         key: Arc<str>,
