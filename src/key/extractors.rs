@@ -45,7 +45,9 @@ impl KeyExtractor for HeaderKey {
         };
         let malformed = || KeyError::MalformedHeader(self.name.clone());
         let text = raw.to_str().map_err(|_| malformed())?;
-        let text = text.trim_matches([' ', '\t']);
+        // Optional white space (RFC 9110, section 5.6.3): spaces and tabs, the only ASCII
+        // white space a header value can hold.
+        let text = text.trim_ascii_start().trim_ascii_end();
         if text.starts_with('"') {
             parse_sf_string(text)
                 .ok_or_else(malformed)

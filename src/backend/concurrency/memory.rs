@@ -1,5 +1,6 @@
 //! [`MemoryConcurrencyLimiter`]: in-flight counts in this process's memory.
 
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -149,12 +150,13 @@ impl MemoryConcurrencyLimiter {
 
     /// Gives back a permit on `key`, and wakes the requests waiting for one; the key is
     /// forgotten with its last permit.
-    pub(crate) fn release(&self, key: &str) {
+    pub(crate) fn release(&self, key: &Arc<str>) {
         let mut counts = self.counts();
-        if let Some(held) = counts.in_flight.get_mut(key) {
-            *held = held.saturating_sub(1);
-            if *held == 0 {
-                counts.in_flight.remove(key);
+        // One hash of the key: look and remove through the same entry.
+        if let Entry::Occupied(mut held) = counts.in_flight.entry(key.clone()) {
+            *held.get_mut() = held.get().saturating_sub(1);
+            if *held.get() == 0 {
+                held.remove();
                 if counts.in_flight.is_empty() && counts.in_flight.capacity() > 1024 {
                     counts.in_flight.shrink_to(1024);
                 }
