@@ -27,8 +27,9 @@
 //! - `peer-governor`, `peer-governor-headers`: tower_governor per peer IP, without and
 //!   with its `x-ratelimit-*` headers;
 //! - `peer-lock`: `LockLayer::by_header` in process;
-//! - `peer-rate-ip`, `peer-rate-header`, `peer-gcra-header`: `RateLimitLayer` by peer IP
-//!   and by header (fixed window), and by header with GCRA, in process;
+//! - `peer-rate-ip`, `peer-rate-header`, `peer-gcra-ip`, `peer-gcra-header`:
+//!   `RateLimitLayer` by peer IP and by header, with the fixed window and with GCRA, in
+//!   process (by peer IP, one key for every request, as tower_governor's);
 //! - `peer-concurrency`: `ConcurrencyLimitLayer::by_header` in process.
 //!
 //! One request is sent before the count (with a count of 0 too), so that what the first
@@ -178,6 +179,7 @@ async fn peers(case: &str, urls: &[String], count: u64) {
         "peer-rate-header" => {
             base().layer(RateLimitLayer::by_header("Idempotency-Key", never).backend(limiter()))
         }
+        "peer-gcra-ip" => base().layer(RateLimitLayer::by_peer_ip(gcra).backend(limiter())),
         "peer-gcra-header" => {
             base().layer(RateLimitLayer::by_header("Idempotency-Key", gcra).backend(limiter()))
         }
