@@ -2,13 +2,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::layer::{Core, KeyedLayer, Step};
-use super::policy::{Decision, Policy};
+use super::policy::{Decision, Permit, Policy, Verdict};
 use crate::key::KeyExtractor;
 use crate::keyed::answers::Rendering;
 
@@ -71,10 +72,15 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let core = &*self.core;
         let (mut parts, body) = req.into_parts();
-        let answers = Rendering::for_request(&parts.headers, core.on_rejection.as_ref());
+        // How this request's refusals are answered: read from its head (a header lookup)
+        // only where the layer may answer it itself.
+        let answers =
+            |parts: &Parts| Rendering::for_request(&parts.headers, core.on_rejection.as_ref());
         core.policy.prepare(&mut parts);
         let decision = match core.step(&mut parts) {
-            Step::Answer(response) => return ResponseFuture::answered(*response, answers),
+            Step::Answer(response) => {
+                return ResponseFuture::answered(*response, answers(&parts));
+            }
             Step::Unkeyed => {
                 return ResponseFuture::unguarded(
                     &mut self.inner,
@@ -83,14 +89,22 @@ where
             }
             Step::Decided(decision) => decision,
         };
-        let req = Request::from_parts(parts, body);
         match decision {
-            // Decided at once: the service that was driven to readiness is called now.
+            // Decided at once: the service that was driven to readiness is called now. An
+            // admission whose permit never stops the work (a count, a concurrency
+            // permit) leaves the layer nothing to answer.
             Decision::Ready(verdict) => {
+                let answers = match &verdict {
+                    Verdict::Admit(permit) if !permit.abort_on_loss() => Rendering::Problem,
+                    _ => answers(&parts),
+                };
+                let req = Request::from_parts(parts, body);
                 ResponseFuture::decided(verdict, core.fail_open, &mut self.inner, req, answers)
             }
             // The service that was driven to readiness is the one called, once decided.
             Decision::Pending(decision) => {
+                let answers = answers(&parts);
+                let req = Request::from_parts(parts, body);
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::deciding(decision, core.fail_open, inner, req, answers)

@@ -164,6 +164,11 @@ impl Permit for RatePermit {
         }
     }
 
+    /// Never lost, so never stopping the work.
+    fn abort_on_loss(&self) -> bool {
+        false
+    }
+
     fn lost_response(self) -> Response<Bytes> {
         unreachable!("a rate limit permit is never lost")
     }
