@@ -66,7 +66,7 @@ pub(crate) fn check_resource(resource: &str) -> Result<(), KeyError> {
             max: MAX_RESOURCE_LEN,
         });
     }
-    if resource.chars().any(char::is_control) {
+    if crate::key::has_control(resource) {
         return Err(KeyError::ControlCharacter);
     }
     Ok(())

@@ -146,15 +146,20 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
             max: MAX_KEY_LEN,
         });
     }
-    let control = if value.is_ascii() {
-        value.bytes().any(|b| b.is_ascii_control())
-    } else {
-        value.chars().any(char::is_control)
-    };
-    if control {
+    if has_control(value) {
         return Err(KeyError::ControlCharacter);
     }
     Ok(())
+}
+
+/// Whether `text` holds a control character (Unicode category Cc); byte by byte when it
+/// is ASCII, as keys almost always are.
+pub(crate) fn has_control(text: &str) -> bool {
+    if text.is_ascii() {
+        text.bytes().any(|b| b.is_ascii_control())
+    } else {
+        text.chars().any(char::is_control)
+    }
 }
 
 /// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the

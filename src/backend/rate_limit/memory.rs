@@ -225,7 +225,8 @@ impl Windows {
         now: Instant,
         full: bool,
     ) -> Result<Usage, RateLimitError> {
-        let emission = Duration::from_micros(quota.emission_us());
+        let emission_us = quota.emission_us();
+        let emission = Duration::from_micros(emission_us);
         let tolerance = Duration::from_micros(quota.tolerance_us());
         let tat = match self.counts.get_mut(resource) {
             Some(window) => {
@@ -249,9 +250,11 @@ impl Windows {
             }
         };
         let ahead = tat - now;
-        // What is left of the burst: floor((tolerance + emission - ahead) / emission).
+        // What is left of the burst: floor((tolerance + emission - ahead) / emission), in
+        // whole microseconds (a quota's emission interval is at least 1 µs).
         let left = (tolerance + emission).saturating_sub(ahead);
-        let remaining = u64::try_from(left.as_micros() / emission.as_micros()).unwrap_or(0);
+        let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
+        let remaining = left_us / emission_us;
         Ok(Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO))
     }
 
