@@ -1,17 +1,13 @@
-//! [`RateLimitLayer`]: a fixed-window rate limit per key, shared by every replica that
-//! uses the same Redis.
+//! [`RateLimitLayer`]: a fixed-window or GCRA rate limit per key, shared by every replica
+//! that uses the same Redis.
 //!
 //! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
 //! [`RateLimitPolicy`])
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
-//! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step: on Redis, one
-//!    Lua script that `INCR`s the key, sets its expiry (`PEXPIRE`, the window in ms) on
-//!    the first hit of the window only, and returns the count and the time left (`PTTL`),
-//!    atomically. This is the Redis `INCR` documentation's "Pattern: Rate limiter"
-//!    (<https://redis.io/docs/latest/commands/incr/>) without its race between `INCR`
-//!    and `EXPIRE`;
+//! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step, by the
+//!    [`Quota`]'s algorithm: a [fixed window](#fixed-window) or [GCRA](#gcra);
 //! 3. runs the inner service with the [`Usage`] in the request extensions, or answers
 //!    itself.
 //!
@@ -56,12 +52,27 @@
 //!
 //! # Fixed window
 //!
-//! A key's window starts with its first request and lasts the quota's window; requests
-//! over the limit are counted too and do not move it. One round trip per request, and one
-//! small key per client in Redis. The price: a client can send `limit` requests at the end
-//! of one window and `limit` more at the start of the next, so bursts of up to twice the
-//! limit pass within a short time. Where bursts must be smooth, use a token bucket (such
-//! as tower_governor, which counts per process).
+//! [`Quota::new`]: a key's window starts with its first request and lasts the quota's
+//! window; requests over the limit are counted too and do not move it. On Redis, one Lua
+//! script `INCR`s the key, sets its expiry (`PEXPIRE`, the window in ms) on the first hit
+//! of the window only, and returns the count and the time left (`PTTL`), atomically: the
+//! Redis `INCR` documentation's "Pattern: Rate limiter"
+//! (<https://redis.io/docs/latest/commands/incr/>) without its race between `INCR` and
+//! `EXPIRE`. One round trip per request, and one small key per client. The price: a
+//! client can send `limit` requests at the end of one window and `limit` more at the
+//! start of the next, so bursts of up to twice the limit pass within a short time.
+//!
+//! # GCRA
+//!
+//! [`Quota::gcra`]: a steady rate with bounded bursts (the generic cell rate algorithm,
+//! as in redis-cell and tower_governor). Each key holds its theoretical arrival time; on
+//! Redis one script reads the server's clock (`TIME`), so replicas with skewed clocks
+//! share one limit, and writes the key only when the request is allowed. In any interval
+//! of length `t`, at most `burst + t × limit / window` requests pass. tower_governor runs
+//! the same algorithm in one process's memory, so N replicas allow N times its limit;
+//! here every replica on the same Redis shares it. The in-process store
+//! ([`MemoryRateLimiter`]) is the per-process form, at about tower_governor's cost per
+//! request (BENCHMARKS.md has the figures).
 //!
 //! # Example
 //!
