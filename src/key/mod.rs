@@ -152,13 +152,16 @@ pub fn validate_value(value: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// Whether `text` holds a control character (Unicode category Cc); byte by byte when it
-/// is ASCII, as keys almost always are.
+/// Whether `text` holds a control character (Unicode category Cc): one pass over the
+/// bytes, as keys are almost always ASCII, and a look at the characters past the first
+/// byte that is not.
 pub(crate) fn has_control(text: &str) -> bool {
-    if text.is_ascii() {
-        text.bytes().any(|b| b.is_ascii_control())
-    } else {
-        text.chars().any(char::is_control)
+    match text
+        .bytes()
+        .position(|b| b.is_ascii_control() || !b.is_ascii())
+    {
+        None => false,
+        Some(at) => text[at..].chars().any(char::is_control),
     }
 }
 
@@ -386,5 +389,10 @@ mod tests {
             })
         );
         assert_eq!(validate_value("a\u{7f}"), Err(KeyError::ControlCharacter));
+        // Past ASCII: C1 controls count, other characters do not.
+        assert_eq!(validate_value("é\u{85}"), Err(KeyError::ControlCharacter));
+        assert_eq!(validate_value("commande-é-42"), Ok(()));
+        assert!(!has_control("ключ"));
+        assert!(has_control("ключ\u{9f}"));
     }
 }
