@@ -96,7 +96,6 @@ impl HoldTimes {
     }
 }
 
-/// The scope of `key`: between `prefix` and the first `:` after it; empty without one.
 /// Whether `key`'s scope is `scope`: [`scope_of`] without searching the key for its end.
 fn in_scope(key: &str, prefix: &str, scope: &str) -> bool {
     let rest = key.strip_prefix(prefix).unwrap_or(key);
@@ -106,6 +105,7 @@ fn in_scope(key: &str, prefix: &str, scope: &str) -> bool {
     }
 }
 
+/// The scope of `key`: between `prefix` and the first `:` after it; empty without one.
 fn scope_of<'a>(key: &'a str, prefix: &str) -> &'a str {
     let rest = key.strip_prefix(prefix).unwrap_or(key);
     rest.split_once(':').map_or("", |(scope, _)| scope)

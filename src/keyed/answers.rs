@@ -1,5 +1,6 @@
-//! How one request's refusals are answered, chosen when it arrives: problem+json, gRPC,
-//! or the layer's `on_rejection` (see [`rejection`](crate::rejection)).
+//! How one request's refusals are answered, chosen from its head before the inner service
+//! gets it: problem+json, gRPC, or the layer's `on_rejection` (see
+//! [`rejection`](crate::rejection)).
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -18,7 +19,8 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// A layer's own rendering of its rejections for HTTP clients (`on_rejection`).
 pub(crate) type RenderFn = dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync;
 
-/// How one request's refusals are answered: chosen when the request arrives.
+/// How one request's refusals are answered: chosen from its head, where the layer may
+/// answer it.
 #[derive(Clone, Default)]
 pub(crate) enum Rendering {
     /// `application/problem+json`, as rendered when the rejection was made.

@@ -25,14 +25,14 @@ use crate::backend::settings::check_resource;
 ///
 /// It holds at most [`max_keys`](Self::with_max_keys) live windows (default
 /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000), so that a client rotating its
-/// id cannot make it grow without end. A window is dropped once it has been over for
-/// [`REUSE_FOR`] (one second), so that a client that comes back within it reuses its entry
-/// rather than a new one, and at once when the store is full (ended windows are evicted
-/// before any new one is refused), in `O(log n)` per window. Each live window costs about 115 bytes plus the key's length, allocator
-/// overhead aside (measured on 64-bit Linux at the default cap: 135 bytes for a 20-byte
-/// key, 13.6 MB for 100,000 windows; about 38 MB with the longest keys a layer makes, a
-/// 256-byte value; about 115 MB with 1,024-byte keys, the longest a direct call
-/// accepts). The memory is given back as the windows end.
+/// id cannot make it grow without end. A window is dropped once it has been over for one
+/// second, so that a client that comes back within it reuses its entry rather than a new
+/// one, and at once when the store is full (ended windows are evicted before any new one
+/// is refused), in `O(log n)` per window. Each live window costs about 115 bytes plus the
+/// key's length, allocator overhead aside (measured on 64-bit Linux at the default cap:
+/// 135 bytes for a 20-byte key, 13.6 MB for 100,000 windows; about 38 MB with the longest
+/// keys a layer makes, a 256-byte value; about 115 MB with 1,024-byte keys, the longest a
+/// direct call accepts). The memory is given back as the windows go.
 ///
 /// When `max_keys` windows are live, a request on a key that has none is not counted:
 /// [`hit`](Self::hit) answers [`RateLimitError::StoreFull`], which the
@@ -132,7 +132,8 @@ impl MemoryRateLimiter {
     }
 
     /// The number of windows held: the live ones, and ended ones not evicted yet (those
-    /// go at the next requests).
+    /// go at the first request one second after they end, or at once when the store is
+    /// full).
     pub fn len(&self) -> usize {
         self.windows().counts.len()
     }
@@ -216,8 +217,9 @@ impl Windows {
     }
 
     /// One GCRA decision on `resource` at `now` (see [`Quota::gcra`]): the key's
-    /// `resets_at` is its theoretical arrival time (TAT), and the key is dropped once that
-    /// has passed (a fresh key is in the same state). `full`: no new key may be added.
+    /// `resets_at` is its theoretical arrival time (TAT); a TAT that has passed counts as
+    /// now (a fresh key is in the same state), and the key is dropped one second after
+    /// it. `full`: no new key may be added.
     fn gcra(
         &mut self,
         resource: &str,
