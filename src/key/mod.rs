@@ -236,6 +236,11 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     feature = "concurrency-limit"
 ))]
 fn needs_escape(part: &[u8]) -> bool {
+    // A part of a few bytes (`ip`, a short id) is quicker to look over than to set a
+    // vector search up for.
+    if part.len() <= 8 {
+        return part.iter().any(|&b| matches!(b, b'%' | b'{' | b'}'));
+    }
     memchr::memchr3(b'%', b'{', b'}', part).is_some()
 }
 
