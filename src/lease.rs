@@ -17,9 +17,10 @@ static HEX_PAIRS: [[u8; 2]; 256] = {
     pairs
 };
 
-/// A random value that names one acquisition: 128 bits from a cryptographically secure
-/// generator seeded by the operating system, stored as the lock key's value and shown as
-/// 32 lowercase hex digits.
+/// A value that names one acquisition, shown as 32 lowercase hex digits. On Redis it is
+/// 128 bits from a cryptographically secure generator seeded by the operating system,
+/// stored as the lock key's value, so that no other client can guess it; in process it is
+/// unique within the process (a random 64-bit prefix drawn once, then a counter).
 ///
 /// Only the holder of the token can extend or release the lock, so a holder whose lease
 /// ran out cannot delete the lock of the next holder.
@@ -30,12 +31,32 @@ impl Token {
     /// Draws a new token from `rand`'s thread-local generator: a cryptographically
     /// secure generator (ChaCha12) seeded from the operating system's random source and
     /// reseeded periodically, so a token costs no system call.
+    #[cfg(feature = "redis")]
     pub(crate) fn random() -> Self {
         use rand::RngCore;
         let mut raw = [0u8; 16];
         rand::rng().fill_bytes(&mut raw);
         let mut hex = [0u8; 32];
         for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
+        }
+        Token(hex)
+    }
+
+    /// A token unique within this process, for the in-process backend, whose tokens never
+    /// leave it: a random prefix drawn once and a counter, without a generator call per
+    /// token.
+    pub(crate) fn unique() -> Self {
+        use std::sync::OnceLock;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static PREFIX: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let prefix = *PREFIX.get_or_init(rand::random);
+        // Wraps after 2^64 tokens, which this process will not reach.
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut hex = [0u8; 32];
+        let bytes = prefix.to_be_bytes().into_iter().chain(n.to_be_bytes());
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(bytes) {
             pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
         }
         Token(hex)
@@ -212,10 +233,22 @@ mod tests {
         assert_eq!(HEX_PAIRS[0x00], *b"00");
         assert_eq!(HEX_PAIRS[0xa7], *b"a7");
         assert_eq!(HEX_PAIRS[0xff], *b"ff");
-        let a = Token::random();
-        let b = Token::random();
+        #[cfg(feature = "redis")]
+        let (a, b) = (Token::random(), Token::random());
+        #[cfg(not(feature = "redis"))]
+        let (a, b) = (Token::unique(), Token::unique());
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), 32);
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn in_process_tokens_share_a_prefix_and_count_on() {
+        let (a, b) = (Token::unique(), Token::unique());
+        assert_eq!(a.as_str()[..16], b.as_str()[..16]);
+        assert_ne!(a, b);
+        assert!(b.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        let count = |t: &Token| u64::from_str_radix(&t.as_str()[16..], 16).unwrap();
+        assert!(count(&b) > count(&a));
     }
 }

@@ -280,7 +280,7 @@ impl MemoryLocks {
         key: Arc<str>,
         now: Instant,
     ) -> Result<Lease, LockError> {
-        let token = Token::random();
+        let token = Token::unique();
         let ttl = self.inner.policy.ttl;
         let expires_at = now + ttl;
         state.sweep(now);

@@ -94,7 +94,7 @@ impl MemoryLocks {
                 if let Some(retry_after) = state.held_for(&key, now) {
                     return Err(LockError::Taken { retry_after });
                 }
-                let token = Token::random();
+                let token = Token::unique();
                 state.modes(&key, now, |entry| {
                     if entry.writers_waiting > 0 {
                         let last = entry.last_reader(now).unwrap_or(ttl);
@@ -214,7 +214,7 @@ impl MemoryLocks {
         if max_wait.is_zero() {
             return self.acquire_fair(key, None);
         }
-        let id = Token::random();
+        let id = Token::unique();
         let now = Instant::now();
         let deadline = now.checked_add(max_wait);
         self.state()

@@ -13,7 +13,7 @@ impl MemoryLocks {
         if let [key] = &keys[..] {
             return self.acquire(key.clone());
         }
-        let token = Token::random();
+        let token = Token::unique();
         let ttl = self.inner.policy.ttl;
         let now = Instant::now();
         let expires_at = now + ttl;
