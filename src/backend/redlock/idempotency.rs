@@ -190,7 +190,9 @@ impl Redlock {
         let round = self
             .on_nodes(
                 start,
-                |conn| begin_on(conn, key.clone(), token, ttl_ms),
+                // Boxed: the operation is moved several times on its way into the round,
+                // and a box is cheaper to move than the script call it holds.
+                |conn| Box::pin(begin_on(conn, key.clone(), token, ttl_ms)),
                 |found| Vote::of(matches!(found, Found::Set)),
                 Rule::Contest,
                 Stragglers::Drop,
@@ -289,7 +291,16 @@ impl Redlock {
         let round = self
             .on_nodes(
                 Instant::now(),
-                |conn| finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms),
+                |conn| {
+                    // Boxed, as `begin_once`'s.
+                    Box::pin(finish_on(
+                        conn,
+                        lease.key.clone(),
+                        lease.token,
+                        record.clone(),
+                        ttl_ms,
+                    ))
+                },
                 |stored| Vote::of(*stored == 1),
                 Rule::Proof,
                 Stragglers::Finish,
