@@ -36,11 +36,7 @@ impl Token {
         use rand::RngCore;
         let mut raw = [0u8; 16];
         rand::rng().fill_bytes(&mut raw);
-        let mut hex = [0u8; 32];
-        for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
-            pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
-        }
-        Token(hex)
+        Self::from_raw(raw)
     }
 
     /// A token unique within this process, for the in-process backend, whose tokens never
@@ -54,9 +50,16 @@ impl Token {
         let prefix = *PREFIX.get_or_init(rand::random);
         // Wraps after 2^64 tokens, which this process will not reach.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut raw = [0u8; 16];
+        raw[..8].copy_from_slice(&prefix.to_be_bytes());
+        raw[8..].copy_from_slice(&n.to_be_bytes());
+        Self::from_raw(raw)
+    }
+
+    /// The token of 16 raw bytes, encoded a byte at a time.
+    fn from_raw(raw: [u8; 16]) -> Self {
         let mut hex = [0u8; 32];
-        let bytes = prefix.to_be_bytes().into_iter().chain(n.to_be_bytes());
-        for (pair, byte) in hex.chunks_exact_mut(2).zip(bytes) {
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
             pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
         }
         Token(hex)
