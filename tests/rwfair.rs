@@ -606,14 +606,3 @@ async fn majority_gone_every_mode_answers_503() {
     ));
     assert_eq!(app.entered.load(Ordering::SeqCst), 0, "no handler ran");
 }
-
-#[tokio::test]
-async fn a_mode_on_several_keys_is_a_misconfiguration_answered_500() {
-    let layer = LockLayer::by_fn_all(|_| Some(vec!["a".to_owned(), "b".to_owned()]))
-        .backend(tower_redlock::MemoryLocks::new())
-        .mode(LockMode::Shared);
-    let app = Router::new().route("/read/{doc}", get(|| async { "ran" }).layer(layer));
-    let base = serve(app).await;
-    let response = reqwest::get(format!("{base}/read/x")).await.unwrap();
-    assert_eq!(response.status(), 500);
-}

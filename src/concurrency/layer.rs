@@ -1,12 +1,13 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+#[cfg(doc)]
 use http::HeaderName;
 
 use super::policy::ConcurrencyPolicy;
 use crate::backend::concurrency::ConcurrencyLimiter;
 use crate::backend::renewal::Renewal;
-use crate::key::{FnKey, GlobalKey, HeaderKey, KeyExtractor};
+use crate::key::{FnKey, GlobalKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 
 /// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
@@ -53,13 +54,12 @@ impl ConcurrencyLimitLayer<HeaderKey> {
     /// the layer guards; set a [`scope`](Self::scope) per route for per-route limits. A
     /// request without the header gets 400 (see [`optional`](Self::optional)).
     ///
-    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
-    /// that answers every request **500** and logs why once.
-    pub fn by_header<N>(name: N, limit: u32) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: std::fmt::Display,
-    {
+    /// `name` is a [`HeaderName`] or a string ([`IntoHeaderName`]).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name.
+    pub fn by_header(name: impl IntoHeaderName, limit: u32) -> Self {
         KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit)).tenant_wide()
     }
 }

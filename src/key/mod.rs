@@ -105,9 +105,10 @@ pub enum NoKey {
     Misconfigured(Misconfiguration),
 }
 
-/// A server mistake that keeps a layer from finding its key, with the fix: a path
-/// parameter the route lacks, a path-parameter layer outside the `Router`, a peer-address
-/// key without `ConnectInfo`, a header name that is not one.
+/// A server mistake that keeps a layer from finding its key, seen only once requests come,
+/// with the fix: a path parameter the route lacks, a path-parameter layer outside the
+/// `Router`, a peer-address key without `ConnectInfo`. Mistakes the builders can see (a
+/// header name that is not one) stop the app as it is built instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Misconfiguration(Cow<'static, str>);
@@ -280,6 +281,48 @@ pub(crate) fn shared_key(write: impl FnOnce(&mut String)) -> Arc<str> {
         write(key);
         Arc::<str>::from(key.as_str())
     })
+}
+
+/// A header name given to a layer's builder: a [`HeaderName`], or a string written in the
+/// code, such as `"Idempotency-Key"` (header names are case-insensitive).
+///
+/// A string is checked when the layer is built, before any request: one that is not a
+/// header name is a mistake in the code, and the builder panics with the fix. Parse a name
+/// that comes from configuration with `HeaderName::try_from` and handle its `Result`.
+pub trait IntoHeaderName: sealed::Sealed {
+    /// The name; `method` names the builder in the panic message.
+    #[doc(hidden)]
+    fn into_header_name(self, method: &str) -> HeaderName;
+}
+
+impl IntoHeaderName for HeaderName {
+    fn into_header_name(self, _method: &str) -> HeaderName {
+        self
+    }
+}
+
+impl IntoHeaderName for &HeaderName {
+    fn into_header_name(self, _method: &str) -> HeaderName {
+        self.clone()
+    }
+}
+
+impl IntoHeaderName for &'static str {
+    fn into_header_name(self, method: &str) -> HeaderName {
+        HeaderName::from_bytes(self.as_bytes()).unwrap_or_else(|_| {
+            panic!(
+                "{method}({self:?}): not a header name (RFC 9110, section 5.1: letters, digits \
+                 and !#$%&'*+-.^_`|~ only, not empty)"
+            )
+        })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for http::HeaderName {}
+    impl Sealed for &http::HeaderName {}
+    impl Sealed for &'static str {}
 }
 
 /// Takes a lock key from a request.

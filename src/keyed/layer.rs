@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, Response};
+use http::Response;
 use tower_layer::Layer;
 
 use super::policy::{Decision, Policy};
@@ -13,7 +13,8 @@ use super::service::Keyed;
 #[cfg(feature = "axum")]
 use crate::key::PathParamKey;
 use crate::key::{
-    HeaderKey, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped, validate_value,
+    HeaderKey, IntoHeaderName, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped,
+    validate_value,
     with_scratch, write_key_head,
 };
 use crate::keyed::answers::RenderFn;
@@ -40,9 +41,8 @@ pub(crate) struct Core<K, P> {
     pub(crate) fail_open: bool,
     /// The 400 detail when a required key is missing.
     pub(crate) missing: Cow<'static, str>,
-    /// A mistake found when the layer was built (a header name that is not one).
-    pub(crate) misconfigured: Option<Misconfiguration>,
-    /// Whether a misconfiguration was logged: once per layer.
+    /// Whether a misconfiguration found per request (a route without the path parameter)
+    /// was logged: once per layer.
     reported: AtomicBool,
     /// The application's rendering of rejections for HTTP clients.
     pub(crate) on_rejection: Option<Arc<RenderFn>>,
@@ -57,7 +57,6 @@ impl<K, P: Clone> Clone for Core<K, P> {
             required: self.required,
             fail_open: self.fail_open,
             missing: self.missing.clone(),
-            misconfigured: self.misconfigured.clone(),
             // A changed copy is another layer: it reports on its own.
             reported: AtomicBool::new(false),
             on_rejection: self.on_rejection.clone(),
@@ -87,17 +86,24 @@ impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
             .field("scope", &self.scope)
             .field("required", &self.required)
             .field("fail_open", &self.fail_open)
-            .field("misconfigured", &self.misconfigured)
             .field("on_rejection", &self.on_rejection.is_some())
             .field("policy", &self.policy)
             .finish()
     }
 }
 
-impl<K, P: Policy> KeyedLayer<K, P> {
+impl<K: KeyExtractor, P: Policy> KeyedLayer<K, P> {
     /// A layer over `extractor` and `policy`: key required, the extractor's scope, the
-    /// policy's default on backend failures.
+    /// policy's default on backend failures. An extractor of several keys on a policy of
+    /// one does not compile.
     pub(crate) fn from_parts(extractor: K, policy: P, missing: Cow<'static, str>) -> Self {
+        const {
+            assert!(
+                !K::SEVERAL || P::SEVERAL_KEYS,
+                "a key extractor of several keys (FnKeys, LockLayer::by_fn_all) works with \
+                 LockLayer only"
+            )
+        };
         Self {
             core: Arc::new(Core {
                 extractor: Arc::new(extractor),
@@ -105,7 +111,6 @@ impl<K, P: Policy> KeyedLayer<K, P> {
                 required: true,
                 fail_open: P::FAIL_OPEN,
                 missing,
-                misconfigured: None,
                 reported: AtomicBool::new(false),
                 on_rejection: None,
                 policy,
@@ -123,18 +128,6 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// The policy's settings, to change.
     pub(crate) fn policy_mut(&mut self) -> &mut P {
         &mut self.core_mut().policy
-    }
-
-    /// Records a mistake found while building, if any: every request is then answered
-    /// 500, and the mistake is logged once.
-    pub(crate) fn misconfigured_by(mut self, mistake: Option<String>) -> Self {
-        if let Some(message) = mistake {
-            // Said when the app is built, before any request; each request then logs it
-            // once more per layer (`NoKey::Misconfigured`).
-            tracing::error!(target: "tower_redlock", "{message}; every request through this layer will be answered 500");
-            self.core_mut().misconfigured = Some(Misconfiguration::new(message));
-        }
-        self
     }
 
     /// A fixed scope instead of the extractor's: the key becomes `{scope}:{value}`. Layers
@@ -211,16 +204,15 @@ impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
     }
 
     /// The layer of a `by_header` constructor: keys from the header `name`, decided by
-    /// `policy`; a request without the header is answered 400 naming it. When `name` is
-    /// not a header name, the layer answers 500 and logs why once.
-    pub(crate) fn from_header<N>(name: N, policy: P) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: fmt::Display,
-    {
-        let (name, mistake) = header_name(name, &format!("{}::by_header", P::LAYER));
+    /// `policy`; a request without the header is answered 400 naming it.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name ([`IntoHeaderName`]).
+    pub(crate) fn from_header(name: impl IntoHeaderName, policy: P) -> Self {
+        let name = name.into_header_name(&format!("{}::by_header", P::LAYER));
         let detail = format!("This endpoint requires a non-empty {name} header.");
-        Self::from_parts(HeaderKey::new(name), policy, Cow::Owned(detail)).misconfigured_by(mistake)
+        Self::from_parts(HeaderKey::new(name), policy, Cow::Owned(detail))
     }
 }
 
@@ -228,18 +220,23 @@ impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
 impl<P: Policy + Clone> KeyedLayer<PathParamKey, P> {
     /// The layer of a `by_path_param` constructor: keys from the axum path parameter
     /// `name`, decided by `policy`; `missing` is the 400 detail for a request without the
-    /// parameter. An empty `name` makes the layer answer 500 and log why once.
+    /// parameter.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty: a mistake in the code, found as the layer is built.
     pub(crate) fn from_path_param(
         name: impl Into<Cow<'static, str>>,
         policy: P,
         missing: &'static str,
     ) -> Self {
         let key = PathParamKey::new(name);
-        let mistake = key
-            .name()
-            .is_empty()
-            .then(|| format!("{}::by_path_param: the parameter name is empty", P::LAYER));
-        Self::from_parts(key, policy, Cow::Borrowed(missing)).misconfigured_by(mistake)
+        assert!(
+            !key.name().is_empty(),
+            "{}::by_path_param: the parameter name is empty",
+            P::LAYER
+        );
+        Self::from_parts(key, policy, Cow::Borrowed(missing))
     }
 }
 
@@ -248,24 +245,6 @@ impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
 
     fn layer(&self, inner: S) -> Self::Service {
         Keyed::from_core(inner, self.core.clone())
-    }
-}
-
-/// A header name for a layer's builder `method`; when `name` is not one, a stand-in and the
-/// mistake, which makes the layer answer 500 (it never reads the stand-in).
-pub(crate) fn header_name<N>(name: N, method: &str) -> (HeaderName, Option<String>)
-where
-    N: TryInto<HeaderName>,
-    N::Error: fmt::Display,
-{
-    match name.try_into() {
-        Ok(name) => (name, None),
-        Err(e) => (
-            HeaderName::from_static("x-invalid-header-name"),
-            Some(format!(
-                "{method}: the name given is not a header name ({e})"
-            )),
-        ),
     }
 }
 
@@ -284,9 +263,6 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// `{prefix}{scope}:{value}`, is written in a scratch buffer, with the value copied
     /// there straight from the request; the policy copies the key only if it keeps it.
     pub(crate) fn step(&self, parts: &mut Parts) -> Step<P::Permit> {
-        if let Some(mistake) = &self.misconfigured {
-            return Step::Answer(Box::new(self.misconfiguration(mistake)));
-        }
         if K::SEVERAL {
             return self.step_all(parts);
         }
@@ -347,16 +323,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         if keys.len() == 1 {
             return Step::Decided(self.policy.decide(&keys[0], parts));
         }
-        match self.policy.decide_all(keys, parts) {
-            Some(decision) => Step::Decided(decision),
-            None => Step::Answer(Box::new(self.misconfiguration(&Misconfiguration::new(
-                format!(
-                    "{} takes one key per request (several keys are for LockLayer::by_fn_all), \
-                 and its key extractor names several",
-                    P::LAYER
-                ),
-            )))),
-        }
+        Step::Decided(self.policy.decide_all(keys, parts))
     }
 
     /// The answer when no key was read: `error` when the key is invalid, else why the

@@ -69,18 +69,19 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn decide(&self, key: &str, parts: &Parts) -> Decision<Self::Permit>;
 
+    /// Whether the policy takes several keys at once ([`decide_all`](Self::decide_all)):
+    /// a layer of one that is given an extractor of several does not compile.
+    #[doc(hidden)]
+    const SEVERAL_KEYS: bool = false;
+
     /// The decision for several keys at once (each prefixed, scoped and escaped; sorted,
     /// without duplicates, at least two), from a key extractor that names several
-    /// ([`KeyExtractor::SEVERAL`](crate::key::KeyExtractor::SEVERAL)). `None`, the default:
-    /// the policy takes one key only, and the layer answers 500 (a server mistake).
+    /// ([`KeyExtractor::SEVERAL`](crate::key::KeyExtractor::SEVERAL)). Called only when
+    /// [`SEVERAL_KEYS`](Self::SEVERAL_KEYS) is `true`.
     #[doc(hidden)]
-    fn decide_all(
-        &self,
-        keys: Vec<std::sync::Arc<str>>,
-        parts: &Parts,
-    ) -> Option<Decision<Self::Permit>> {
+    fn decide_all(&self, keys: Vec<std::sync::Arc<str>>, parts: &Parts) -> Decision<Self::Permit> {
         let _ = (keys, parts);
-        None
+        unreachable!("{}: several keys are refused when the layer is built", Self::LAYER)
     }
 }
 

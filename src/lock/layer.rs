@@ -1,7 +1,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
+#[cfg(doc)]
+use http::HeaderName;
 
 use super::policy::LockPolicy;
 use crate::backend::handle::Locks;
@@ -9,8 +11,7 @@ use crate::backend::handle::Locks;
 use crate::backend::request::LockRequest;
 use crate::backend::request::{LockMode, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal};
-use crate::key::{FnKey, FnKeys, HeaderKey, KeyExtractor};
-use crate::keyed::layer::header_name;
+use crate::key::{FnKey, FnKeys, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 
 /// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
@@ -45,9 +46,8 @@ impl LockLayer<HeaderKey> {
     /// (see [`optional`](Self::optional)). The value may be a bare token or an RFC 8941
     /// quoted string.
     ///
-    /// `name` is a [`HeaderName`] or a string; header names are case-insensitive. A
-    /// string that is not a header name makes a layer that answers every request **500**
-    /// and logs why once (a [`HeaderName`] constant is checked when it is built instead).
+    /// `name` is a [`HeaderName`] or a string ([`IntoHeaderName`]); header names are
+    /// case-insensitive.
     ///
     /// This stops *concurrent* duplicates; a retry after the first request completed runs
     /// again unless the handler stores and replays the first result.
@@ -56,11 +56,12 @@ impl LockLayer<HeaderKey> {
     /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
     /// give this layer one with [`backend`](Self::backend), or each replica locks on its
     /// own.
-    pub fn by_header<N>(name: N) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: std::fmt::Display,
-    {
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name, such as `"Idempotency Key"`: a
+    /// mistake in the code, found as the app is built.
+    pub fn by_header(name: impl IntoHeaderName) -> Self {
         KeyedLayer::from_header(name, LockPolicy::new(StatusCode::CONFLICT))
     }
 }
@@ -77,6 +78,10 @@ impl LockLayer<crate::key::PathParamKey> {
     /// the routes), so that it runs once the router has found the parameter. Placed
     /// outside the `Router`, or on a route without the parameter, it answers **500** and
     /// logs the fix once ([`PathParamKey`](crate::key::PathParamKey)).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty.
     ///
     /// The backend is the app's default ([`Locks::set_default`], else in process): with
     /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
@@ -201,18 +206,13 @@ impl<K> LockLayer<K> {
     /// [`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens)). A
     /// client's own value of this header never reaches the inner service.
     ///
-    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes the
-    /// layer answer 500 and log why once.
-    pub fn fencing_header<N>(mut self, name: N) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: std::fmt::Display,
-    {
-        let (name, mistake) = header_name(name, "LockLayer::fencing_header");
-        if mistake.is_none() {
-            self.policy_mut().fencing_header = Some(name);
-        }
-        self.misconfigured_by(mistake)
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name ([`IntoHeaderName`]).
+    pub fn fencing_header(mut self, name: impl IntoHeaderName) -> Self {
+        let name = name.into_header_name("LockLayer::fencing_header");
+        self.policy_mut().fencing_header = Some(name);
+        self
     }
 
     /// Waits up to `max_wait` for a held lock before answering 409/423: the request is
@@ -236,16 +236,27 @@ impl<K> LockLayer<K> {
     /// with `Retry-After`). The [module docs](crate::lock#modes) give the guarantees and
     /// costs.
     ///
-    /// A layer on several keys ([`by_fn_all`](LockLayer::by_fn_all)) takes
-    /// [`LockMode::Plain`] only: another mode there answers 500 and logs why once.
+    /// A layer on several keys ([`by_fn_all`](LockLayer::by_fn_all)) holds them in
+    /// [`LockMode::Plain`] and has no mode to set: calling this on it does not compile.
+    ///
+    /// ```compile_fail
+    /// use tower_redlock::{LockLayer, LockMode};
+    ///
+    /// let layer = LockLayer::by_fn_all(|_| Some(vec!["a".to_owned(), "b".to_owned()]))
+    ///     .mode(LockMode::Shared);
+    /// ```
     pub fn mode(mut self, mode: LockMode) -> Self
     where
         K: KeyExtractor,
     {
+        const {
+            assert!(
+                !K::SEVERAL,
+                "LockLayer::mode: a layer on several keys (by_fn_all) holds them in \
+                 LockMode::Plain only"
+            )
+        };
         self.policy_mut().options.mode = mode;
-        let mistake = (K::SEVERAL && mode != LockMode::Plain).then(|| {
-            "LockLayer: a layer on several keys (by_fn_all) takes LockMode::Plain only".to_owned()
-        });
-        self.misconfigured_by(mistake)
+        self
     }
 }

@@ -121,13 +121,15 @@ impl Policy for LockPolicy {
         self.decide_claim(Claim::One(Arc::from(key)), self.options)
     }
 
-    fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Option<Decision<LockPermit>> {
+    const SEVERAL_KEYS: bool = true;
+
+    fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Decision<LockPermit> {
         // One attempt: a set does not wait (`Claim::check`).
         let options = Options {
             wait: Wait::Once,
             ..self.options
         };
-        Some(self.decide_claim(Claim::Set(keys.into()), options))
+        self.decide_claim(Claim::Set(keys.into()), options)
     }
 }
 

@@ -1,14 +1,14 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+#[cfg(doc)]
 use http::HeaderName;
 
 use super::key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
 use super::policy::{Headers, RateLimitPolicy};
 use crate::backend::rate_limit::RateLimiter;
 use crate::backend::rate_limit::quota::Quota;
-use crate::key::{FnKey, HeaderKey, KeyExtractor};
-use crate::keyed::layer::header_name;
+use crate::key::{FnKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 
 /// A [`Layer`](tower_layer::Layer) that counts each request against a fixed-window limit
@@ -68,13 +68,12 @@ impl RateLimitLayer<HeaderKey> {
     /// without the header gets 400 (see [`optional`](Self::optional)). Anyone can send
     /// any value: use it for keys that an earlier layer has verified.
     ///
-    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
-    /// that answers every request **500** and logs why once.
-    pub fn by_header<N>(name: N, quota: Quota) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: std::fmt::Display,
-    {
+    /// `name` is a [`HeaderName`] or a string ([`IntoHeaderName`]).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name.
+    pub fn by_header(name: impl IntoHeaderName, quota: Quota) -> Self {
         KeyedLayer::from_header(name, RateLimitPolicy::new(quota)).tenant_wide()
     }
 }
@@ -83,20 +82,18 @@ impl RateLimitLayer<HeaderOrPeerIp> {
     /// Limits each value of a header when the request has it (a client id), else each peer
     /// IP ([`HeaderOrPeerIp`]). The scope is `"client"`.
     ///
-    /// `name` is a [`HeaderName`] or a string; one that is not a header name makes a layer
-    /// that answers every request **500** and logs why once.
-    pub fn by_header_or_peer_ip<N>(name: N, quota: Quota) -> Self
-    where
-        N: TryInto<HeaderName>,
-        N::Error: std::fmt::Display,
-    {
-        let (name, mistake) = header_name(name, "RateLimitLayer::by_header_or_peer_ip");
+    /// `name` is a [`HeaderName`] or a string ([`IntoHeaderName`]).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a header name.
+    pub fn by_header_or_peer_ip(name: impl IntoHeaderName, quota: Quota) -> Self {
+        let name = name.into_header_name("RateLimitLayer::by_header_or_peer_ip");
         KeyedLayer::from_parts(
             HeaderOrPeerIp::new(name),
             RateLimitPolicy::new(quota),
             Cow::Borrowed("The request carries no rate limit key."),
         )
-        .misconfigured_by(mistake)
     }
 }
 
@@ -178,18 +175,17 @@ impl<K> RateLimitLayer<K> {
     /// several rate limit layers answer one request, each adds its own item to both
     /// headers: give them different names so clients can tell them apart.
     ///
-    /// A name with characters other than printable ASCII (space to `~`), which an RFC
-    /// 8941 string cannot carry, is a misconfiguration, as a bad header name is: the layer
-    /// answers every request 500 and logs why once.
+    /// # Panics
+    ///
+    /// When `name` has characters other than printable ASCII (space to `~`), which an RFC
+    /// 8941 string cannot carry: a mistake in the code, found as the app is built.
     pub fn policy_name(mut self, name: impl AsRef<str>) -> Self {
         let name = name.as_ref();
-        if !name.chars().all(|c| matches!(c, ' '..='~')) {
-            let mistake = format!(
-                "RateLimitLayer::policy_name: {name:?} is not printable ASCII, which the \
-                 RateLimit headers need"
-            );
-            return self.misconfigured_by(Some(mistake));
-        }
+        assert!(
+            name.chars().all(|c| matches!(c, ' '..='~')),
+            "RateLimitLayer::policy_name({name:?}): not printable ASCII, which the RateLimit \
+             headers need"
+        );
         let headers = &self.core.policy.headers;
         let rebuilt = Headers::new(headers.quota, name, headers.legacy);
         self.policy_mut().headers = Arc::new(rebuilt);
@@ -217,13 +213,9 @@ mod tests {
     }
 
     #[test]
-    fn policy_name_with_control_characters_is_a_misconfiguration() {
-        let layer = RateLimitLayer::global("1/1".parse().unwrap()).policy_name("a\nb");
-        assert!(layer.core.misconfigured.is_some());
-        assert_eq!(
-            layer.core.policy.headers.policy_value,
-            "\"default\";q=1;w=1"
-        );
+    #[should_panic(expected = "not printable ASCII")]
+    fn policy_name_with_control_characters_is_refused_when_built() {
+        let _ = RateLimitLayer::global("1/1".parse().unwrap()).policy_name("a\nb");
     }
 
     #[test]
