@@ -32,7 +32,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     detail: Cow<'static, str>,
     retry_after: Option<Duration>,
     type_uri: Option<String>,

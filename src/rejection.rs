@@ -174,9 +174,7 @@ impl RejectionKind {
 pub struct Rejection {
     by: RejectedBy,
     kind: RejectionKind,
-    status: StatusCode,
-    detail: Cow<'static, str>,
-    retry_after: Option<Duration>,
+    problem: Problem,
 }
 
 impl Rejection {
@@ -186,16 +184,14 @@ impl Rejection {
         Self {
             by,
             kind,
-            status: kind.default_status(),
-            detail: detail.into(),
-            retry_after: None,
+            problem: Problem::new(kind.default_status(), detail).with_type(kind.type_uri()),
         }
     }
 
     /// Another HTTP status (423 for a locked resource, 503 for a concurrency limit).
     #[must_use]
     pub fn with_status(mut self, status: StatusCode) -> Self {
-        self.status = status;
+        self.problem.status = status;
         self
     }
 
@@ -203,7 +199,7 @@ impl Rejection {
     /// at least 1; gRPC gets it as `grpc-retry-pushback-ms`.
     #[must_use]
     pub fn retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
+        self.problem = self.problem.retry_after(after);
         self
     }
 
@@ -219,17 +215,13 @@ impl Rejection {
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.problem.status()
     }
 
-    /// The detail text.
-    pub fn detail(&self) -> &str {
-        &self.detail
-    }
-
-    /// The delay before a retry, if the client may retry.
-    pub fn retry_after_delay(&self) -> Option<Duration> {
-        self.retry_after
+    /// The answer an HTTP client gets: the status, the kind's type URI, the detail text
+    /// and the delay before a retry, if the client may retry.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
     }
 
     /// The rejection of a lock error, as [`LockLayer`](crate::LockLayer) answers it:
@@ -331,10 +323,10 @@ impl Rejection {
         let mut headers = HeaderMap::with_capacity(4);
         let code = HeaderValue::from(self.kind.grpc_code());
         headers.insert(GRPC_STATUS.clone(), code);
-        if let Ok(message) = HeaderValue::from_str(&grpc_message(&self.detail)) {
+        if let Ok(message) = HeaderValue::from_str(&grpc_message(self.problem.detail())) {
             headers.insert(GRPC_MESSAGE.clone(), message);
         }
-        if let Some(after) = self.retry_after {
+        if let Some(after) = self.problem.retry_after_delay() {
             // At least 1 ms: a pushback of 0 asks for an immediate retry.
             let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1);
             headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(ms));
@@ -366,12 +358,7 @@ impl<B: From<Bytes>> From<Rejection> for Response<B> {
     /// (`type` the kind's [`type_uri`](RejectionKind::type_uri), `title`, `status`,
     /// `detail`), `Retry-After` when set, and the rejection in the extensions.
     fn from(rejection: Rejection) -> Self {
-        let mut problem = Problem::new(rejection.status, rejection.detail.clone())
-            .with_type(rejection.kind.type_uri());
-        if let Some(after) = rejection.retry_after {
-            problem = problem.retry_after(after);
-        }
-        let mut response = Response::from(problem);
+        let mut response = Response::from(rejection.problem.clone());
         response.extensions_mut().insert(rejection);
         response
     }
