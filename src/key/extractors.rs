@@ -268,6 +268,16 @@ where
 /// The keys are what a function returns for the request head, all held with one lease
 /// ([`LockLayer::by_fn_all`](crate::LockLayer::by_fn_all)): `None` or an empty list when
 /// the request has none.
+///
+/// A lock takes several keys at once; a count or a permit does not, so a layer other than
+/// [`LockLayer`](crate::LockLayer) over `FnKeys` does not compile:
+///
+/// ```compile_fail
+/// use tower_redlock::{RateLimitLayer, key::FnKeys};
+///
+/// let keys = FnKeys::new(|_: &http::request::Parts| Some(vec!["a".to_owned()]));
+/// let layer = RateLimitLayer::new(keys, "10/1".parse().unwrap());
+/// ```
 pub struct FnKeys<F> {
     f: F,
 }
