@@ -13,21 +13,14 @@ use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
 
-/// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
-///
-/// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
-/// shares the backend. Build one with `Locks::from(redlock)` or `Locks::from(memory_locks)`;
-/// [`Locks::default`] is the process-wide in-process backend.
-#[derive(Clone, Debug)]
-pub struct Locks {
-    backend: LockStore,
-}
-
-#[derive(Clone, Debug)]
-enum LockStore {
-    #[cfg(feature = "redis")]
-    Redlock(Redlock),
-    Memory(MemoryLocks),
+store_handle! {
+    /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
+    ///
+    /// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
+    /// shares the backend. Build one with `Locks::from(redlock)` or
+    /// `Locks::from(memory_locks)`; [`Locks::default`] is the process-wide in-process
+    /// backend.
+    Locks, LockStore { Redlock, MemoryLocks }
 }
 
 /// The app's default backend: set once by [`Locks::set_default`], or the in-process
@@ -43,24 +36,6 @@ impl Default for Locks {
         DEFAULT
             .get_or_init(|| Locks::from(MemoryLocks::new()))
             .clone()
-    }
-}
-
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-impl From<Redlock> for Locks {
-    fn from(redlock: Redlock) -> Self {
-        Self {
-            backend: LockStore::Redlock(redlock),
-        }
-    }
-}
-
-impl From<MemoryLocks> for Locks {
-    fn from(memory: MemoryLocks) -> Self {
-        Self {
-            backend: LockStore::Memory(memory),
-        }
     }
 }
 
@@ -94,11 +69,6 @@ impl Locks {
             .map_err(|_| ConfigError::DefaultAlreadyChosen)
     }
 
-    /// Whether this is the in-process backend.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, LockStore::Memory(_))
-    }
-
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
         self.policy().ttl
@@ -113,7 +83,7 @@ impl Locks {
     fn id(&self) -> u64 {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.id(),
+            LockStore::Redis(r) => r.id(),
             LockStore::Memory(m) => m.id(),
         }
     }
@@ -121,7 +91,7 @@ impl Locks {
     fn policy(&self) -> &Settings {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.policy(),
+            LockStore::Redis(r) => r.policy(),
             LockStore::Memory(m) => m.policy(),
         }
     }
@@ -177,7 +147,7 @@ impl Locks {
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.acquire(key, false).await,
+            LockStore::Redis(r) => r.acquire(key, false).await,
             LockStore::Memory(m) => m.attempt(&Claim::One(key), Default::default(), Instant::now()),
         }
     }
@@ -206,7 +176,7 @@ impl Locks {
         let once = options.wait == Wait::Once;
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => match claim {
+            LockStore::Redis(r) => match claim {
                 Claim::One(key) if once && options.mode == super::request::LockMode::Plain => {
                     r.acquire(key, false).await
                 }
@@ -231,7 +201,7 @@ impl Locks {
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.extend(lease).await,
+            LockStore::Redis(r) => r.extend(lease).await,
             LockStore::Memory(m) => m.extend(lease),
         }
     }
@@ -250,7 +220,7 @@ impl Locks {
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.unlock(lease).await,
+            LockStore::Redis(r) => r.unlock(lease).await,
             LockStore::Memory(m) => m.unlock(lease),
         }
     }
@@ -265,7 +235,7 @@ impl Locks {
     ) -> Result<crate::backend::records::Begin, LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.begin_idempotent(key, max_wait).await,
+            LockStore::Redis(r) => r.begin_idempotent(key, max_wait).await,
             LockStore::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
         }
     }
@@ -285,7 +255,7 @@ impl Locks {
     ) -> Result<(), LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => match record {
+            LockStore::Redis(r) => match record {
                 Some(record) => r.finish_idempotent(lease, record, ttl).await,
                 None => r.unlock(lease).await,
             },
@@ -303,7 +273,7 @@ impl Locks {
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.retry_estimate(key, holder_left),
+            LockStore::Redis(r) => r.retry_estimate(key, holder_left),
             LockStore::Memory(m) => m.retry_estimate(key, holder_left),
         }
     }
@@ -323,7 +293,7 @@ impl Locks {
     #[cfg(feature = "redis")]
     pub(crate) fn as_redlock(&self) -> Option<&Redlock> {
         match &self.backend {
-            LockStore::Redlock(r) => Some(r),
+            LockStore::Redis(r) => Some(r),
             LockStore::Memory(_) => None,
         }
     }
@@ -331,15 +301,6 @@ impl Locks {
     /// The full key of `resource`: the prefix, then the resource escaped.
     pub(crate) fn full_key(&self, resource: &str) -> Result<std::sync::Arc<str>, LockError> {
         Ok(self.policy().full_key(resource)?)
-    }
-
-    /// The in-process backend, when this is one: its operations need no `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
-        match &self.backend {
-            LockStore::Memory(m) => Some(m),
-            #[cfg(feature = "redis")]
-            LockStore::Redlock(_) => None,
-        }
     }
 
     /// Whether `lease` is the lock on `resource` in this backend: the key that
@@ -360,7 +321,7 @@ impl Locks {
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.release_lease_detached(&lease),
+            LockStore::Redis(r) => r.release_lease_detached(&lease),
             LockStore::Memory(m) => {
                 let _ = m.unlock(lease);
             }

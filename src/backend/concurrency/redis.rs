@@ -29,18 +29,13 @@ pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(10);
 /// a Lua number.
 const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 
-/// Takes a permit, atomically: drops the expired permits (`ZREMRANGEBYSCORE` up to the
-/// server's clock), counts the live ones (`ZCARD`), and under the limit adds ours
-/// (`ZADD`, scored by its expiry in ms on the server's clock) and keeps the set alive at
-/// least as long as its newest permit (`PEXPIRE`). Answers `{1, held}` with the permit,
-/// `{0, held}` without; a waiter's try (subscribed to the set's release channel) also
-/// sets the waiters' mark KEYS[2] for ARGV[4] ms when it gets none, so that the next
-/// release publishes ([`RELEASE`]). A key of another type is not touched: the script
-/// answers an error.
-///
-/// The permit scheme is Redisson's `RPermitExpirableSemaphore`; the script reads the
-/// server's clock (`TIME`), so the replicas' clocks do not matter, and Redis replicates
-/// its effects, not the script (the default since Redis 5).
+/// Takes a permit, atomically: drops the expired permits, counts the live ones, and under
+/// the limit adds ours (scored by its expiry in ms on the server's `TIME`, so the replicas'
+/// clocks do not matter) and keeps the set alive as long as its newest permit. Answers
+/// `{1, held}` with the permit, `{0, held}` without; a waiter's try also sets the waiters'
+/// mark KEYS[2] for ARGV[4] ms when it gets none, so that the next release publishes
+/// ([`RELEASE`]). A key of another type is not touched: the script answers an error. This
+/// is Redisson's `RPermitExpirableSemaphore`.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -112,31 +107,26 @@ return 1
 });
 
 /// Expiring permits on one Redis node, shared by every replica that uses that node: the
-/// distributed form of tower's `ConcurrencyLimit`.
+/// distributed form of tower's `ConcurrencyLimit` (Redisson's `RPermitExpirableSemaphore`).
 ///
 /// Each key's permits are one sorted set, `{prefix}{<key>}` (the key in a Redis Cluster
-/// hash tag), of random 128-bit tokens scored by their expiry on the server's clock.
-/// Taking a permit is one round trip (one script: drop the expired permits, count, add
-/// ours under the limit), releasing one is one round trip (a script: `ZREM` of our
-/// token, and a `PUBLISH` when waiters marked the set, waking them on every replica), and a
-/// permit lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s)
-/// unless renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it
-/// while the request runs (every TTL/3, [`Renewal`](crate::Renewal)), so a replica that
-/// crashes or loses its network frees its permits within one TTL, and a live one keeps
-/// them as long as its requests run. This is Redisson's `RPermitExpirableSemaphore`.
+/// hash tag), of random tokens scored by their expiry on the server's clock. Taking a
+/// permit is one script (drop the expired, count, add ours under the limit), releasing one
+/// another (`ZREM`, and a `PUBLISH` when waiters of any replica marked the set). A permit
+/// lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s) unless
+/// renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it while
+/// the request runs ([`Renewal`](crate::Renewal)), so a replica that dies frees its
+/// permits within one TTL.
 ///
 /// # Why one node and no quorum
 ///
-/// Counters need no quorum: a limit of in-flight requests protects capacity, it does not
-/// make a request correct as a lock does. If Redis loses the set in a failover, replicas
-/// admit up to `limit` more requests until the old ones end: a brief overshoot, never a
-/// wrong answer. One node (or a replicated primary) is enough, as for the
-/// [`RedisRateLimiter`](crate::RedisRateLimiter).
+/// A limit of in-flight requests protects capacity; it does not make a request correct as
+/// a lock does. If Redis loses the set in a failover, replicas admit up to `limit` more
+/// requests until the old ones end: a brief overshoot, never a wrong answer.
 ///
-/// The connection is multiplexed and replaced after any kind of failure, as the rate
-/// limiter's; every call is bounded by the
-/// [timeout](RedisConcurrencyLimiterBuilder::timeout), so a dead Redis costs at most that
-/// long per request. Cloning is cheap and shares the connection.
+/// The connection is multiplexed and replaced after any failure, as the rate limiter's;
+/// every call is bounded by the [timeout](RedisConcurrencyLimiterBuilder::timeout).
+/// Cloning is cheap and shares the connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -192,6 +182,15 @@ pub(crate) struct RedisSlot {
     /// The validity at acquisition, on this process's clock: a little short of the
     /// server's expiry.
     pub(crate) valid_until: Instant,
+}
+
+impl RedisSlot {
+    /// Gives the permit back, logging a failure (its TTL then frees it).
+    pub(crate) async fn release(&self) {
+        if let Err(e) = self.limiter.release(&self.key, &self.token).await {
+            tracing::debug!(error = %e, "concurrency permit release");
+        }
+    }
 }
 
 /// A 128-bit random token, in hex.
