@@ -396,18 +396,10 @@ mod tests {
             );
         }
         assert_eq!("0/60".parse::<Quota>(), Err(QuotaError::ZeroLimit));
-        assert!(matches!(
-            "1/0".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
-        assert!(matches!(
-            "1/99999999999999999d".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
-        assert!(matches!(
-            "1/50d".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
+        for bad in ["1/0", "1/99999999999999999d", "1/50d"] {
+            let parsed = bad.parse::<Quota>();
+            assert!(matches!(parsed, Err(QuotaError::InvalidWindow(_))), "{bad}");
+        }
     }
 
     #[test]

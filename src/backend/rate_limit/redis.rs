@@ -91,20 +91,10 @@ return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - no
 /// with an expiry when allowed), run with `EVALSHA`. GCRA reads the server's clock, so
 /// replicas with skewed clocks share one limit exactly.
 ///
-/// The connection is multiplexed; every call is bounded by the
-/// [timeout](RedisRateLimiterBuilder::timeout), so a dead Redis costs at most that long per
-/// request, never a hang. Cloning is cheap and shares the connection.
-///
-/// The connection is replaced after any kind of failure, so that the limit comes back
-/// when Redis does. A connection that fails (refused, reset, an answer that is not Redis,
-/// a refused handshake) is replaced at once, with at most one connection attempt per
-/// 100 ms, each bounded by the timeout or 500 ms, whichever is longer; while Redis stays
-/// down, attempts go on in the background, paused 100 ms doubling up to 1 s, so once it
-/// answers again calls use it within 1 s plus one connection, without a failed call to
-/// notice it. A connection that goes silent without failing (its peer gone without a reset)
-/// is probed with `PING` when a call times out with nothing else answered, at most once a
-/// second, and replaced when the probe gets no answer within 1 s: within the timeout plus
-/// 2 s.
+/// The connection is multiplexed, and replaced after any failure (one that goes silent is
+/// found by a `PING` probe), so that the limit comes back within about a second of Redis;
+/// every call is bounded by the [timeout](RedisRateLimiterBuilder::timeout), so a dead
+/// Redis costs at most that long per request. Cloning is cheap and shares the connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
