@@ -181,17 +181,25 @@ impl MemoryLocksBuilder {
     pub fn build(self) -> Result<MemoryLocks, ConfigError> {
         self.policy.validate()?;
         #[cfg(feature = "idempotency")]
-        let records = {
-            let (records, bytes) = self
-                .max_records
-                .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
-            MemoryRecords::new(records, bytes)
+        let (records, bytes) = self
+            .max_records
+            .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
+        let table = Table {
+            keys: KeyMap::default(),
+            sweep_at: MIN_SWEEP,
+            fence: 0,
+            holds: HoldTimes::default(),
         };
-        Ok(MemoryLocks::with_policy(
-            self.policy,
-            #[cfg(feature = "idempotency")]
-            records,
-        ))
+        Ok(MemoryLocks {
+            inner: Arc::new(MemoryCore {
+                id: crate::backend::next_backend_id(),
+                policy: self.policy,
+                state: Mutex::new(table),
+                waiters: Waiters::default(),
+                #[cfg(feature = "idempotency")]
+                records: MemoryRecords::new(records, bytes),
+            }),
+        })
     }
 }
 
@@ -199,37 +207,14 @@ impl MemoryLocks {
     /// New, empty locks with the defaults: 10 s TTL, 3 retries 50 to 250 ms apart, prefix
     /// `"tower-redlock:"`.
     pub fn new() -> Self {
-        Self::with_policy(
-            Settings::default(),
-            #[cfg(feature = "idempotency")]
-            MemoryRecords::new(DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES),
-        )
+        Self::builder()
+            .build()
+            .expect("the default settings are valid")
     }
 
     /// A builder to set the TTL, the retries and the prefix.
     pub fn builder() -> MemoryLocksBuilder {
         MemoryLocksBuilder::default()
-    }
-
-    fn with_policy(
-        policy: Settings,
-        #[cfg(feature = "idempotency")] records: MemoryRecords,
-    ) -> Self {
-        Self {
-            inner: Arc::new(MemoryCore {
-                id: crate::backend::next_backend_id(),
-                policy,
-                state: Mutex::new(Table {
-                    keys: KeyMap::default(),
-                    sweep_at: MIN_SWEEP,
-                    fence: 0,
-                    holds: HoldTimes::default(),
-                }),
-                waiters: Waiters::default(),
-                #[cfg(feature = "idempotency")]
-                records,
-            }),
-        }
     }
 
     /// How long a request that found `key` held should wait before trying again (see
@@ -281,30 +266,18 @@ impl MemoryLocks {
         now: Instant,
     ) -> Result<Lease, LockError> {
         let token = Token::unique();
-        let ttl = self.inner.policy.ttl;
-        let expires_at = now + ttl;
+        let expires_at = now + self.inner.policy.ttl;
         state.sweep(now);
-        let holder = HeldKey {
+        // One hash of the key, whether it is held or not.
+        let current = &mut state.keys.entry(key.clone()).or_default().holder;
+        if let Some(retry_after) = current.as_ref().and_then(|h| h.left(now)) {
+            return Err(LockError::Taken { retry_after });
+        }
+        *current = Some(HeldKey {
             token,
             expires_at,
             since: now,
-        };
-        // One hash of the key, whether it is held or not.
-        match state.keys.entry(key.clone()) {
-            Entry::Occupied(mut entry) => {
-                let current = &mut entry.get_mut().holder;
-                if let Some(retry_after) = current.as_ref().and_then(|h| h.left(now)) {
-                    return Err(LockError::Taken { retry_after });
-                }
-                *current = Some(holder);
-            }
-            Entry::Vacant(entry) => {
-                entry.insert(KeyState {
-                    holder: Some(holder),
-                    modes: None,
-                });
-            }
-        }
+        });
         Ok(self.lease(state, key, Shape::Lock, token, expires_at))
     }
 
