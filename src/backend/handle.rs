@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
@@ -12,6 +13,7 @@ use crate::backend::request::{self, Claim, LockRequest, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
+use crate::redact::LogKey;
 
 store_handle! {
     /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
@@ -289,13 +291,60 @@ impl Locks {
         }
     }
 
-    /// The Redlock backend, when this is one.
-    #[cfg(feature = "redis")]
-    pub(crate) fn as_redlock(&self) -> Option<&Redlock> {
+    /// What the backend holds for `resource`, for an operator: whether it is held, for
+    /// how long, the fencing token, readers and waiters. Read-only; on Redlock one
+    /// pipeline per node, every node awaited up to the node timeout.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::Locks;
+    ///
+    /// let locks = Locks::default();
+    /// let lease = locks.try_lock("report:7").await?;
+    /// let seen = locks.inspect("report:7").await?;
+    /// assert!(seen.is_held() && seen.remaining.is_some());
+    /// locks.unlock(lease).await?;
+    /// assert!(!locks.inspect("report:7").await?.is_held());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
+    /// [`LockError::NoQuorum`] when no node answered.
+    pub async fn inspect(&self, resource: &str) -> Result<LockInspection, LockError> {
+        let key = self.full_key(resource)?;
         match &self.backend {
-            LockStore::Redis(r) => Some(r),
-            LockStore::Memory(_) => None,
+            #[cfg(feature = "redis")]
+            LockStore::Redis(r) => r.inspect_key(&key).await,
+            LockStore::Memory(m) => Ok(m.inspect_key(&key)),
         }
+    }
+
+    /// Deletes the lock on `resource` whoever holds it, on every node that answers: for
+    /// a lock that a dead job left behind and that will not expire soon enough. Returns
+    /// on how many nodes it was held.
+    ///
+    /// **Dangerous**: the holder, if it is alive, goes on believing it holds the lock
+    /// until its next renewal or release finds it gone (then `LockError::Expired`), and
+    /// a second holder may take it meanwhile. Only the lock key is deleted (readers,
+    /// waiters and the fencing counter are left): a holder that fences its writes is
+    /// still refused by the storage once the new holder has written. Every call is
+    /// logged at `warn` level.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
+    /// [`LockError::NoQuorum`] when no node answered.
+    pub async fn force_unlock(&self, resource: &str) -> Result<usize, LockError> {
+        let key = self.full_key(resource)?;
+        let deleted = match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redis(r) => r.force_unlock_key(&key).await?,
+            LockStore::Memory(m) => m.force_unlock_key(&key),
+        };
+        tracing::warn!(key = %LogKey(&key), nodes = deleted, "force_unlock: the lock was deleted whoever held it");
+        Ok(deleted)
     }
 
     /// The full key of `resource`: the prefix, then the resource escaped.

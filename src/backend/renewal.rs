@@ -60,8 +60,7 @@ impl Renewal {
     pub fn disabled() -> Self {
         Self {
             enabled: false,
-            every: None,
-            max_hold: None,
+            ..Self::default()
         }
     }
 

@@ -92,14 +92,6 @@ impl Watchdog {
         LeaseStatus::new(self.status.clone())
     }
 
-    /// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle
-    /// exists besides our own.
-    fn notify_status(&self) {
-        if Arc::strong_count(&self.status) > 1 {
-            self.status.changed.notify_waiters();
-        }
-    }
-
     /// Whether an extension is in flight.
     pub(crate) fn is_renewing(&self) -> bool {
         self.schedule.as_ref().is_some_and(|s| s.is_renewing())
@@ -144,15 +136,13 @@ impl Watchdog {
             },
             |renewed| {
                 status.set_valid_until(renewed);
-                if Arc::strong_count(status) > 1 {
-                    status.changed.notify_waiters();
-                }
+                notify(status);
             },
         );
         if polled.is_ready() {
             crate::observe::lock_request(crate::observe::LockResult::Lost);
             self.status.lost.store(true, Ordering::Release);
-            self.notify_status();
+            notify(&self.status);
         }
         polled
     }
@@ -169,7 +159,15 @@ impl Drop for Watchdog {
         }
         crate::observe::Held::Lease.end();
         self.status.closed.store(true, Ordering::Release);
-        self.notify_status();
+        notify(&self.status);
+    }
+}
+
+/// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle exists
+/// besides the watchdog's own.
+fn notify(status: &Arc<LeaseState>) {
+    if Arc::strong_count(status) > 1 {
+        status.changed.notify_waiters();
     }
 }
 
