@@ -271,7 +271,7 @@ pub(crate) trait LockBackend: Sync {
     ) -> impl Future<Output = LockResult> + Send;
 }
 
-type LockResult = Result<Lease, LockError>;
+pub(crate) type LockResult = Result<Lease, LockError>;
 
 /// The one acquisition path, on either backend: runs a request on prefixed keys.
 pub(crate) async fn acquire<B: LockBackend>(

@@ -1,11 +1,6 @@
-//! The lease lifecycle: renewal while work runs, and loss detection.
-//!
-//! A [`Watchdog`] extends a lease on its [`Schedule`] (every TTL/3 by default, up to
-//! 10 × TTL in all) while the protected work runs, and reports the lease lost the moment
-//! a renewal finds the token gone, or when the validity runs out without a successful
-//! renewal. Renewal uses the token-checked extend script, which can move the
-//! expiry of a key that still holds our token but never create one, so a renewal racing
-//! a release can never resurrect the lock.
+//! The lease lifecycle: a [`Watchdog`] renews a lease on its [`Schedule`] while the
+//! protected work runs, and reports it lost. Renewal uses the token-checked extend, which
+//! never creates a key, so a renewal racing a release cannot resurrect the lock.
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,12 +36,10 @@ pub enum OnLockLoss {
     Continue,
 }
 
-/// Renews a lease while it is polled, and says when it is lost.
-///
-/// The lease, its backend and its [`Renewal`] live in the state it shares with its
-/// [`LeaseStatus`] handles (one allocation). Its [`Schedule`] is made the first time the
-/// work waits: work that answers at once (most handlers on the in-process backend) needs
-/// no schedule, no timer, and reads the clock only to check the validity.
+/// Renews a lease while it is polled, and says when it is lost. The lease, its backend and
+/// its [`Renewal`] live in the state shared with its [`LeaseStatus`] handles; the
+/// [`Schedule`] is made the first time the work waits, so work that answers at once needs
+/// no timer.
 pub(crate) struct Watchdog {
     status: Arc<LeaseState>,
     schedule: Option<Box<Schedule<LockError>>>,

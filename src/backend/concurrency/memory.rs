@@ -13,22 +13,18 @@ use crate::backend::wait::Waiters;
 /// [`RedisConcurrencyLimiter`](super::RedisConcurrencyLimiter): at most `limit` permits
 /// per key at once, each released when its request is done.
 ///
-/// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)):
-/// for examples, single-replica services and tests. It does not share permits across
-/// processes (with several replicas, each allows the full limit), and its permits never
-/// expire: a holder that dies takes the store with it. Taking and releasing a permit is a
-/// short mutex, no `.await`. Cloning is cheap and shares the counts.
+/// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)),
+/// for examples, single-replica services and tests: it does not share permits across
+/// processes, and its permits never expire (a holder that dies takes the store with it).
+/// A permit is a short mutex, no `.await`. Cloning is cheap and shares the counts.
 ///
 /// # Bounded memory
 ///
 /// A key costs memory only while it has permits, and at most
 /// [`max_keys`](Self::with_max_keys) keys (default
-/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000) have permits at once, so that a
-/// client rotating its key cannot make the store grow without end. When `max_keys` keys
-/// have permits, a request on another key gets [`ConcurrencyError::StoreFull`], which the
-/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) treats as an unavailable store
-/// (503 by default; run unguarded when it fails open). Keys with permits go on being
-/// limited.
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS)) have permits at once. Past that, a request
+/// on another key gets [`ConcurrencyError::StoreFull`], which the
+/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) treats as an unavailable store.
 ///
 /// ```
 /// use tower_redlock::MemoryConcurrencyLimiter;
@@ -176,10 +172,8 @@ impl MemoryConcurrencyLimiter {
 mod tests {
     use super::*;
 
-    /// A waiter that has waited long enough for its fallback timer to be at 50 to 100 ms
-    /// gets the permit within moments of its release: it is woken, not polling. Over 7
-    /// rounds, the median delay is under 10 ms (a poller's would be, in each round, with
-    /// a chance of about 1 in 8).
+    /// A waiter whose fallback timer is at 50 to 100 ms gets the permit within moments of
+    /// its release (woken, not polling): the median delay of 7 rounds is under 10 ms.
     #[tokio::test]
     async fn a_waiter_is_woken_by_the_release() {
         let store = MemoryConcurrencyLimiter::new();

@@ -214,12 +214,9 @@ impl ConcurrencyLimiter {
     }
 
     /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
-    /// has passed. A waiter is woken by every release of a permit on `resource`, as a
-    /// lock's waiters are: in this process directly, and on Redis by any replica's
-    /// release through pub/sub (the waiter subscribes to the set's release channel, and
-    /// its tries mark the set so that releases publish). An expired permit, or a release
-    /// whose notification was lost, is found by the fallback timer, whose pause starts at
-    /// 5 ms and doubles up to 100 ms, with jitter, never past the deadline.
+    /// has passed. A waiter is woken by every release on `resource` (on Redis, any
+    /// replica's, through pub/sub); an expired permit or a lost notification is found by
+    /// the fallback timer (5 ms doubling up to 100 ms, with jitter).
     pub(crate) async fn acquire_within(
         &self,
         resource: &str,
@@ -233,8 +230,7 @@ impl ConcurrencyLimiter {
             Err(ConcurrencyError::LimitReached { .. }) if !max_wait.is_zero() => {}
             other => return other,
         }
-        // Waiters are told apart by the key of their permits: the set's on Redis (whose
-        // release channel names it), the resource in process.
+        // Waiters go by the key of their permits: the set's on Redis, the resource in process.
         let key: Arc<str> = match &self.backend {
             #[cfg(feature = "redis")]
             PermitStore::Redis(r) => Arc::from(r.key(resource)),

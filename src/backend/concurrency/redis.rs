@@ -63,10 +63,9 @@ return {1, held + 1}
     )
 });
 
-/// Gives back the permit ARGV[1] of the set KEYS[1] (`ZREM`); when waiters marked the
-/// set (KEYS[2], set by their tries), deletes the mark and publishes on the release
-/// channel ARGV[2], waking the waiters of every replica (as a lock's release does).
-/// Answers how many permits it removed (0 or 1).
+/// Gives back the permit ARGV[1] of the set KEYS[1]; when waiters marked the set (KEYS[2]),
+/// deletes the mark and publishes on the release channel ARGV[2]. Answers how many permits
+/// it removed (0 or 1).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -79,14 +78,12 @@ return removed
     )
 });
 
-/// How long a waiter's mark lives: past the longest pause between two of its tries
-/// (100 ms), which set it again.
+/// How long a waiter's mark lives: past the longest pause between two of its tries.
 const MARK_MS: u64 = 1_000;
 
-/// Renews a permit, atomically: if our token is still in the set and not expired, moves
-/// its expiry to now + TTL (`ZADD XX`) and keeps the set alive that long; answers 1, or 0
-/// when the permit is gone (never re-adds it: a renewal racing a release cannot revive a
-/// permit).
+/// Renews a permit, atomically: if our token is still live, moves its expiry to now + TTL
+/// (`ZADD XX`, never re-adding it) and keeps the set alive that long; answers 1, or 0 when
+/// the permit is gone.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -198,8 +195,7 @@ fn token() -> Arc<str> {
     Arc::from(format!("{:032x}", rand::random::<u128>()))
 }
 
-/// What a permit's validity is short of its TTL, as a lock lease's: 1 % of the TTL plus
-/// 2 ms, for clock drift and the time the answer took to come back.
+/// The validity of a permit taken at `start`: its TTL less 1 % and 2 ms, as a lease's.
 fn validity(start: Instant, ttl: Duration) -> Instant {
     let drift = ttl / 100 + Duration::from_millis(2);
     start
@@ -318,9 +314,8 @@ impl RedisConcurrencyLimiter {
         Ok(validity(start, self.inner.ttl))
     }
 
-    /// Gives back the permit `token` on `key`, in one script ([`RELEASE`]) that also
-    /// publishes the release when waiters (of any replica) marked the set; then wakes the
-    /// requests of this process that wait on it.
+    /// Gives back the permit `token` on `key` ([`RELEASE`]), and wakes the requests of this
+    /// process that wait on it.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
         let mut conn = self.inner.store.conn();
         let mut invocation = RELEASE.key(key);
@@ -340,9 +335,8 @@ impl RedisConcurrencyLimiter {
         &self.inner.waiters
     }
 
-    /// Subscribes to the release channel of the set `key`, for a waiter: returns once the
-    /// subscription is confirmed (or given up, leaving the waiter to its timer), with
-    /// what unsubscribes when the wait ends.
+    /// Subscribes a waiter to the release channel of the set `key` (done once confirmed or
+    /// given up); the subscription ends with the returned guard.
     pub(crate) async fn subscribe(&self, key: &Arc<str>) -> UnsubscribeOnDrop {
         let notifier = &self.inner.notifier;
         notifier.subscribe(key).await;
@@ -384,10 +378,8 @@ impl RedisConcurrencyLimiterBuilder {
         self
     }
 
-    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
-    /// be reached now is not an error: it is retried on every later call.
-    ///
-    /// Needs a Tokio runtime with the time driver.
+    /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
+    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///

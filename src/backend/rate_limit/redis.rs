@@ -84,12 +84,9 @@ return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - no
 /// Rate-limit counters on one Redis node, shared by every replica that uses that node:
 /// a fixed window, or GCRA's arrival time ([`Quota::gcra`]), per key.
 ///
-/// A rate limit needs no quorum: one node (or a replicated primary) is enough, and a
-/// count lost in a failover only lets a few extra requests through. Each request is one
-/// round trip: the script of the Redis `INCR` documentation's rate limiter pattern
-/// (`INCR`, `PEXPIRE` on the first hit, `PTTL`), or GCRA's script (`TIME`, `GET`, `SET`
-/// with an expiry when allowed), run with `EVALSHA`. GCRA reads the server's clock, so
-/// replicas with skewed clocks share one limit exactly.
+/// A rate limit needs no quorum: a count lost in a failover only lets a few extra requests
+/// through. Each request is one script round trip (the Redis `INCR` documentation's rate
+/// limiter pattern, or GCRA on the server's clock, so skewed replicas share one limit).
 ///
 /// The connection is multiplexed, and replaced after any failure (one that goes silent is
 /// found by a `PING` probe), so that the limit comes back within about a second of Redis;
@@ -219,11 +216,8 @@ impl RedisRateLimiterBuilder {
         timeout;
     }
 
-    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
-    /// be reached now is not an error: it is retried on every later call (which fails,
-    /// within the timeout, until it answers).
-    ///
-    /// Needs a Tokio runtime with the time driver.
+    /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
+    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///
