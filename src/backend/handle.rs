@@ -141,8 +141,7 @@ impl Locks {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        // `acquire` with a plain request, without building one: the backend's attempt,
-        // as `acquire_claim` runs it, one future fewer.
+        // `acquire_claim` for one plain attempt, one future fewer.
         let key = self.policy().full_key(resource)?;
         if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
             return Ok(lease);
@@ -268,10 +267,8 @@ impl Locks {
         }
     }
 
-    /// The `Retry-After` for a request that found `key` (with the prefix) held, the
-    /// holder having `holder_left` of its TTL: the moving average of the hold times this
-    /// backend observed for the key's scope, bounded by `holder_left`; `holder_left`
-    /// without an observation (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    /// The `Retry-After` for a request that found `key` held with `holder_left` of its TTL
+    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         match &self.backend {
             #[cfg(feature = "redis")]

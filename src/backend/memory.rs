@@ -353,26 +353,15 @@ impl MemoryLocks {
         if lease.is_shared() {
             return self.extend_shared(lease);
         }
-        if let Shape::Set(keys) = &lease.shape {
-            let keys = keys.clone();
-            return self.extend_all(lease, &keys);
-        }
-        let now = Instant::now();
-        let mut state = self.state();
-        let holder = state
-            .keys
-            .get_mut(&lease.key)
-            .and_then(|k| k.holder.as_mut());
-        match holder {
-            Some(held) if held.token == lease.token && held.expires_at > now => {
-                held.expires_at = now + self.inner.policy.ttl;
-                lease.valid_until = held.expires_at;
-                Ok(())
+        match &lease.shape {
+            Shape::Set(keys) => {
+                let keys = keys.clone();
+                self.extend_all(lease, &keys)
             }
-            Some(held) => Err(LockError::Expired {
-                taken_over: held.token != lease.token && held.expires_at > now,
-            }),
-            None => Err(LockError::Expired { taken_over: false }),
+            _ => {
+                let key = lease.key.clone();
+                self.extend_all(lease, std::slice::from_ref(&key))
+            }
         }
     }
 

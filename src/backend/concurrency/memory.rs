@@ -170,6 +170,8 @@ impl MemoryConcurrencyLimiter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     /// A waiter whose fallback timer is at 50 to 100 ms gets the permit within moments of
@@ -184,25 +186,20 @@ mod tests {
             let waiter = tokio::spawn({
                 let limiter = limiter.clone();
                 async move {
-                    let slot = limiter
-                        .acquire_within("k", 1, std::time::Duration::from_secs(5))
-                        .await;
-                    (slot, std::time::Instant::now())
+                    let slot = limiter.acquire_within("k", 1, Duration::from_secs(5)).await;
+                    (slot, Instant::now())
                 }
             });
             // Long enough for the waiter's timer to reach its longest steps.
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let released = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let released = Instant::now();
             drop(holder);
             let (slot, acquired) = waiter.await.unwrap();
             assert!(slot.is_ok());
             delays.push(acquired - released);
         }
         delays.sort();
-        assert!(
-            delays[3] < std::time::Duration::from_millis(10),
-            "{delays:?}"
-        );
+        assert!(delays[3] < Duration::from_millis(10), "{delays:?}");
     }
 
     #[test]
@@ -210,8 +207,9 @@ mod tests {
         let store = MemoryConcurrencyLimiter::new();
         let a = store.acquire_slot("k", 2).unwrap();
         let _b = store.acquire_slot("k", 2).unwrap();
+        let third = store.acquire_slot("k", 2);
         assert!(matches!(
-            store.acquire_slot("k", 2),
+            third,
             Err(ConcurrencyError::LimitReached { limit: 2 })
         ));
         assert_eq!(store.in_flight("k"), 2);
@@ -224,8 +222,9 @@ mod tests {
     fn keys_are_forgotten_with_their_last_permit_and_bounded() {
         let store = MemoryConcurrencyLimiter::with_max_keys(1);
         let a = store.acquire_slot("a", 5).unwrap();
+        let b = store.acquire_slot("b", 5);
         assert!(matches!(
-            store.acquire_slot("b", 5),
+            b,
             Err(ConcurrencyError::StoreFull { max_keys: 1 })
         ));
         assert!(a.release().is_none());
@@ -236,14 +235,13 @@ mod tests {
     #[test]
     fn a_limit_of_zero_admits_nothing_and_bad_keys_are_refused() {
         let store = MemoryConcurrencyLimiter::new();
+        let zero = store.acquire_slot("k", 0);
         assert!(matches!(
-            store.acquire_slot("k", 0),
+            zero,
             Err(ConcurrencyError::LimitReached { limit: 0 })
         ));
-        assert!(matches!(
-            store.acquire_slot("", 1),
-            Err(ConcurrencyError::InvalidKey(_))
-        ));
+        let empty = store.acquire_slot("", 1);
+        assert!(matches!(empty, Err(ConcurrencyError::InvalidKey(_))));
         assert!(store.is_empty());
     }
 }

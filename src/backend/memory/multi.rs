@@ -41,7 +41,7 @@ impl MemoryLocks {
         ))
     }
 
-    /// Extends every key of a set lease, if every one of them still holds its token.
+    /// Extends every key of an exclusive lease, if every one of them still holds its token.
     pub(super) fn extend_all(&self, lease: &mut Lease, keys: &[Arc<str>]) -> Result<(), LockError> {
         let now = Instant::now();
         let mut state = self.state();

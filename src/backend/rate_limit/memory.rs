@@ -237,10 +237,8 @@ impl Windows {
         Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO)
     }
 
-    /// Evicts the windows that ended by `by`, soonest first; `O(log n)` each, and
-    /// nothing to do but a look at the soonest end when none has. A key whose window
-    /// moved on since its entry was queued (a GCRA arrival time, a window started again
-    /// in a kept entry) is queued again at its new end.
+    /// Evicts the windows that ended by `by`, soonest first, `O(log n)` each; a key whose
+    /// window moved on since it was queued is queued again at its new end.
     fn evict_ended(&mut self, by: Instant) {
         let mut evicted = false;
         while self.ends.peek().is_some_and(|end| end.0.0 <= by) {
@@ -381,8 +379,9 @@ mod tests {
             limiter.hit(&format!("short:{i}"), short).unwrap();
         }
         limiter.hit("long", quota("1/60")).unwrap();
+        let full = limiter.hit("new", short);
         assert!(matches!(
-            limiter.hit("new", short),
+            full,
             Err(RateLimitError::StoreFull { max_keys: 10 })
         ));
         std::thread::sleep(Duration::from_millis(30));
@@ -415,11 +414,9 @@ mod tests {
 
     #[test]
     fn the_cap_has_a_default_and_is_at_least_one() {
-        assert_eq!(
-            MemoryRateLimiter::new().max_keys(),
-            MemoryRateLimiter::DEFAULT_MAX_KEYS
-        );
-        assert_eq!(MemoryRateLimiter::DEFAULT_MAX_KEYS, 100_000);
+        let default = MemoryRateLimiter::DEFAULT_MAX_KEYS;
+        assert_eq!(MemoryRateLimiter::new().max_keys(), default);
+        assert_eq!(default, 100_000);
         let one = MemoryRateLimiter::with_max_keys(0);
         assert_eq!(one.max_keys(), 1);
         assert!(one.is_empty());
@@ -430,18 +427,13 @@ mod tests {
     #[test]
     fn invalid_keys_are_refused() {
         let limiter = MemoryRateLimiter::new();
-        let q = quota("1/1");
-        assert!(matches!(
-            limiter.hit("", q),
-            Err(RateLimitError::InvalidKey(KeyError::Empty))
-        ));
-        assert!(matches!(
-            limiter.hit("a\nb", q),
-            Err(RateLimitError::InvalidKey(KeyError::ControlCharacter))
-        ));
-        assert!(matches!(
-            limiter.hit(&"a".repeat(MAX_RESOURCE_LEN + 1), q),
-            Err(RateLimitError::InvalidKey(KeyError::TooLong { .. }))
-        ));
+        let invalid = |key: &str| match limiter.hit(key, quota("1/1")) {
+            Err(RateLimitError::InvalidKey(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(invalid(""), KeyError::Empty);
+        assert_eq!(invalid("a\nb"), KeyError::ControlCharacter);
+        let long = "a".repeat(MAX_RESOURCE_LEN + 1);
+        assert!(matches!(invalid(&long), KeyError::TooLong { .. }));
     }
 }
