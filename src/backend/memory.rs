@@ -5,7 +5,7 @@ use std::collections::hash_map::Entry;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
@@ -90,7 +90,7 @@ struct HeldKey {
 
 impl HeldKey {
     /// How long it is still held at `now`, if it is.
-    fn left(&self, now: Instant) -> Option<std::time::Duration> {
+    fn left(&self, now: Instant) -> Option<Duration> {
         (self.expires_at > now).then(|| self.expires_at - now)
     }
 }
@@ -112,7 +112,7 @@ impl Table {
     }
 
     /// How long the exclusive holder of `key` still holds it, if it does.
-    fn held_for(&self, key: &str, now: Instant) -> Option<std::time::Duration> {
+    fn held_for(&self, key: &str, now: Instant) -> Option<Duration> {
         self.keys.get(key)?.holder.as_ref()?.left(now)
     }
 
@@ -219,11 +219,7 @@ impl MemoryLocks {
 
     /// How long a request that found `key` held should wait before trying again (see
     /// [`HoldTimes`]).
-    pub(crate) fn retry_estimate(
-        &self,
-        key: &str,
-        holder_left: std::time::Duration,
-    ) -> std::time::Duration {
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         self.state()
             .holds
             .retry_after(key, self.prefix(), holder_left)
@@ -327,7 +323,7 @@ impl MemoryLocks {
     pub(crate) async fn lock_key_within(
         &self,
         key: Arc<str>,
-        max_wait: std::time::Duration,
+        max_wait: Duration,
     ) -> Result<Lease, LockError> {
         match self.acquire(key.clone()) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}

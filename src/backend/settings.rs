@@ -99,17 +99,14 @@ impl Default for Settings {
 #[cfg(feature = "lock")]
 impl Settings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl.is_zero() {
-            return Err(ConfigError::InvalidTtl {
-                ttl: self.ttl,
-                reason: "it must be above zero",
-            });
-        }
-        if self.ttl > MAX_TTL {
-            return Err(ConfigError::InvalidTtl {
-                ttl: self.ttl,
-                reason: "it must be at most 4294967295 ms (about 49 days)",
-            });
+        let ttl = self.ttl;
+        if ttl.is_zero() || ttl > MAX_TTL {
+            let reason = if ttl.is_zero() {
+                "it must be above zero"
+            } else {
+                "it must be at most 4294967295 ms (about 49 days)"
+            };
+            return Err(ConfigError::InvalidTtl { ttl, reason });
         }
         let (min, max) = self.retry_delay;
         if min > max {

@@ -182,11 +182,21 @@ impl Watch for Watchdog {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Renewal, Watchdog};
+    use super::{LeaseStatus, Renewal, Watchdog};
     use crate::{Locks, MemoryLocks};
 
     fn locks(ttl: Duration) -> Locks {
         Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
+    }
+
+    /// A task awaiting `status.lost()`, checked to be waiting.
+    async fn awaiting_loss(status: &LeaseStatus) -> tokio::task::JoinHandle<()> {
+        let status = status.clone();
+        let waiter = tokio::spawn(async move { status.lost().await });
+        // On this single-threaded runtime the yield runs the waiter until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        waiter
     }
 
     #[tokio::test]
@@ -195,13 +205,7 @@ mod tests {
         let lease = locks.try_lock("released").await.unwrap();
         let watchdog = Watchdog::new(locks, lease, Renewal::default());
         let status = watchdog.status();
-        let waiter = tokio::spawn({
-            let status = status.clone();
-            async move { status.lost().await }
-        });
-        // On this single-threaded runtime the yield runs the waiter until it waits.
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        let waiter = awaiting_loss(&status).await;
         drop(watchdog);
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
@@ -257,12 +261,7 @@ mod tests {
         assert!(!status.is_lost());
         // The key is released behind the watchdog's back and taken by another holder: the
         // next renewal finds the token gone, and the status says lost.
-        let waiter = tokio::spawn({
-            let status = status.clone();
-            async move { status.lost().await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        let waiter = awaiting_loss(&status).await;
         locks.unlock(copy).await.unwrap();
         let _thief = locks.try_lock("renewed").await.unwrap();
         tokio::time::timeout(

@@ -267,14 +267,11 @@ impl RedisConcurrencyLimiter {
             .arg(&*token)
             .arg(MARK_MS);
         let start = Instant::now();
-        let reply = self
-            .bounded(invocation.invoke_async::<(i64, i64)>(&mut conn))
-            .await;
-        let (taken, _held) = match reply {
+        let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
+        let (taken, _held) = match inner.store.bounded(call).await {
             Ok(reply) => reply,
-            Err(e) => {
-                if matches!(&e, ConcurrencyError::Unavailable(f) if matches!(f.reason, NodeFailureReason::Timeout(_)))
-                {
+            Err(failure) => {
+                if let NodeFailureReason::Timeout(_) = failure.reason {
                     // The script may have run without its answer arriving in time: take
                     // the permit back rather than leave it to its TTL.
                     let limiter = self.clone();
@@ -282,7 +279,7 @@ impl RedisConcurrencyLimiter {
                         let _ = limiter.release(&key, &token).await;
                     });
                 }
-                return Err(e);
+                return Err(ConcurrencyError::Unavailable(failure));
             }
         };
         if taken != 1 {
