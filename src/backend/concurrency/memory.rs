@@ -51,17 +51,14 @@ struct Counts {
 
 impl fmt::Debug for MemoryConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let counts = self.counts();
         f.debug_struct("MemoryConcurrencyLimiter")
-            .field("keys", &counts.in_flight.len())
-            .field("max_keys", &counts.max_keys)
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys())
             .finish()
     }
 }
 
 impl Default for MemoryConcurrencyLimiter {
-    /// New, empty counts, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys with
-    /// permits.
     fn default() -> Self {
         Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
     }

@@ -77,17 +77,14 @@ pub(crate) const REUSE_FOR: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for MemoryRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let windows = self.windows();
         f.debug_struct("MemoryRateLimiter")
-            .field("keys", &windows.counts.len())
-            .field("max_keys", &windows.max_keys)
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys())
             .finish()
     }
 }
 
 impl Default for MemoryRateLimiter {
-    /// New, empty counters, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) live
-    /// windows.
     fn default() -> Self {
         Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
     }
