@@ -8,8 +8,7 @@ use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
 use crate::backend::reentry;
-use crate::backend::request::LockBackend;
-use crate::backend::request::{self, Claim, LockRequest, Options, Wait};
+use crate::backend::request::{self, Claim, LockBackend, LockRequest, LockResult, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
@@ -166,11 +165,7 @@ impl Locks {
     /// The one acquisition path: keys already prefixed and checked. One attempt in the
     /// plain mode runs in place; the rest (waits, retries, the other modes) in a box, so
     /// that the future of the common case stays small.
-    pub(crate) async fn acquire_claim(
-        &self,
-        claim: Claim,
-        options: Options,
-    ) -> Result<Lease, LockError> {
+    pub(crate) async fn acquire_claim(&self, claim: Claim, options: Options) -> LockResult {
         if let Some(lease) = reentry::held(self.id(), claim.keys()) {
             return Ok(lease);
         }

@@ -11,7 +11,7 @@ use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
-use crate::backend::request::{Claim, LockBackend, LockMode, SET_MODE};
+use crate::backend::request::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -239,13 +239,13 @@ impl MemoryLocks {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+    pub(crate) fn acquire(&self, key: Arc<str>) -> LockResult {
         self.acquire_from(key, Instant::now())
     }
 
     /// [`acquire`](Self::acquire) at `now`, read by the caller just before (the lease then
     /// ends that much earlier: never later than its TTL).
-    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> LockResult {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
         observe::traced_now(
             span,
@@ -255,12 +255,7 @@ impl MemoryLocks {
     }
 
     /// [`acquire`](Self::acquire) under the state's lock.
-    fn acquire_in(
-        &self,
-        state: &mut Table,
-        key: Arc<str>,
-        now: Instant,
-    ) -> Result<Lease, LockError> {
+    fn acquire_in(&self, state: &mut Table, key: Arc<str>, now: Instant) -> LockResult {
         let token = Token::unique();
         let expires_at = now + self.inner.policy.ttl;
         state.sweep(now);
@@ -301,12 +296,7 @@ impl MemoryLocks {
     }
 
     /// One attempt, at once, from `now` (read by the caller just before).
-    pub(crate) fn attempt(
-        &self,
-        claim: &Claim,
-        mode: LockMode,
-        now: Instant,
-    ) -> Result<Lease, LockError> {
+    pub(crate) fn attempt(&self, claim: &Claim, mode: LockMode, now: Instant) -> LockResult {
         match (claim, mode) {
             (Claim::One(key), LockMode::Plain) => self.acquire_from(key.clone(), now),
             (Claim::One(key), LockMode::Shared) => self.acquire_access(key.clone(), Access::Shared),
@@ -320,11 +310,7 @@ impl MemoryLocks {
     }
 
     /// Waits up to `max_wait` for a plain lock on a prefixed key.
-    pub(crate) async fn lock_key_within(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
+    pub(crate) async fn lock_key_within(&self, key: Arc<str>, max_wait: Duration) -> LockResult {
         match self.acquire(key.clone()) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, Table};
 use crate::backend::KeyMap;
+use crate::backend::request::LockResult;
 use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
@@ -85,7 +86,7 @@ impl Table {
 
 impl MemoryLocks {
     /// One attempt at shared or exclusive access, at once.
-    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> LockResult {
         let now = Instant::now();
         let ttl = self.inner.policy.ttl;
         let mut state = self.state();
@@ -130,7 +131,7 @@ impl MemoryLocks {
         key: Arc<str>,
         access: Access,
         max_wait: Duration,
-    ) -> Result<Lease, LockError> {
+    ) -> LockResult {
         match self.acquire_access(key.clone(), access) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
@@ -180,11 +181,7 @@ impl MemoryLocks {
     }
 
     /// One fair attempt: only the head of the queue, or anyone when it is empty.
-    pub(super) fn acquire_fair(
-        &self,
-        key: Arc<str>,
-        id: Option<Token>,
-    ) -> Result<Lease, LockError> {
+    pub(super) fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> LockResult {
         let now = Instant::now();
         let mut state = self.state();
         let turn = state.modes(&key, now, |entry| match entry.queue.front() {
@@ -210,7 +207,7 @@ impl MemoryLocks {
         &self,
         key: Arc<str>,
         max_wait: Duration,
-    ) -> Result<Lease, LockError> {
+    ) -> LockResult {
         if max_wait.is_zero() {
             return self.acquire_fair(key, None);
         }
@@ -332,7 +329,7 @@ mod tests {
         MemoryLocks::builder().ttl(ttl).build().unwrap()
     }
 
-    fn is_taken(result: Result<Lease, LockError>) -> bool {
+    fn is_taken(result: LockResult) -> bool {
         matches!(result, Err(LockError::Taken { .. }))
     }
 

@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{HeldKey, MemoryLocks};
+use crate::backend::request::LockResult;
 use crate::error::LockError;
 use crate::lease::{Lease, Shape, Token};
 
 impl MemoryLocks {
     /// Takes the sorted, distinct `keys`, all or none.
-    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> LockResult {
         if let [key] = &keys[..] {
             return self.acquire(key.clone());
         }
@@ -109,7 +110,7 @@ mod tests {
     use super::*;
     use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
 
-    fn is_taken(result: Result<Lease, LockError>) -> bool {
+    fn is_taken(result: LockResult) -> bool {
         matches!(result, Err(LockError::Taken { .. }))
     }
 
