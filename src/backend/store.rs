@@ -26,8 +26,8 @@ pub(crate) struct NodeStore {
 #[derive(Debug)]
 pub(crate) struct StoreSettings {
     node: Node,
-    timeout: Duration,
-    prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) prefix: String,
 }
 
 impl StoreSettings {
@@ -38,16 +38,6 @@ impl StoreSettings {
             timeout,
             prefix: prefix.to_owned(),
         }
-    }
-
-    /// Sets the key prefix (checked by [`connect`](Self::connect)).
-    pub(crate) fn set_prefix(&mut self, prefix: String) {
-        self.prefix = prefix;
-    }
-
-    /// Sets the bound on one call, at least 1 ms (shorter ones are raised to it).
-    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout.max(Duration::from_millis(1));
     }
 
     /// Checks the prefix, sets up the connection and pings the node, bounded by the
@@ -142,13 +132,14 @@ macro_rules! node_store_setters {
     ) => {
         $(#[$prefix])*
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.settings.set_prefix(prefix.into());
+            self.settings.prefix = prefix.into();
             self
         }
 
         $(#[$timeout])*
         pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
-            self.settings.set_timeout(timeout);
+            // At least 1 ms; the prefix is checked by `StoreSettings::connect`.
+            self.settings.timeout = timeout.max(std::time::Duration::from_millis(1));
             self
         }
     };

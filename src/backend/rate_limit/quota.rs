@@ -215,10 +215,10 @@ impl FromStr for Quota {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let malformed = || QuotaError::Malformed(text.to_owned());
         let (rate, burst) = match text.split_once(" burst ") {
-            Some((rate, burst)) => {
-                let burst = parse_digits(burst.trim()).ok_or_else(malformed)?;
-                (rate, Some(burst))
-            }
+            Some((rate, burst)) => (
+                rate,
+                Some(parse_digits(burst.trim()).ok_or_else(malformed)?),
+            ),
             None => (text, None),
         };
         let (limit, window) = rate.split_once('/').ok_or_else(malformed)?;

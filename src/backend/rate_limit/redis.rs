@@ -167,13 +167,16 @@ impl RedisRateLimiter {
             let call = invocation.invoke_async::<(i64, i64, i64)>(&mut conn);
             let (allowed, micros, reset_us) = store.bounded(call).await.map_err(unavailable)?;
             crate::observe::nodes_answered(1);
+            // `micros`: what is left of the burst when allowed, the retry delay when not.
             let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
             let remaining = u64::try_from(micros).unwrap_or(0);
-            return Ok(if allowed == 1 {
-                Usage::gcra(&quota, true, remaining, us(reset_us), Duration::ZERO)
-            } else {
-                Usage::gcra(&quota, false, 0, us(reset_us), us(micros))
-            });
+            return Ok(Usage::gcra(
+                &quota,
+                allowed == 1,
+                remaining,
+                us(reset_us),
+                us(micros),
+            ));
         }
         let mut invocation = HIT.key(key);
         invocation.arg(quota.window_ms());
