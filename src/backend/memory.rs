@@ -116,11 +116,6 @@ impl Table {
         self.keys.get(key)?.holder.as_ref()?.left(now)
     }
 
-    /// Makes `holder` the exclusive holder of `key`.
-    fn hold(&mut self, key: Arc<str>, holder: HeldKey) {
-        self.keys.entry(key).or_default().holder = Some(holder);
-    }
-
     /// Removes the holder of `key`, and the key when nothing else is left on it.
     fn let_go(&mut self, key: &str) {
         if let Some(state) = self.keys.get_mut(key) {
@@ -332,15 +327,13 @@ impl MemoryLocks {
     }
 
     fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
-        if lease.is_shared() {
-            return self.extend_shared(lease);
-        }
         match &lease.shape {
+            Shape::Reader { .. } => self.extend_shared(lease),
             Shape::Set(keys) => {
                 let keys = keys.clone();
                 self.extend_all(lease, &keys)
             }
-            _ => {
+            Shape::Lock => {
                 let key = lease.key.clone();
                 self.extend_all(lease, std::slice::from_ref(&key))
             }

@@ -30,7 +30,7 @@ impl MemoryLocks {
                 expires_at,
                 since: now,
             };
-            state.hold(key.clone(), holder);
+            state.keys.entry(key.clone()).or_default().holder = Some(holder);
         }
         let first = keys[0].clone();
         Ok(self.lease(
