@@ -141,25 +141,20 @@ impl PermitSlot {
     /// Releases the permit: in process at once (`None`), on Redis with one `ZREM`, the
     /// future of which is returned. Should that future be dropped before it is done, the
     /// permit is released in the background.
-    pub(crate) fn release(mut self) -> Option<BoxFuture<()>> {
-        match self.0.take()? {
-            HeldPermit::Memory { store, key } => {
-                store.release(&key);
-                None
-            }
+    pub(crate) fn release(self) -> Option<BoxFuture<()>> {
+        match &self.0 {
+            // In process, the drop releases it.
+            Some(HeldPermit::Memory { .. }) | None => None,
+            // Armed until the release is done: dropped midway, it goes on in the background.
             #[cfg(feature = "redis")]
-            HeldPermit::Redis(slot) => {
-                // Armed again until the release is done: dropped midway, it goes on in the
-                // background.
-                self.0 = Some(HeldPermit::Redis(slot));
-                Some(Box::pin(async move {
-                    if let Some(HeldPermit::Redis(slot)) = &self.0 {
-                        slot.release().await;
-                    }
-                    // Done: nothing left for the drop to release.
-                    drop(self.0.take());
-                }))
-            }
+            Some(HeldPermit::Redis(_)) => Some(Box::pin(async move {
+                let mut held = self;
+                if let Some(HeldPermit::Redis(slot)) = &held.0 {
+                    slot.release().await;
+                }
+                // Done: nothing left for the drop to release.
+                drop(held.0.take());
+            })),
         }
     }
 }
