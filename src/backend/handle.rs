@@ -3,31 +3,25 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
 use crate::backend::reentry;
-use crate::backend::request::LockBackend;
-use crate::backend::request::{self, Claim, LockRequest, Options, Wait};
+use crate::backend::request::{self, Claim, LockBackend, LockRequest, LockResult, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
+use crate::redact::LogKey;
 
-/// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
-///
-/// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
-/// shares the backend. Build one with `Locks::from(redlock)` or `Locks::from(memory_locks)`;
-/// [`Locks::default`] is the process-wide in-process backend.
-#[derive(Clone, Debug)]
-pub struct Locks {
-    backend: LockStore,
-}
-
-#[derive(Clone, Debug)]
-enum LockStore {
-    #[cfg(feature = "redis")]
-    Redlock(Redlock),
-    Memory(MemoryLocks),
+store_handle! {
+    /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
+    ///
+    /// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
+    /// shares the backend. Build one with `Locks::from(redlock)` or
+    /// `Locks::from(memory_locks)`; [`Locks::default`] is the process-wide in-process
+    /// backend.
+    Locks, LockStore { Redlock, MemoryLocks }
 }
 
 /// The app's default backend: set once by [`Locks::set_default`], or the in-process
@@ -43,24 +37,6 @@ impl Default for Locks {
         DEFAULT
             .get_or_init(|| Locks::from(MemoryLocks::new()))
             .clone()
-    }
-}
-
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-impl From<Redlock> for Locks {
-    fn from(redlock: Redlock) -> Self {
-        Self {
-            backend: LockStore::Redlock(redlock),
-        }
-    }
-}
-
-impl From<MemoryLocks> for Locks {
-    fn from(memory: MemoryLocks) -> Self {
-        Self {
-            backend: LockStore::Memory(memory),
-        }
     }
 }
 
@@ -94,11 +70,6 @@ impl Locks {
             .map_err(|_| ConfigError::DefaultAlreadyChosen)
     }
 
-    /// Whether this is the in-process backend.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, LockStore::Memory(_))
-    }
-
     /// The lease TTL of the backend.
     pub fn ttl(&self) -> Duration {
         self.policy().ttl
@@ -113,7 +84,7 @@ impl Locks {
     fn id(&self) -> u64 {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.id(),
+            LockStore::Redis(r) => r.id(),
             LockStore::Memory(m) => m.id(),
         }
     }
@@ -121,7 +92,7 @@ impl Locks {
     fn policy(&self) -> &Settings {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.policy(),
+            LockStore::Redis(r) => r.policy(),
             LockStore::Memory(m) => m.policy(),
         }
     }
@@ -169,15 +140,14 @@ impl Locks {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
-        // `acquire` with a plain request, without building one: the backend's attempt,
-        // as `acquire_claim` runs it, one future fewer.
+        // `acquire_claim` for one plain attempt, one future fewer.
         let key = self.policy().full_key(resource)?;
         if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
             return Ok(lease);
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.acquire(key, false).await,
+            LockStore::Redis(r) => r.acquire(key, false).await,
             LockStore::Memory(m) => m.attempt(&Claim::One(key), Default::default(), Instant::now()),
         }
     }
@@ -195,18 +165,14 @@ impl Locks {
     /// The one acquisition path: keys already prefixed and checked. One attempt in the
     /// plain mode runs in place; the rest (waits, retries, the other modes) in a box, so
     /// that the future of the common case stays small.
-    pub(crate) async fn acquire_claim(
-        &self,
-        claim: Claim,
-        options: Options,
-    ) -> Result<Lease, LockError> {
+    pub(crate) async fn acquire_claim(&self, claim: Claim, options: Options) -> LockResult {
         if let Some(lease) = reentry::held(self.id(), claim.keys()) {
             return Ok(lease);
         }
         let once = options.wait == Wait::Once;
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => match claim {
+            LockStore::Redis(r) => match claim {
                 Claim::One(key) if once && options.mode == super::request::LockMode::Plain => {
                     r.acquire(key, false).await
                 }
@@ -231,7 +197,7 @@ impl Locks {
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.extend(lease).await,
+            LockStore::Redis(r) => r.extend(lease).await,
             LockStore::Memory(m) => m.extend(lease),
         }
     }
@@ -250,7 +216,7 @@ impl Locks {
         }
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.unlock(lease).await,
+            LockStore::Redis(r) => r.unlock(lease).await,
             LockStore::Memory(m) => m.unlock(lease),
         }
     }
@@ -265,7 +231,7 @@ impl Locks {
     ) -> Result<crate::backend::records::Begin, LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.begin_idempotent(key, max_wait).await,
+            LockStore::Redis(r) => r.begin_idempotent(key, max_wait).await,
             LockStore::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
         }
     }
@@ -285,7 +251,7 @@ impl Locks {
     ) -> Result<(), LockError> {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => match record {
+            LockStore::Redis(r) => match record {
                 Some(record) => r.finish_idempotent(lease, record, ttl).await,
                 None => r.unlock(lease).await,
             },
@@ -296,14 +262,12 @@ impl Locks {
         }
     }
 
-    /// The `Retry-After` for a request that found `key` (with the prefix) held, the
-    /// holder having `holder_left` of its TTL: the moving average of the hold times this
-    /// backend observed for the key's scope, bounded by `holder_left`; `holder_left`
-    /// without an observation (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    /// The `Retry-After` for a request that found `key` held with `holder_left` of its TTL
+    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.retry_estimate(key, holder_left),
+            LockStore::Redis(r) => r.retry_estimate(key, holder_left),
             LockStore::Memory(m) => m.retry_estimate(key, holder_left),
         }
     }
@@ -319,27 +283,65 @@ impl Locks {
         }
     }
 
-    /// The Redlock backend, when this is one.
-    #[cfg(feature = "redis")]
-    pub(crate) fn as_redlock(&self) -> Option<&Redlock> {
+    /// What the backend holds for `resource`, for an operator: whether it is held, for
+    /// how long, the fencing token, readers and waiters. Read-only; on Redlock one
+    /// pipeline per node, every node awaited up to the node timeout.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::Locks;
+    ///
+    /// let locks = Locks::default();
+    /// let lease = locks.try_lock("report:7").await?;
+    /// let seen = locks.inspect("report:7").await?;
+    /// assert!(seen.is_held() && seen.remaining.is_some());
+    /// locks.unlock(lease).await?;
+    /// assert!(!locks.inspect("report:7").await?.is_held());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
+    /// [`LockError::NoQuorum`] when no node answered.
+    pub async fn inspect(&self, resource: &str) -> Result<LockInspection, LockError> {
+        let key = self.full_key(resource)?;
         match &self.backend {
-            LockStore::Redlock(r) => Some(r),
-            LockStore::Memory(_) => None,
+            #[cfg(feature = "redis")]
+            LockStore::Redis(r) => r.inspect_key(&key).await,
+            LockStore::Memory(m) => Ok(m.inspect_key(&key)),
         }
+    }
+
+    /// Deletes the lock on `resource` whoever holds it, on every node that answers: for
+    /// a lock that a dead job left behind and that will not expire soon enough. Returns
+    /// on how many nodes it was held.
+    ///
+    /// **Dangerous**: the holder, if it is alive, goes on believing it holds the lock
+    /// until its next renewal or release finds it gone (then `LockError::Expired`), and
+    /// a second holder may take it meanwhile. Only the lock key is deleted (readers,
+    /// waiters and the fencing counter are left): a holder that fences its writes is
+    /// still refused by the storage once the new holder has written. Every call is
+    /// logged at `warn` level.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
+    /// [`LockError::NoQuorum`] when no node answered.
+    pub async fn force_unlock(&self, resource: &str) -> Result<usize, LockError> {
+        let key = self.full_key(resource)?;
+        let deleted = match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redis(r) => r.force_unlock_key(&key).await?,
+            LockStore::Memory(m) => m.force_unlock_key(&key),
+        };
+        tracing::warn!(key = %LogKey(&key), nodes = deleted, "force_unlock: the lock was deleted whoever held it");
+        Ok(deleted)
     }
 
     /// The full key of `resource`: the prefix, then the resource escaped.
     pub(crate) fn full_key(&self, resource: &str) -> Result<std::sync::Arc<str>, LockError> {
         Ok(self.policy().full_key(resource)?)
-    }
-
-    /// The in-process backend, when this is one: its operations need no `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
-        match &self.backend {
-            LockStore::Memory(m) => Some(m),
-            #[cfg(feature = "redis")]
-            LockStore::Redlock(_) => None,
-        }
     }
 
     /// Whether `lease` is the lock on `resource` in this backend: the key that
@@ -360,7 +362,7 @@ impl Locks {
     pub(crate) fn release_detached(&self, lease: Lease) {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redlock(r) => r.release_lease_detached(&lease),
+            LockStore::Redis(r) => r.release_lease_detached(&lease),
             LockStore::Memory(m) => {
                 let _ = m.unlock(lease);
             }

@@ -1,24 +1,16 @@
 //! How long locks are held, as seen in this process: the estimate behind a contended
 //! request's `Retry-After`.
 //!
-//! Every release of a lease by this process (the layer, the extractor, the client
-//! methods) records how long it was held, under the key's *scope*: the part of the key
-//! between the backend's prefix and the first `:` after it (the layer's or the
-//! extractor's scope, the `report` of a resource `report:2026-11`; a resource without a
-//! `:` counts under one shared, empty scope). The estimate of a scope is an exponentially
-//! weighted moving average of its hold times, each new one weighing 1/4.
+//! Every release by this process records how long the lease was held, under the key's
+//! *scope*: the part between the backend's prefix and the next `:` (the layer's scope, the
+//! `report` of `report:2026-11`; empty without a `:`). A scope's estimate is a moving
+//! average of its hold times, each new one weighing 1/4. After [`WARM_UP`] releases, a
+//! release of the same scope as the last one recorded is sampled once in [`SAMPLE_EVERY`]
+//! (then it costs a comparison, not a lookup); another scope's is always recorded.
 //!
-//! After the first [`WARM_UP`] releases, a release of the same scope as the last one
-//! recorded is recorded once in [`SAMPLE_EVERY`] times: an average of hold times needs a
-//! sample, not every one, and such a release then costs a comparison rather than a
-//! lookup. A release of any other scope is recorded, so a scope's first release always
-//! is.
-//!
-//! The answer to a contended request ([`retry_after`](HoldTimes::retry_after)) is that
-//! estimate, bounded by the holder's remaining TTL: a handler that holds a key for 50 ms
-//! answers `Retry-After: 1` (the header counts whole seconds, at least 1) rather than the
-//! 10 s left on the holder's lease. Without any observation for the scope, it is the
-//! holder's remaining TTL, an upper bound.
+//! The answer to a contended request is that estimate bounded by the holder's remaining
+//! TTL (a handler holding a key 50 ms answers `Retry-After: 1`, not the 10 s left on the
+//! lease); without an observation, the remaining TTL.
 
 use std::time::Duration;
 
@@ -152,34 +144,20 @@ mod tests {
     fn the_estimate_follows_the_hold_times_and_is_bounded_by_the_holders_ttl() {
         let mut holds = HoldTimes::default();
         let key = "tower-redlock:/items/%7Bid%7D:42";
-        let ttl_left = Duration::from_secs(10);
+        let (ttl_left, ms) = (Duration::from_secs(10), Duration::from_millis);
         assert_eq!(holds.retry_after(key, PREFIX, ttl_left), ttl_left);
-        holds.record(key, PREFIX, Duration::from_millis(50));
-        assert_eq!(
-            holds.retry_after(key, PREFIX, ttl_left),
-            Duration::from_millis(50)
-        );
+        holds.record(key, PREFIX, ms(50));
+        assert_eq!(holds.retry_after(key, PREFIX, ttl_left), ms(50));
         // Another value of the scope shares the estimate.
-        assert_eq!(
-            holds.retry_after("tower-redlock:/items/%7Bid%7D:7", PREFIX, ttl_left),
-            Duration::from_millis(50)
-        );
+        let other = "tower-redlock:/items/%7Bid%7D:7";
+        assert_eq!(holds.retry_after(other, PREFIX, ttl_left), ms(50));
         // Never above the holder's remaining TTL.
-        assert_eq!(
-            holds.retry_after(key, PREFIX, Duration::from_millis(20)),
-            Duration::from_millis(20)
-        );
+        assert_eq!(holds.retry_after(key, PREFIX, ms(20)), ms(20));
         // A quarter of the way to each new observation.
-        holds.record(key, PREFIX, Duration::from_millis(450));
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(150))
-        );
-        holds.record(key, PREFIX, Duration::from_millis(50));
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(125))
-        );
+        holds.record(key, PREFIX, ms(450));
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(150)));
+        holds.record(key, PREFIX, ms(50));
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(125)));
         // Other scopes are apart.
         assert_eq!(holds.estimate("tower-redlock:/users:42", PREFIX), None);
     }
@@ -187,40 +165,25 @@ mod tests {
     #[test]
     fn after_the_warm_up_one_release_in_eight_of_the_same_scope_is_recorded() {
         let mut holds = HoldTimes::default();
-        let key = "tower-redlock:report:1";
+        let (key, ms) = ("tower-redlock:report:1", Duration::from_millis);
         for _ in 0..WARM_UP {
-            holds.record(key, PREFIX, Duration::from_millis(100));
+            holds.record(key, PREFIX, ms(100));
         }
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(100))
-        );
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(100)));
         // Seven releases pass unrecorded, the eighth moves the estimate.
         for _ in 1..SAMPLE_EVERY {
-            holds.record(key, PREFIX, Duration::from_millis(900));
+            holds.record(key, PREFIX, ms(900));
         }
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(100))
-        );
-        holds.record(key, PREFIX, Duration::from_millis(900));
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(300))
-        );
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(100)));
+        holds.record(key, PREFIX, ms(900));
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(300)));
         // Another scope's release is recorded at once, and so is the next one of the
         // first scope.
         let other = "tower-redlock:export:1";
-        holds.record(other, PREFIX, Duration::from_millis(40));
-        assert_eq!(
-            holds.estimate(other, PREFIX),
-            Some(Duration::from_millis(40))
-        );
-        holds.record(key, PREFIX, Duration::from_millis(300));
-        assert_eq!(
-            holds.estimate(key, PREFIX),
-            Some(Duration::from_millis(300))
-        );
+        holds.record(other, PREFIX, ms(40));
+        assert_eq!(holds.estimate(other, PREFIX), Some(ms(40)));
+        holds.record(key, PREFIX, ms(300));
+        assert_eq!(holds.estimate(key, PREFIX), Some(ms(300)));
     }
 
     #[test]

@@ -5,13 +5,13 @@ use std::collections::hash_map::Entry;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
-use crate::backend::request::{Claim, LockBackend, LockMode, SET_MODE};
+use crate::backend::request::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{Waiters, bounded_wait};
 use crate::error::{ConfigError, LockError};
@@ -90,7 +90,7 @@ struct HeldKey {
 
 impl HeldKey {
     /// How long it is still held at `now`, if it is.
-    fn left(&self, now: Instant) -> Option<std::time::Duration> {
+    fn left(&self, now: Instant) -> Option<Duration> {
         (self.expires_at > now).then(|| self.expires_at - now)
     }
 }
@@ -112,13 +112,8 @@ impl Table {
     }
 
     /// How long the exclusive holder of `key` still holds it, if it does.
-    fn held_for(&self, key: &str, now: Instant) -> Option<std::time::Duration> {
+    fn held_for(&self, key: &str, now: Instant) -> Option<Duration> {
         self.keys.get(key)?.holder.as_ref()?.left(now)
-    }
-
-    /// Makes `holder` the exclusive holder of `key`.
-    fn hold(&mut self, key: Arc<str>, holder: HeldKey) {
-        self.keys.entry(key).or_default().holder = Some(holder);
     }
 
     /// Removes the holder of `key`, and the key when nothing else is left on it.
@@ -181,17 +176,25 @@ impl MemoryLocksBuilder {
     pub fn build(self) -> Result<MemoryLocks, ConfigError> {
         self.policy.validate()?;
         #[cfg(feature = "idempotency")]
-        let records = {
-            let (records, bytes) = self
-                .max_records
-                .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
-            MemoryRecords::new(records, bytes)
+        let (records, bytes) = self
+            .max_records
+            .unwrap_or((DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES));
+        let table = Table {
+            keys: KeyMap::default(),
+            sweep_at: MIN_SWEEP,
+            fence: 0,
+            holds: HoldTimes::default(),
         };
-        Ok(MemoryLocks::with_policy(
-            self.policy,
-            #[cfg(feature = "idempotency")]
-            records,
-        ))
+        Ok(MemoryLocks {
+            inner: Arc::new(MemoryCore {
+                id: crate::backend::next_backend_id(),
+                policy: self.policy,
+                state: Mutex::new(table),
+                waiters: Waiters::default(),
+                #[cfg(feature = "idempotency")]
+                records: MemoryRecords::new(records, bytes),
+            }),
+        })
     }
 }
 
@@ -199,11 +202,9 @@ impl MemoryLocks {
     /// New, empty locks with the defaults: 10 s TTL, 3 retries 50 to 250 ms apart, prefix
     /// `"tower-redlock:"`.
     pub fn new() -> Self {
-        Self::with_policy(
-            Settings::default(),
-            #[cfg(feature = "idempotency")]
-            MemoryRecords::new(DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORD_BYTES),
-        )
+        Self::builder()
+            .build()
+            .expect("the default settings are valid")
     }
 
     /// A builder to set the TTL, the retries and the prefix.
@@ -211,34 +212,9 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    fn with_policy(
-        policy: Settings,
-        #[cfg(feature = "idempotency")] records: MemoryRecords,
-    ) -> Self {
-        Self {
-            inner: Arc::new(MemoryCore {
-                id: crate::backend::next_backend_id(),
-                policy,
-                state: Mutex::new(Table {
-                    keys: KeyMap::default(),
-                    sweep_at: MIN_SWEEP,
-                    fence: 0,
-                    holds: HoldTimes::default(),
-                }),
-                waiters: Waiters::default(),
-                #[cfg(feature = "idempotency")]
-                records,
-            }),
-        }
-    }
-
     /// How long a request that found `key` held should wait before trying again (see
     /// [`HoldTimes`]).
-    pub(crate) fn retry_estimate(
-        &self,
-        key: &str,
-        holder_left: std::time::Duration,
-    ) -> std::time::Duration {
+    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         self.state()
             .holds
             .retry_after(key, self.prefix(), holder_left)
@@ -258,13 +234,13 @@ impl MemoryLocks {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn acquire(&self, key: Arc<str>) -> Result<Lease, LockError> {
+    pub(crate) fn acquire(&self, key: Arc<str>) -> LockResult {
         self.acquire_from(key, Instant::now())
     }
 
     /// [`acquire`](Self::acquire) at `now`, read by the caller just before (the lease then
     /// ends that much earlier: never later than its TTL).
-    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> LockResult {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
         observe::traced_now(
             span,
@@ -274,37 +250,20 @@ impl MemoryLocks {
     }
 
     /// [`acquire`](Self::acquire) under the state's lock.
-    fn acquire_in(
-        &self,
-        state: &mut Table,
-        key: Arc<str>,
-        now: Instant,
-    ) -> Result<Lease, LockError> {
+    fn acquire_in(&self, state: &mut Table, key: Arc<str>, now: Instant) -> LockResult {
         let token = Token::unique();
-        let ttl = self.inner.policy.ttl;
-        let expires_at = now + ttl;
+        let expires_at = now + self.inner.policy.ttl;
         state.sweep(now);
-        let holder = HeldKey {
+        // One hash of the key, whether it is held or not.
+        let current = &mut state.keys.entry(key.clone()).or_default().holder;
+        if let Some(retry_after) = current.as_ref().and_then(|h| h.left(now)) {
+            return Err(LockError::Taken { retry_after });
+        }
+        *current = Some(HeldKey {
             token,
             expires_at,
             since: now,
-        };
-        // One hash of the key, whether it is held or not.
-        match state.keys.entry(key.clone()) {
-            Entry::Occupied(mut entry) => {
-                let current = &mut entry.get_mut().holder;
-                if let Some(retry_after) = current.as_ref().and_then(|h| h.left(now)) {
-                    return Err(LockError::Taken { retry_after });
-                }
-                *current = Some(holder);
-            }
-            Entry::Vacant(entry) => {
-                entry.insert(KeyState {
-                    holder: Some(holder),
-                    modes: None,
-                });
-            }
-        }
+        });
         Ok(self.lease(state, key, Shape::Lock, token, expires_at))
     }
 
@@ -332,12 +291,7 @@ impl MemoryLocks {
     }
 
     /// One attempt, at once, from `now` (read by the caller just before).
-    pub(crate) fn attempt(
-        &self,
-        claim: &Claim,
-        mode: LockMode,
-        now: Instant,
-    ) -> Result<Lease, LockError> {
+    pub(crate) fn attempt(&self, claim: &Claim, mode: LockMode, now: Instant) -> LockResult {
         match (claim, mode) {
             (Claim::One(key), LockMode::Plain) => self.acquire_from(key.clone(), now),
             (Claim::One(key), LockMode::Shared) => self.acquire_access(key.clone(), Access::Shared),
@@ -351,11 +305,7 @@ impl MemoryLocks {
     }
 
     /// Waits up to `max_wait` for a plain lock on a prefixed key.
-    pub(crate) async fn lock_key_within(
-        &self,
-        key: Arc<str>,
-        max_wait: std::time::Duration,
-    ) -> Result<Lease, LockError> {
+    pub(crate) async fn lock_key_within(&self, key: Arc<str>, max_wait: Duration) -> LockResult {
         match self.acquire(key.clone()) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
@@ -377,29 +327,16 @@ impl MemoryLocks {
     }
 
     fn extend_untraced(&self, lease: &mut Lease) -> Result<(), LockError> {
-        if lease.is_shared() {
-            return self.extend_shared(lease);
-        }
-        if let Shape::Set(keys) = &lease.shape {
-            let keys = keys.clone();
-            return self.extend_all(lease, &keys);
-        }
-        let now = Instant::now();
-        let mut state = self.state();
-        let holder = state
-            .keys
-            .get_mut(&lease.key)
-            .and_then(|k| k.holder.as_mut());
-        match holder {
-            Some(held) if held.token == lease.token && held.expires_at > now => {
-                held.expires_at = now + self.inner.policy.ttl;
-                lease.valid_until = held.expires_at;
-                Ok(())
+        match &lease.shape {
+            Shape::Reader { .. } => self.extend_shared(lease),
+            Shape::Set(keys) => {
+                let keys = keys.clone();
+                self.extend_all(lease, &keys)
             }
-            Some(held) => Err(LockError::Expired {
-                taken_over: held.token != lease.token && held.expires_at > now,
-            }),
-            None => Err(LockError::Expired { taken_over: false }),
+            Shape::Lock => {
+                let key = lease.key.clone();
+                self.extend_all(lease, std::slice::from_ref(&key))
+            }
         }
     }
 

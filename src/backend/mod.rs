@@ -1,26 +1,69 @@
-//! The backends and the one handle over them.
-//!
-//! From the top down:
-//! - [`handle`]: [`Locks`](crate::Locks), the cheap handle the middleware holds, and the
-//!   lease guard that releases on drop;
-//! - [`watchdog`]: a held lease's renewal and loss (the [`Watch`](crate::protect::Watch)
-//!   that `protect` polls work under), and [`status`], the live view of it that handlers
-//!   read;
-//! - the lock backends: [`memory`] (in-process) and [`redlock`] (N Redis masters), and the
-//!   rate-limit and concurrency-limit backends in [`rate_limit`] and [`concurrency`];
-//! - [`renewal`]: the renewal schedule of whatever expires unless renewed (a lease, a
-//!   concurrency permit);
-//! - what they share: [`settings`] (TTL, retries, prefix), [`wait`] (this process's
-//!   waiters) and [`hold`] (the hold times behind `Retry-After`); and for Redis, [`node`]
-//!   (the topologies: one server, a cluster, a Sentinel service), [`connection`] (a
-//!   node's connection, replaced after failures) and `store` (the connection, timeout
-//!   and prefix of the limiters' stores on one node).
+//! The backends and the one handle over them: [`handle`] ([`Locks`](crate::Locks) and the
+//! lease guard); [`watchdog`] (renewal and loss of a held lease) and [`status`] (the live
+//! view handlers read); the lock backends [`memory`] and [`redlock`]; the [`rate_limit`]
+//! and [`concurrency`] stores; [`renewal`] (the schedule of whatever expires unless
+//! renewed); and what they share: [`settings`], [`wait`], [`hold`], and for Redis [`node`]
+//! (the topologies), [`connection`] and `store`.
 
-/// The hash map of this crate's per-key tables (holders, attempts in flight, waiters,
-/// counters, hold times): foldhash's fast hasher, seeded at random per map (keys come
-/// from clients, so a fixed seed would let them aim collisions), which costs a fraction
-/// of the standard library's SipHash on the keys of every request.
+/// The hash map of the per-key tables: foldhash's fast hasher, seeded at random per map
+/// (keys come from clients, so a fixed seed would let them aim collisions).
 pub(crate) type KeyMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The handle over a store on Redis and one in process ([`Locks`](crate::Locks),
+/// [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)),
+/// written once: the type, with the doc comment the call gives it; its private enum of the
+/// two; their `From`s; `is_in_process` and `as_memory`.
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+macro_rules! store_handle {
+    ($(#[$doc:meta])* $handle:ident, $store:ident { $redis:ty, $memory:ty }) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $handle {
+            backend: $store,
+        }
+
+        #[derive(Clone, Debug)]
+        enum $store {
+            #[cfg(feature = "redis")]
+            Redis($redis),
+            Memory($memory),
+        }
+
+        #[cfg(feature = "redis")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+        impl From<$redis> for $handle {
+            fn from(redis: $redis) -> Self {
+                Self { backend: $store::Redis(redis) }
+            }
+        }
+
+        impl From<$memory> for $handle {
+            fn from(memory: $memory) -> Self {
+                Self { backend: $store::Memory(memory) }
+            }
+        }
+
+        impl $handle {
+            /// Whether this is the in-process backend.
+            pub fn is_in_process(&self) -> bool {
+                matches!(self.backend, $store::Memory(_))
+            }
+
+            /// The in-process backend, when this is one: it answers without `.await`.
+            pub(crate) fn as_memory(&self) -> Option<&$memory> {
+                match &self.backend {
+                    $store::Memory(m) => Some(m),
+                    #[cfg(feature = "redis")]
+                    $store::Redis(_) => None,
+                }
+            }
+        }
+    };
+}
 
 #[cfg(feature = "concurrency-limit")]
 pub(crate) mod concurrency;

@@ -136,14 +136,7 @@ impl RecordTable {
     }
 
     fn evict_expired(&mut self, now: Instant) {
-        while let Some((expires, _)) = self.by_expiry.first() {
-            if *expires > now {
-                break;
-            }
-            if !self.evict_first() {
-                break;
-            }
-        }
+        while self.by_expiry.first().is_some_and(|(at, _)| *at <= now) && self.evict_first() {}
     }
 
     fn evict_first(&mut self) -> bool {
@@ -161,28 +154,27 @@ impl RecordTable {
 mod tests {
     use super::*;
 
+    /// Inserts `len` zero bytes under `key` for `ttl`.
+    fn put(store: &MemoryRecords, key: &str, len: usize, ttl: Duration) -> bool {
+        store.insert(Arc::from(key), Bytes::from(vec![0u8; len]), ttl)
+    }
+
     #[test]
     fn records_are_kept_until_their_ttl() {
         let store = MemoryRecords::new(10, 1 << 20);
-        assert!(store.insert(
-            Arc::from("k"),
-            Bytes::from_static(b"v"),
-            Duration::from_secs(60)
-        ));
-        assert_eq!(store.get("k"), Some(Bytes::from_static(b"v")));
-        assert!(store.insert(Arc::from("gone"), Bytes::from_static(b"v"), Duration::ZERO));
+        let v = || Bytes::from_static(b"v");
+        assert!(store.insert(Arc::from("k"), v(), Duration::from_secs(60)));
+        assert_eq!(store.get("k"), Some(v()));
+        assert!(store.insert(Arc::from("gone"), v(), Duration::ZERO));
         assert_eq!(store.get("gone"), None);
     }
 
     #[test]
     fn rotating_keys_cannot_grow_the_store_past_its_bounds() {
+        let hour = Duration::from_secs(3600);
         let store = MemoryRecords::new(100, 1 << 20);
         for i in 0..10_000 {
-            store.insert(
-                Arc::from(format!("key-{i}")),
-                Bytes::from(vec![0u8; 100]),
-                Duration::from_secs(3600),
-            );
+            put(&store, &format!("key-{i}"), 100, hour);
             let (count, _) = store.usage();
             assert!(count <= 100);
         }
@@ -192,11 +184,7 @@ mod tests {
 
         let small = MemoryRecords::new(usize::MAX, 10_000);
         for i in 0..1_000 {
-            small.insert(
-                Arc::from(format!("key-{i}")),
-                Bytes::from(vec![0u8; 500]),
-                Duration::from_secs(3600),
-            );
+            put(&small, &format!("key-{i}"), 500, hour);
             assert!(small.usage().1 <= 10_000);
         }
     }
@@ -204,11 +192,7 @@ mod tests {
     #[test]
     fn a_record_over_the_byte_bound_is_refused() {
         let store = MemoryRecords::new(10, 1_000);
-        assert!(!store.insert(
-            Arc::from("k"),
-            Bytes::from(vec![0u8; 2_000]),
-            Duration::from_secs(1)
-        ));
+        assert!(!put(&store, "k", 2_000, Duration::from_secs(1)));
         assert_eq!(store.usage(), (0, 0));
     }
 
@@ -216,11 +200,7 @@ mod tests {
     fn replacing_a_record_does_not_leak_its_bytes() {
         let store = MemoryRecords::new(10, 1 << 20);
         for _ in 0..100 {
-            store.insert(
-                Arc::from("k"),
-                Bytes::from(vec![0u8; 100]),
-                Duration::from_secs(60),
-            );
+            put(&store, "k", 100, Duration::from_secs(60));
         }
         assert_eq!(store.usage().0, 1);
         assert_eq!(store.usage().1, cost("k", &Bytes::from(vec![0u8; 100])));

@@ -1,10 +1,7 @@
 //! The renewal schedule every expiring hold shares: a lock's lease (through the
-//! [`Watchdog`](super::watchdog::Watchdog)) and a concurrency limit's permit.
-//!
-//! A [`Schedule`] extends the hold every `every` (default TTL/3) while the work runs, up to
-//! `max_hold` in all (default 10 × TTL), and reports it lost the moment a renewal finds it
-//! gone, or when the validity runs out without a successful renewal. A renewal that fails
-//! otherwise (a node down) is retried soon, while the validity lasts.
+//! [`Watchdog`](super::watchdog::Watchdog)) and a concurrency limit's permit. A
+//! [`Schedule`] extends the hold every `every` up to `max_hold` in all, reports it lost when
+//! a renewal finds it gone or the validity runs out, and retries other failures soon.
 
 // With the concurrency limit alone and no Redis, nothing expires, so nothing is renewed:
 // `Renewal` is accepted by the layer, and the schedule goes unused.
@@ -22,11 +19,8 @@ use crate::keyed::policy::BoxFuture;
 use crate::redact::LogKey;
 
 /// How a held lease, or a concurrency permit, is renewed while the protected work runs
-/// (the "watchdog").
-///
-/// The default renews every TTL/3 and stops renewing after 10 × TTL in all, so that a
-/// stuck handler cannot hold a key forever: the lease (or permit) then runs out and is
-/// treated as lost.
+/// (the "watchdog"): by default every TTL/3, up to 10 × TTL in all, so that a stuck handler
+/// cannot hold a key forever (the lease then runs out and is treated as lost).
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,8 +54,7 @@ impl Renewal {
     pub fn disabled() -> Self {
         Self {
             enabled: false,
-            every: None,
-            max_hold: None,
+            ..Self::default()
         }
     }
 
@@ -82,7 +75,6 @@ impl Renewal {
     }
 
     /// `(every, max_hold)` for a lease of `ttl`; `every` is `None` when renewal is off.
-    /// `every` is at most half the TTL, so that a renewal can land within the validity.
     pub(crate) fn resolve(&self, ttl: Duration) -> (Option<Duration>, Duration) {
         let every = self.every.unwrap_or(ttl / 3).min(ttl / 2);
         let every = (self.enabled && !every.is_zero()).then_some(every);

@@ -271,7 +271,7 @@ pub(crate) trait LockBackend: Sync {
     ) -> impl Future<Output = LockResult> + Send;
 }
 
-type LockResult = Result<Lease, LockError>;
+pub(crate) type LockResult = Result<Lease, LockError>;
 
 /// The one acquisition path, on either backend: runs a request on prefixed keys.
 pub(crate) async fn acquire<B: LockBackend>(
@@ -288,12 +288,7 @@ pub(crate) async fn acquire<B: LockBackend>(
                 .with_retries(|| attempt(backend, claim.clone(), mode))
                 .await
         }
-        (Wait::Within(max_wait), Claim::One(key)) => match mode {
-            LockMode::Plain => backend.wait_plain(key, max_wait).await,
-            LockMode::Shared => backend.wait_access(key, Access::Shared, max_wait).await,
-            LockMode::Exclusive => backend.wait_access(key, Access::Exclusive, max_wait).await,
-            LockMode::Fair => backend.wait_fair(key, max_wait).await,
-        },
+        (Wait::Within(max_wait), Claim::One(key)) => wait_one(backend, key, mode, max_wait).await,
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
     }
@@ -301,15 +296,25 @@ pub(crate) async fn acquire<B: LockBackend>(
 
 /// One attempt, without waiting.
 async fn attempt<B: LockBackend>(backend: &B, claim: Claim, mode: LockMode) -> LockResult {
-    let zero = Duration::ZERO;
     match (claim, mode) {
         (Claim::One(key), LockMode::Plain) => backend.try_plain(key).await,
-        (Claim::One(key), LockMode::Shared) => backend.wait_access(key, Access::Shared, zero).await,
-        (Claim::One(key), LockMode::Exclusive) => {
-            backend.wait_access(key, Access::Exclusive, zero).await
-        }
-        (Claim::One(key), LockMode::Fair) => backend.wait_fair(key, zero).await,
+        (Claim::One(key), mode) => wait_one(backend, key, mode, Duration::ZERO).await,
         (Claim::Set(keys), LockMode::Plain) => backend.try_all(keys).await,
         (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
+    }
+}
+
+/// `key` in `mode`, waiting up to `max_wait` (zero: one attempt).
+async fn wait_one<B: LockBackend>(
+    backend: &B,
+    key: Arc<str>,
+    mode: LockMode,
+    max_wait: Duration,
+) -> LockResult {
+    match mode {
+        LockMode::Plain => backend.wait_plain(key, max_wait).await,
+        LockMode::Shared => backend.wait_access(key, Access::Shared, max_wait).await,
+        LockMode::Exclusive => backend.wait_access(key, Access::Exclusive, max_wait).await,
+        LockMode::Fair => backend.wait_fair(key, max_wait).await,
     }
 }

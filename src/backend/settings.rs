@@ -32,11 +32,8 @@ pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 #[cfg(any(feature = "lock", feature = "redis"))]
 const MAX_PREFIX_LEN: usize = 128;
 
-/// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}`.
-///
-/// Braces are refused because a lock's own keys and channels are named
-/// `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key: that needs
-/// lock keys without braces (resource names and request values are percent-encoded).
+/// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}` (a lock's
+/// own keys are `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key).
 #[cfg(any(feature = "lock", feature = "redis"))]
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
     if prefix.contains(['{', '}']) {
@@ -99,17 +96,14 @@ impl Default for Settings {
 #[cfg(feature = "lock")]
 impl Settings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl.is_zero() {
-            return Err(ConfigError::InvalidTtl {
-                ttl: self.ttl,
-                reason: "it must be above zero",
-            });
-        }
-        if self.ttl > MAX_TTL {
-            return Err(ConfigError::InvalidTtl {
-                ttl: self.ttl,
-                reason: "it must be at most 4294967295 ms (about 49 days)",
-            });
+        let ttl = self.ttl;
+        if ttl.is_zero() || ttl > MAX_TTL {
+            let reason = if ttl.is_zero() {
+                "it must be above zero"
+            } else {
+                "it must be at most 4294967295 ms (about 49 days)"
+            };
+            return Err(ConfigError::InvalidTtl { ttl, reason });
         }
         let (min, max) = self.retry_delay;
         if min > max {
@@ -235,12 +229,10 @@ macro_rules! policy_setters {
         }
 
         /// Whether every exclusive lease carries a fencing token
-        /// ([`Lease::fencing_token`](crate::Lease::fencing_token)): strictly greater than
-        /// the token of every earlier lease on the same key, for storage that refuses
-        /// writes from a holder whose lease ran out. Default off, on both backends: on
-        /// Redis it costs one more round trip per acquisition. The
-        /// [lock module docs](crate::lock#fencing-tokens) show a fenced write and give the
-        /// counters' lifetime and assumptions.
+        /// ([`Lease::fencing_token`](crate::Lease::fencing_token)), greater than every
+        /// earlier lease's on the key, for storage that refuses writes from a holder whose
+        /// lease ran out. Default off (on Redis it costs one more round trip per
+        /// acquisition); see the [lock module docs](crate::lock#fencing-tokens).
         pub fn fencing_tokens(mut self, enabled: bool) -> Self {
             self.policy.fencing = enabled;
             self

@@ -84,13 +84,6 @@ pub struct LeaseStatus {
     shared: Arc<LeaseState>,
 }
 
-impl LeaseStatus {
-    /// A handle on `shared`.
-    pub(crate) fn new(shared: Arc<LeaseState>) -> Self {
-        Self { shared }
-    }
-}
-
 impl fmt::Debug for LeaseStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseStatus")
@@ -101,6 +94,11 @@ impl fmt::Debug for LeaseStatus {
 }
 
 impl LeaseStatus {
+    /// A handle on `shared`.
+    pub(crate) fn new(shared: Arc<LeaseState>) -> Self {
+        Self { shared }
+    }
+
     /// The lease as acquired: its key, its token and its fencing token (to pass on to
     /// storage that rejects stale writers). Its [`valid_until`](Lease::valid_until) is the
     /// one at acquisition; [`valid_until`](Self::valid_until) follows the renewals.

@@ -1,7 +1,6 @@
-//! [`NodeStore`]: what the stores on one Redis node share, the rate limiter's counters and
-//! the concurrency limiter's permits: the node's connection, the bound on every call, and
-//! the key prefix ([`StoreSettings`] in their builders); and the public methods they all
-//! have, [`node_store_methods!`] and [`node_store_setters!`].
+//! [`NodeStore`]: what the limiters' stores on one Redis node share (the connection, the
+//! bound on every call, the key prefix), and the public methods they all have,
+//! [`node_store_methods!`] and [`node_store_setters!`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,8 +11,7 @@ use crate::backend::node::Node;
 use crate::backend::settings::check_prefix;
 use crate::error::{ConfigError, NodeFailure, NodeFailureReason};
 
-/// One node's connection with the settings of the store that uses it. Each store holds
-/// it behind its own `Arc`.
+/// One node's connection with the settings of the store that uses it.
 pub(crate) struct NodeStore {
     /// The node's address (`host:port`), without credentials.
     pub(crate) label: String,
@@ -24,13 +22,12 @@ pub(crate) struct NodeStore {
     pub(crate) prefix: Arc<str>,
 }
 
-/// What a store's builder collects for its [`NodeStore`]: the node, the bound on one
-/// call, the key prefix.
+/// What a store's builder collects for its [`NodeStore`].
 #[derive(Debug)]
 pub(crate) struct StoreSettings {
     node: Node,
-    timeout: Duration,
-    prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) prefix: String,
 }
 
 impl StoreSettings {
@@ -43,19 +40,8 @@ impl StoreSettings {
         }
     }
 
-    /// Sets the key prefix (checked by [`connect`](Self::connect)).
-    pub(crate) fn set_prefix(&mut self, prefix: String) {
-        self.prefix = prefix;
-    }
-
-    /// Sets the bound on one call, at least 1 ms (shorter ones are raised to it).
-    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout.max(Duration::from_millis(1));
-    }
-
-    /// Checks the prefix, sets up the connection to the node and pings it, bounded by the
-    /// timeout. A node that does not answer now is not an error, only a warning: every
-    /// later call tries it again.
+    /// Checks the prefix, sets up the connection and pings the node, bounded by the
+    /// timeout; a node that does not answer now is only a warning.
     ///
     /// # Errors
     ///
@@ -104,12 +90,9 @@ impl NodeStore {
     }
 }
 
-/// The public methods every store on one node has, written once (as tower-http's
-/// `define_inner_service_accessors!`): `builder`, `from_client` and `from_node`, which
-/// start a `$builder` with its `new(Node)`, and `prefix` and `timeout`, which read the
-/// [`NodeStore`] that the store's `fn store(&self) -> &NodeStore` returns. The doc
-/// comment of `from_node` comes with the call: it says how the store spreads over a
-/// Redis Cluster.
+/// The public methods every store on one node has: `builder`, `from_client` and
+/// `from_node` (with the doc comment the call gives it), which start a `$builder` with its
+/// `new(Node)`, and `prefix` and `timeout`, read from the store's `fn store(&self)`.
 macro_rules! node_store_methods {
     ($builder:ident, $(#[$from_node:meta])*) => {
         /// Starts a builder from a Redis URL (`redis://[:password@]host:port[/db]`).
@@ -140,10 +123,8 @@ macro_rules! node_store_methods {
 }
 pub(crate) use node_store_methods;
 
-/// The builder methods every store on one node has, over the builder's
-/// `settings: StoreSettings`, each with the doc comment the call gives it: `prefix` and
-/// `timeout` set the key prefix and the bound on one call
-/// ([`StoreSettings::set_prefix`], [`StoreSettings::set_timeout`]).
+/// The builder methods `prefix` and `timeout` over the builder's `settings:
+/// StoreSettings`, each with the doc comment the call gives it.
 macro_rules! node_store_setters {
     (
         $(#[$prefix:meta])* prefix;
@@ -151,13 +132,14 @@ macro_rules! node_store_setters {
     ) => {
         $(#[$prefix])*
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.settings.set_prefix(prefix.into());
+            self.settings.prefix = prefix.into();
             self
         }
 
         $(#[$timeout])*
         pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
-            self.settings.set_timeout(timeout);
+            // At least 1 ms; the prefix is checked by `StoreSettings::connect`.
+            self.settings.timeout = timeout.max(std::time::Duration::from_millis(1));
             self
         }
     };

@@ -1,15 +1,13 @@
 //! Waiting for a held lock: waiters are woken when the holder releases.
 //!
 //! A process with waiters subscribes to the lock's release channel,
-//! `{<lock key>}:released`, on every node it can reach, and wakes its waiters for the key
-//! when a message arrives; each waiter then tries again, as Redisson does. Once
-//! subscribed, a waiter's attempts that find the lock held set a short-lived mark beside
-//! it, `{<lock key>}:waiters` (the holder's value is never touched, whoever wrote it), and
-//! the release of a lock with a mark deletes the mark and publishes in the same Lua
-//! script; a lock nobody waits for is released without a `PUBLISH`. A message can be
-//! missed (a node restarts, a connection drops, a foreign client releases without
-//! publishing) and a lease can simply expire without a release, so every wait also has a
-//! fallback timer: the holder's remaining TTL, capped at one second, with jitter.
+//! `{<lock key>}:released`, and wakes its waiters for the key when a message arrives; each
+//! then tries again (as Redisson does). A waiter's attempts that find the lock held set a
+//! short-lived mark, `{<lock key>}:waiters`, and a release that finds a mark deletes it and
+//! publishes in the same script, so a lock nobody waits for is released without a
+//! `PUBLISH`. A message can be missed and a lease can expire without a release, so every
+//! wait also has a fallback timer: the holder's remaining TTL, at most one second, with
+//! jitter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -135,10 +133,9 @@ fn fallback(retry_after: Duration, left: Duration) -> Duration {
     base.saturating_add(jitter(base)).min(left)
 }
 
-/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (which
-/// returns once the release channel is subscribed), then alternates `attempt` and sleeps
-/// (until woken or the fallback timer) while the lock is taken. The notification is armed before each attempt, so a release during the
-/// attempt is not missed.
+/// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (done once
+/// the release channel is subscribed), then alternates `attempt` and sleeps (until woken
+/// or the fallback timer) while the lock is taken.
 #[cfg(feature = "lock")]
 pub(crate) async fn bounded_wait<A, AF, S>(
     waiters: &Waiters,
@@ -157,6 +154,7 @@ where
     // Bounded by the wait itself, as well as by the notifier's own timeout.
     let _ = tokio::time::timeout(max_wait, subscribe).await;
     loop {
+        // Armed before the attempt, so that a release during it is not missed.
         let notified = ticket.notify.notified();
         let mut notified = std::pin::pin!(notified);
         notified.as_mut().enable();

@@ -1,11 +1,6 @@
-//! The lease lifecycle: renewal while work runs, and loss detection.
-//!
-//! A [`Watchdog`] extends a lease on its [`Schedule`] (every TTL/3 by default, up to
-//! 10 × TTL in all) while the protected work runs, and reports the lease lost the moment
-//! a renewal finds the token gone, or when the validity runs out without a successful
-//! renewal. Renewal uses the token-checked extend script, which can move the
-//! expiry of a key that still holds our token but never create one, so a renewal racing
-//! a release can never resurrect the lock.
+//! The lease lifecycle: a [`Watchdog`] renews a lease on its [`Schedule`] while the
+//! protected work runs, and reports it lost. Renewal uses the token-checked extend, which
+//! never creates a key, so a renewal racing a release cannot resurrect the lock.
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,12 +36,10 @@ pub enum OnLockLoss {
     Continue,
 }
 
-/// Renews a lease while it is polled, and says when it is lost.
-///
-/// The lease, its backend and its [`Renewal`] live in the state it shares with its
-/// [`LeaseStatus`] handles (one allocation). Its [`Schedule`] is made the first time the
-/// work waits: work that answers at once (most handlers on the in-process backend) needs
-/// no schedule, no timer, and reads the clock only to check the validity.
+/// Renews a lease while it is polled, and says when it is lost. The lease, its backend and
+/// its [`Renewal`] live in the state shared with its [`LeaseStatus`] handles; the
+/// [`Schedule`] is made the first time the work waits, so work that answers at once needs
+/// no timer.
 pub(crate) struct Watchdog {
     status: Arc<LeaseState>,
     schedule: Option<Box<Schedule<LockError>>>,
@@ -90,14 +83,6 @@ impl Watchdog {
 
     pub(crate) fn status(&self) -> LeaseStatus {
         LeaseStatus::new(self.status.clone())
-    }
-
-    /// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle
-    /// exists besides our own.
-    fn notify_status(&self) {
-        if Arc::strong_count(&self.status) > 1 {
-            self.status.changed.notify_waiters();
-        }
     }
 
     /// Whether an extension is in flight.
@@ -144,15 +129,13 @@ impl Watchdog {
             },
             |renewed| {
                 status.set_valid_until(renewed);
-                if Arc::strong_count(status) > 1 {
-                    status.changed.notify_waiters();
-                }
+                notify(status);
             },
         );
         if polled.is_ready() {
             crate::observe::lock_request(crate::observe::LockResult::Lost);
             self.status.lost.store(true, Ordering::Release);
-            self.notify_status();
+            notify(&self.status);
         }
         polled
     }
@@ -169,7 +152,15 @@ impl Drop for Watchdog {
         }
         crate::observe::Held::Lease.end();
         self.status.closed.store(true, Ordering::Release);
-        self.notify_status();
+        notify(&self.status);
+    }
+}
+
+/// Wakes whoever awaits [`LeaseStatus::lost`]; nobody can while no status handle exists
+/// besides the watchdog's own.
+fn notify(status: &Arc<LeaseState>) {
+    if Arc::strong_count(status) > 1 {
+        status.changed.notify_waiters();
     }
 }
 
@@ -191,11 +182,21 @@ impl Watch for Watchdog {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Renewal, Watchdog};
+    use super::{LeaseStatus, Renewal, Watchdog};
     use crate::{Locks, MemoryLocks};
 
     fn locks(ttl: Duration) -> Locks {
         Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
+    }
+
+    /// A task awaiting `status.lost()`, checked to be waiting.
+    async fn awaiting_loss(status: &LeaseStatus) -> tokio::task::JoinHandle<()> {
+        let status = status.clone();
+        let waiter = tokio::spawn(async move { status.lost().await });
+        // On this single-threaded runtime the yield runs the waiter until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        waiter
     }
 
     #[tokio::test]
@@ -204,13 +205,7 @@ mod tests {
         let lease = locks.try_lock("released").await.unwrap();
         let watchdog = Watchdog::new(locks, lease, Renewal::default());
         let status = watchdog.status();
-        let waiter = tokio::spawn({
-            let status = status.clone();
-            async move { status.lost().await }
-        });
-        // On this single-threaded runtime the yield runs the waiter until it waits.
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        let waiter = awaiting_loss(&status).await;
         drop(watchdog);
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
@@ -266,12 +261,7 @@ mod tests {
         assert!(!status.is_lost());
         // The key is released behind the watchdog's back and taken by another holder: the
         // next renewal finds the token gone, and the status says lost.
-        let waiter = tokio::spawn({
-            let status = status.clone();
-            async move { status.lost().await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        let waiter = awaiting_loss(&status).await;
         locks.unlock(copy).await.unwrap();
         let _thief = locks.try_lock("renewed").await.unwrap();
         tokio::time::timeout(

@@ -13,22 +13,18 @@ use crate::backend::wait::Waiters;
 /// [`RedisConcurrencyLimiter`](super::RedisConcurrencyLimiter): at most `limit` permits
 /// per key at once, each released when its request is done.
 ///
-/// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)):
-/// for examples, single-replica services and tests. It does not share permits across
-/// processes (with several replicas, each allows the full limit), and its permits never
-/// expire: a holder that dies takes the store with it. Taking and releasing a permit is a
-/// short mutex, no `.await`. Cloning is cheap and shares the counts.
+/// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)),
+/// for examples, single-replica services and tests: it does not share permits across
+/// processes, and its permits never expire (a holder that dies takes the store with it).
+/// A permit is a short mutex, no `.await`. Cloning is cheap and shares the counts.
 ///
 /// # Bounded memory
 ///
 /// A key costs memory only while it has permits, and at most
 /// [`max_keys`](Self::with_max_keys) keys (default
-/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000) have permits at once, so that a
-/// client rotating its key cannot make the store grow without end. When `max_keys` keys
-/// have permits, a request on another key gets [`ConcurrencyError::StoreFull`], which the
-/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) treats as an unavailable store
-/// (503 by default; run unguarded when it fails open). Keys with permits go on being
-/// limited.
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS)) have permits at once. Past that, a request
+/// on another key gets [`ConcurrencyError::StoreFull`], which the
+/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) treats as an unavailable store.
 ///
 /// ```
 /// use tower_redlock::MemoryConcurrencyLimiter;
@@ -55,17 +51,14 @@ struct Counts {
 
 impl fmt::Debug for MemoryConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let counts = self.counts();
         f.debug_struct("MemoryConcurrencyLimiter")
-            .field("keys", &counts.in_flight.len())
-            .field("max_keys", &counts.max_keys)
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys())
             .finish()
     }
 }
 
 impl Default for MemoryConcurrencyLimiter {
-    /// New, empty counts, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys with
-    /// permits.
     fn default() -> Self {
         Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
     }
@@ -174,12 +167,12 @@ impl MemoryConcurrencyLimiter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
-    /// A waiter that has waited long enough for its fallback timer to be at 50 to 100 ms
-    /// gets the permit within moments of its release: it is woken, not polling. Over 7
-    /// rounds, the median delay is under 10 ms (a poller's would be, in each round, with
-    /// a chance of about 1 in 8).
+    /// A waiter whose fallback timer is at 50 to 100 ms gets the permit within moments of
+    /// its release (woken, not polling): the median delay of 7 rounds is under 10 ms.
     #[tokio::test]
     async fn a_waiter_is_woken_by_the_release() {
         let store = MemoryConcurrencyLimiter::new();
@@ -190,25 +183,20 @@ mod tests {
             let waiter = tokio::spawn({
                 let limiter = limiter.clone();
                 async move {
-                    let slot = limiter
-                        .acquire_within("k", 1, std::time::Duration::from_secs(5))
-                        .await;
-                    (slot, std::time::Instant::now())
+                    let slot = limiter.acquire_within("k", 1, Duration::from_secs(5)).await;
+                    (slot, Instant::now())
                 }
             });
             // Long enough for the waiter's timer to reach its longest steps.
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let released = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let released = Instant::now();
             drop(holder);
             let (slot, acquired) = waiter.await.unwrap();
             assert!(slot.is_ok());
             delays.push(acquired - released);
         }
         delays.sort();
-        assert!(
-            delays[3] < std::time::Duration::from_millis(10),
-            "{delays:?}"
-        );
+        assert!(delays[3] < Duration::from_millis(10), "{delays:?}");
     }
 
     #[test]
@@ -216,8 +204,9 @@ mod tests {
         let store = MemoryConcurrencyLimiter::new();
         let a = store.acquire_slot("k", 2).unwrap();
         let _b = store.acquire_slot("k", 2).unwrap();
+        let third = store.acquire_slot("k", 2);
         assert!(matches!(
-            store.acquire_slot("k", 2),
+            third,
             Err(ConcurrencyError::LimitReached { limit: 2 })
         ));
         assert_eq!(store.in_flight("k"), 2);
@@ -230,8 +219,9 @@ mod tests {
     fn keys_are_forgotten_with_their_last_permit_and_bounded() {
         let store = MemoryConcurrencyLimiter::with_max_keys(1);
         let a = store.acquire_slot("a", 5).unwrap();
+        let b = store.acquire_slot("b", 5);
         assert!(matches!(
-            store.acquire_slot("b", 5),
+            b,
             Err(ConcurrencyError::StoreFull { max_keys: 1 })
         ));
         assert!(a.release().is_none());
@@ -242,14 +232,13 @@ mod tests {
     #[test]
     fn a_limit_of_zero_admits_nothing_and_bad_keys_are_refused() {
         let store = MemoryConcurrencyLimiter::new();
+        let zero = store.acquire_slot("k", 0);
         assert!(matches!(
-            store.acquire_slot("k", 0),
+            zero,
             Err(ConcurrencyError::LimitReached { limit: 0 })
         ));
-        assert!(matches!(
-            store.acquire_slot("", 1),
-            Err(ConcurrencyError::InvalidKey(_))
-        ));
+        let empty = store.acquire_slot("", 1);
+        assert!(matches!(empty, Err(ConcurrencyError::InvalidKey(_))));
         assert!(store.is_empty());
     }
 }

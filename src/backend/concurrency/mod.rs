@@ -71,25 +71,17 @@ impl crate::backend::renewal::RenewError for ConcurrencyError {
     }
 }
 
-/// A handle to a store of concurrency permits, [`RedisConcurrencyLimiter`] or
-/// [`MemoryConcurrencyLimiter`], with one contract: at most `limit` permits per key at
-/// once; a permit is released when its request is done, and (on Redis) expires when its
-/// holder dies.
-///
-/// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
-/// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
-/// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
-/// process-wide in-process store.
-#[derive(Clone, Debug)]
-pub struct ConcurrencyLimiter {
-    backend: PermitStore,
-}
-
-#[derive(Clone, Debug)]
-enum PermitStore {
-    #[cfg(feature = "redis")]
-    Redis(RedisConcurrencyLimiter),
-    Memory(MemoryConcurrencyLimiter),
+store_handle! {
+    /// A handle to a store of concurrency permits, [`RedisConcurrencyLimiter`] or
+    /// [`MemoryConcurrencyLimiter`], with one contract: at most `limit` permits per key at
+    /// once; a permit is released when its request is done, and (on Redis) expires when
+    /// its holder dies.
+    ///
+    /// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
+    /// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
+    /// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
+    /// process-wide in-process store.
+    ConcurrencyLimiter, PermitStore { RedisConcurrencyLimiter, MemoryConcurrencyLimiter }
 }
 
 impl Default for ConcurrencyLimiter {
@@ -99,23 +91,6 @@ impl Default for ConcurrencyLimiter {
     fn default() -> Self {
         static SHARED: OnceLock<MemoryConcurrencyLimiter> = OnceLock::new();
         ConcurrencyLimiter::from(SHARED.get_or_init(MemoryConcurrencyLimiter::new).clone())
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
-    fn from(redis: RedisConcurrencyLimiter) -> Self {
-        Self {
-            backend: PermitStore::Redis(redis),
-        }
-    }
-}
-
-impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
-    fn from(memory: MemoryConcurrencyLimiter) -> Self {
-        Self {
-            backend: PermitStore::Memory(memory),
-        }
     }
 }
 
@@ -166,27 +141,20 @@ impl PermitSlot {
     /// Releases the permit: in process at once (`None`), on Redis with one `ZREM`, the
     /// future of which is returned. Should that future be dropped before it is done, the
     /// permit is released in the background.
-    pub(crate) fn release(mut self) -> Option<BoxFuture<()>> {
-        match self.0.take()? {
-            HeldPermit::Memory { store, key } => {
-                store.release(&key);
-                None
-            }
+    pub(crate) fn release(self) -> Option<BoxFuture<()>> {
+        match &self.0 {
+            // In process, the drop releases it.
+            Some(HeldPermit::Memory { .. }) | None => None,
+            // Armed until the release is done: dropped midway, it goes on in the background.
             #[cfg(feature = "redis")]
-            HeldPermit::Redis(slot) => {
-                let (limiter, key, token) =
-                    (slot.limiter.clone(), slot.key.clone(), slot.token.clone());
-                // Armed again until the release is done: dropped midway, it goes on in the
-                // background.
-                self.0 = Some(HeldPermit::Redis(slot));
-                Some(Box::pin(async move {
-                    if let Err(e) = limiter.release(&key, &token).await {
-                        tracing::debug!(error = %e, "concurrency permit release");
-                    }
-                    // Done: nothing left for the drop to release.
-                    drop(self.0.take());
-                }))
-            }
+            Some(HeldPermit::Redis(_)) => Some(Box::pin(async move {
+                let mut held = self;
+                if let Some(HeldPermit::Redis(slot)) = &held.0 {
+                    slot.release().await;
+                }
+                // Done: nothing left for the drop to release.
+                drop(held.0.take());
+            })),
         }
     }
 }
@@ -201,11 +169,7 @@ impl Drop for PermitSlot {
             Some(HeldPermit::Redis(slot)) => {
                 // No runtime (it is shutting down): the permit's TTL frees it.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        if let Err(e) = slot.limiter.release(&slot.key, &slot.token).await {
-                            tracing::debug!(error = %e, "concurrency permit release");
-                        }
-                    });
+                    runtime.spawn(async move { slot.release().await });
                 }
             }
         }
@@ -216,30 +180,19 @@ impl Drop for PermitSlot {
 const WAIT_STEP: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
 
 impl ConcurrencyLimiter {
-    /// Whether this is the in-process store.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, PermitStore::Memory(_))
-    }
-
-    /// The in-process store, when this is one: it answers without `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
-        match &self.backend {
-            PermitStore::Memory(m) => Some(m),
-            #[cfg(feature = "redis")]
-            PermitStore::Redis(_) => None,
-        }
-    }
-
-    /// One try at a permit on `resource`.
-    pub(crate) async fn try_acquire(
+    /// One try at a permit on `resource`; on Redis, a `waiting` one (subscribed to the
+    /// set's release channel) marks the set when it gets none, so that releases publish.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    async fn try_acquire(
         &self,
         resource: &str,
         limit: u32,
+        waiting: bool,
     ) -> Result<PermitSlot, ConcurrencyError> {
         match &self.backend {
             #[cfg(feature = "redis")]
             PermitStore::Redis(r) => r
-                .acquire(resource, limit, false)
+                .acquire(resource, limit, waiting)
                 .await
                 .map(|slot| PermitSlot::held(HeldPermit::Redis(slot))),
             PermitStore::Memory(m) => m.acquire_slot(resource, limit),
@@ -256,12 +209,9 @@ impl ConcurrencyLimiter {
     }
 
     /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
-    /// has passed. A waiter is woken by every release of a permit on `resource`, as a
-    /// lock's waiters are: in this process directly, and on Redis by any replica's
-    /// release through pub/sub (the waiter subscribes to the set's release channel, and
-    /// its tries mark the set so that releases publish). An expired permit, or a release
-    /// whose notification was lost, is found by the fallback timer, whose pause starts at
-    /// 5 ms and doubles up to 100 ms, with jitter, never past the deadline.
+    /// has passed. A waiter is woken by every release on `resource` (on Redis, any
+    /// replica's, through pub/sub); an expired permit or a lost notification is found by
+    /// the fallback timer (5 ms doubling up to 100 ms, with jitter).
     pub(crate) async fn acquire_within(
         &self,
         resource: &str,
@@ -271,12 +221,11 @@ impl ConcurrencyLimiter {
         let deadline = Instant::now().checked_add(max_wait);
         // A first try as anyone's: a request that gets its permit (or may not wait)
         // neither subscribes nor marks the set.
-        match self.try_acquire(resource, limit).await {
+        match self.try_acquire(resource, limit, false).await {
             Err(ConcurrencyError::LimitReached { .. }) if !max_wait.is_zero() => {}
             other => return other,
         }
-        // Waiters are told apart by the key of their permits: the set's on Redis (whose
-        // release channel names it), the resource in process.
+        // Waiters go by the key of their permits: the set's on Redis, the resource in process.
         let key: Arc<str> = match &self.backend {
             #[cfg(feature = "redis")]
             PermitStore::Redis(r) => Arc::from(r.key(resource)),
@@ -295,15 +244,7 @@ impl ConcurrencyLimiter {
             let notified = ticket.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let attempt = match &self.backend {
-                #[cfg(feature = "redis")]
-                PermitStore::Redis(r) => r
-                    .acquire(resource, limit, true)
-                    .await
-                    .map(|slot| PermitSlot::held(HeldPermit::Redis(slot))),
-                PermitStore::Memory(m) => m.acquire_slot(resource, limit),
-            };
-            match attempt {
+            match self.try_acquire(resource, limit, true).await {
                 Err(ConcurrencyError::LimitReached { limit }) => {
                     let now = Instant::now();
                     let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(now));

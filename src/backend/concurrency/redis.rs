@@ -29,18 +29,13 @@ pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(10);
 /// a Lua number.
 const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 
-/// Takes a permit, atomically: drops the expired permits (`ZREMRANGEBYSCORE` up to the
-/// server's clock), counts the live ones (`ZCARD`), and under the limit adds ours
-/// (`ZADD`, scored by its expiry in ms on the server's clock) and keeps the set alive at
-/// least as long as its newest permit (`PEXPIRE`). Answers `{1, held}` with the permit,
-/// `{0, held}` without; a waiter's try (subscribed to the set's release channel) also
-/// sets the waiters' mark KEYS[2] for ARGV[4] ms when it gets none, so that the next
-/// release publishes ([`RELEASE`]). A key of another type is not touched: the script
-/// answers an error.
-///
-/// The permit scheme is Redisson's `RPermitExpirableSemaphore`; the script reads the
-/// server's clock (`TIME`), so the replicas' clocks do not matter, and Redis replicates
-/// its effects, not the script (the default since Redis 5).
+/// Takes a permit, atomically: drops the expired permits, counts the live ones, and under
+/// the limit adds ours (scored by its expiry in ms on the server's `TIME`, so the replicas'
+/// clocks do not matter) and keeps the set alive as long as its newest permit. Answers
+/// `{1, held}` with the permit, `{0, held}` without; a waiter's try also sets the waiters'
+/// mark KEYS[2] for ARGV[4] ms when it gets none, so that the next release publishes
+/// ([`RELEASE`]). A key of another type is not touched: the script answers an error. This
+/// is Redisson's `RPermitExpirableSemaphore`.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -68,10 +63,9 @@ return {1, held + 1}
     )
 });
 
-/// Gives back the permit ARGV[1] of the set KEYS[1] (`ZREM`); when waiters marked the
-/// set (KEYS[2], set by their tries), deletes the mark and publishes on the release
-/// channel ARGV[2], waking the waiters of every replica (as a lock's release does).
-/// Answers how many permits it removed (0 or 1).
+/// Gives back the permit ARGV[1] of the set KEYS[1]; when waiters marked the set (KEYS[2]),
+/// deletes the mark and publishes on the release channel ARGV[2]. Answers how many permits
+/// it removed (0 or 1).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -84,14 +78,12 @@ return removed
     )
 });
 
-/// How long a waiter's mark lives: past the longest pause between two of its tries
-/// (100 ms), which set it again.
+/// How long a waiter's mark lives: past the longest pause between two of its tries.
 const MARK_MS: u64 = 1_000;
 
-/// Renews a permit, atomically: if our token is still in the set and not expired, moves
-/// its expiry to now + TTL (`ZADD XX`) and keeps the set alive that long; answers 1, or 0
-/// when the permit is gone (never re-adds it: a renewal racing a release cannot revive a
-/// permit).
+/// Renews a permit, atomically: if our token is still live, moves its expiry to now + TTL
+/// (`ZADD XX`, never re-adding it) and keeps the set alive that long; answers 1, or 0 when
+/// the permit is gone.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -112,31 +104,26 @@ return 1
 });
 
 /// Expiring permits on one Redis node, shared by every replica that uses that node: the
-/// distributed form of tower's `ConcurrencyLimit`.
+/// distributed form of tower's `ConcurrencyLimit` (Redisson's `RPermitExpirableSemaphore`).
 ///
 /// Each key's permits are one sorted set, `{prefix}{<key>}` (the key in a Redis Cluster
-/// hash tag), of random 128-bit tokens scored by their expiry on the server's clock.
-/// Taking a permit is one round trip (one script: drop the expired permits, count, add
-/// ours under the limit), releasing one is one round trip (a script: `ZREM` of our
-/// token, and a `PUBLISH` when waiters marked the set, waking them on every replica), and a
-/// permit lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s)
-/// unless renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it
-/// while the request runs (every TTL/3, [`Renewal`](crate::Renewal)), so a replica that
-/// crashes or loses its network frees its permits within one TTL, and a live one keeps
-/// them as long as its requests run. This is Redisson's `RPermitExpirableSemaphore`.
+/// hash tag), of random tokens scored by their expiry on the server's clock. Taking a
+/// permit is one script (drop the expired, count, add ours under the limit), releasing one
+/// another (`ZREM`, and a `PUBLISH` when waiters of any replica marked the set). A permit
+/// lives [`permit_ttl`](RedisConcurrencyLimiterBuilder::permit_ttl) (default 10 s) unless
+/// renewed: the [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) renews it while
+/// the request runs ([`Renewal`](crate::Renewal)), so a replica that dies frees its
+/// permits within one TTL.
 ///
 /// # Why one node and no quorum
 ///
-/// Counters need no quorum: a limit of in-flight requests protects capacity, it does not
-/// make a request correct as a lock does. If Redis loses the set in a failover, replicas
-/// admit up to `limit` more requests until the old ones end: a brief overshoot, never a
-/// wrong answer. One node (or a replicated primary) is enough, as for the
-/// [`RedisRateLimiter`](crate::RedisRateLimiter).
+/// A limit of in-flight requests protects capacity; it does not make a request correct as
+/// a lock does. If Redis loses the set in a failover, replicas admit up to `limit` more
+/// requests until the old ones end: a brief overshoot, never a wrong answer.
 ///
-/// The connection is multiplexed and replaced after any kind of failure, as the rate
-/// limiter's; every call is bounded by the
-/// [timeout](RedisConcurrencyLimiterBuilder::timeout), so a dead Redis costs at most that
-/// long per request. Cloning is cheap and shares the connection.
+/// The connection is multiplexed and replaced after any failure, as the rate limiter's;
+/// every call is bounded by the [timeout](RedisConcurrencyLimiterBuilder::timeout).
+/// Cloning is cheap and shares the connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -194,13 +181,21 @@ pub(crate) struct RedisSlot {
     pub(crate) valid_until: Instant,
 }
 
+impl RedisSlot {
+    /// Gives the permit back, logging a failure (its TTL then frees it).
+    pub(crate) async fn release(&self) {
+        if let Err(e) = self.limiter.release(&self.key, &self.token).await {
+            tracing::debug!(error = %e, "concurrency permit release");
+        }
+    }
+}
+
 /// A 128-bit random token, in hex.
 fn token() -> Arc<str> {
     Arc::from(format!("{:032x}", rand::random::<u128>()))
 }
 
-/// What a permit's validity is short of its TTL, as a lock lease's: 1 % of the TTL plus
-/// 2 ms, for clock drift and the time the answer took to come back.
+/// The validity of a permit taken at `start`: its TTL less 1 % and 2 ms, as a lease's.
 fn validity(start: Instant, ttl: Duration) -> Instant {
     let drift = ttl / 100 + Duration::from_millis(2);
     start
@@ -272,14 +267,11 @@ impl RedisConcurrencyLimiter {
             .arg(&*token)
             .arg(MARK_MS);
         let start = Instant::now();
-        let reply = self
-            .bounded(invocation.invoke_async::<(i64, i64)>(&mut conn))
-            .await;
-        let (taken, _held) = match reply {
+        let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
+        let (taken, _held) = match inner.store.bounded(call).await {
             Ok(reply) => reply,
-            Err(e) => {
-                if matches!(&e, ConcurrencyError::Unavailable(f) if matches!(f.reason, NodeFailureReason::Timeout(_)))
-                {
+            Err(failure) => {
+                if let NodeFailureReason::Timeout(_) = failure.reason {
                     // The script may have run without its answer arriving in time: take
                     // the permit back rather than leave it to its TTL.
                     let limiter = self.clone();
@@ -287,7 +279,7 @@ impl RedisConcurrencyLimiter {
                         let _ = limiter.release(&key, &token).await;
                     });
                 }
-                return Err(e);
+                return Err(ConcurrencyError::Unavailable(failure));
             }
         };
         if taken != 1 {
@@ -319,9 +311,8 @@ impl RedisConcurrencyLimiter {
         Ok(validity(start, self.inner.ttl))
     }
 
-    /// Gives back the permit `token` on `key`, in one script ([`RELEASE`]) that also
-    /// publishes the release when waiters (of any replica) marked the set; then wakes the
-    /// requests of this process that wait on it.
+    /// Gives back the permit `token` on `key` ([`RELEASE`]), and wakes the requests of this
+    /// process that wait on it.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
         let mut conn = self.inner.store.conn();
         let mut invocation = RELEASE.key(key);
@@ -341,9 +332,8 @@ impl RedisConcurrencyLimiter {
         &self.inner.waiters
     }
 
-    /// Subscribes to the release channel of the set `key`, for a waiter: returns once the
-    /// subscription is confirmed (or given up, leaving the waiter to its timer), with
-    /// what unsubscribes when the wait ends.
+    /// Subscribes a waiter to the release channel of the set `key` (done once confirmed or
+    /// given up); the subscription ends with the returned guard.
     pub(crate) async fn subscribe(&self, key: &Arc<str>) -> UnsubscribeOnDrop {
         let notifier = &self.inner.notifier;
         notifier.subscribe(key).await;
@@ -385,10 +375,8 @@ impl RedisConcurrencyLimiterBuilder {
         self
     }
 
-    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
-    /// be reached now is not an error: it is retried on every later call.
-    ///
-    /// Needs a Tokio runtime with the time driver.
+    /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
+    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///

@@ -3,16 +3,16 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 #[cfg(test)]
 use std::time::Instant;
 
 use super::MemoryLocks;
-use crate::backend::request::LockBackend;
 #[cfg(test)]
 use crate::backend::request::LockMode;
+use crate::backend::request::{LockBackend, LockResult};
 use crate::backend::settings::Settings;
-use crate::error::LockError;
-use crate::lease::{Access, Lease};
+use crate::lease::Access;
 
 impl LockBackend for MemoryLocks {
     fn policy(&self) -> &Settings {
@@ -23,22 +23,19 @@ impl LockBackend for MemoryLocks {
         self.inner.id
     }
 
-    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
+    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send {
         std::future::ready(self.acquire(key))
     }
 
-    fn try_all(
-        &self,
-        keys: Arc<[Arc<str>]>,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+    fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send {
         std::future::ready(self.acquire_all(&keys))
     }
 
     fn wait_plain(
         &self,
         key: Arc<str>,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send {
         self.lock_key_within(key, max_wait)
     }
 
@@ -46,16 +43,16 @@ impl LockBackend for MemoryLocks {
         &self,
         key: Arc<str>,
         access: Access,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send {
         self.lock_access_within(key, access, max_wait)
     }
 
     fn wait_fair(
         &self,
         key: Arc<str>,
-        max_wait: std::time::Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
+        max_wait: Duration,
+    ) -> impl Future<Output = LockResult> + Send {
         self.lock_fair_key_within(key, max_wait)
     }
 }
@@ -63,12 +60,12 @@ impl LockBackend for MemoryLocks {
 /// Requests by resource name, for this module's tests.
 #[cfg(test)]
 impl MemoryLocks {
-    pub(crate) fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
+    pub(crate) fn try_lock(&self, resource: &str) -> LockResult {
         let key = self.inner.policy.full_key(resource)?;
         self.acquire(key)
     }
 
-    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> Result<Lease, LockError>
+    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> LockResult
     where
         I: IntoIterator,
         I::Item: Into<std::borrow::Cow<'a, str>>,
@@ -81,7 +78,7 @@ impl MemoryLocks {
     pub(crate) async fn take(
         &self,
         request: crate::backend::request::LockRequest<'_>,
-    ) -> Result<Lease, LockError> {
+    ) -> LockResult {
         let (claim, options) = request.resolve(&self.inner.policy)?;
         crate::backend::request::acquire(self, claim, options).await
     }

@@ -15,8 +15,7 @@ impl MemoryLocks {
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
-        let lease = self.acquire(key)?;
-        Ok(self.recheck(lease, &record_key))
+        Ok(self.recheck(self.acquire(key)?, &record_key))
     }
 
     /// [`begin_idempotent`](Self::begin_idempotent), waiting up to `max_wait` for a holder

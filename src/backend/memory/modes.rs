@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, Table};
 use crate::backend::KeyMap;
+use crate::backend::request::LockResult;
 use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
@@ -85,7 +86,7 @@ impl Table {
 
 impl MemoryLocks {
     /// One attempt at shared or exclusive access, at once.
-    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> LockResult {
         let now = Instant::now();
         let ttl = self.inner.policy.ttl;
         let mut state = self.state();
@@ -130,7 +131,7 @@ impl MemoryLocks {
         key: Arc<str>,
         access: Access,
         max_wait: Duration,
-    ) -> Result<Lease, LockError> {
+    ) -> LockResult {
         match self.acquire_access(key.clone(), access) {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
@@ -180,11 +181,7 @@ impl MemoryLocks {
     }
 
     /// One fair attempt: only the head of the queue, or anyone when it is empty.
-    pub(super) fn acquire_fair(
-        &self,
-        key: Arc<str>,
-        id: Option<Token>,
-    ) -> Result<Lease, LockError> {
+    pub(super) fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> LockResult {
         let now = Instant::now();
         let mut state = self.state();
         let turn = state.modes(&key, now, |entry| match entry.queue.front() {
@@ -210,7 +207,7 @@ impl MemoryLocks {
         &self,
         key: Arc<str>,
         max_wait: Duration,
-    ) -> Result<Lease, LockError> {
+    ) -> LockResult {
         if max_wait.is_zero() {
             return self.acquire_fair(key, None);
         }
@@ -295,28 +292,32 @@ mod tests {
     use super::*;
     use crate::backend::request::{LockMode, LockRequest};
 
-    fn read(resource: &str, max_wait: Duration) -> LockRequest<'_> {
-        LockRequest::new(resource)
-            .mode(LockMode::Shared)
-            .wait(max_wait)
+    const ONCE: Duration = Duration::ZERO;
+    const LONG: Duration = Duration::from_secs(10);
+
+    fn read(key: &str, wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(key).mode(LockMode::Shared).wait(wait)
     }
 
-    fn write(resource: &str, max_wait: Duration) -> LockRequest<'_> {
-        LockRequest::new(resource)
-            .mode(LockMode::Exclusive)
-            .wait(max_wait)
+    fn write(key: &str, wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(key).mode(LockMode::Exclusive).wait(wait)
     }
 
-    fn fair(resource: &str, max_wait: Duration) -> LockRequest<'_> {
-        LockRequest::new(resource)
-            .mode(LockMode::Fair)
-            .wait(max_wait)
+    fn fair(key: &str, wait: Duration) -> LockRequest<'_> {
+        LockRequest::new(key).mode(LockMode::Fair).wait(wait)
     }
 
-    /// Polls `check` every 10 ms for up to 5 s.
-    async fn until(mut check: impl FnMut() -> bool) -> bool {
+    /// Polls, every 10 ms for up to 5 s, whether the modes of some key satisfy `check`.
+    async fn until(locks: &MemoryLocks, check: impl Fn(&KeyModes) -> bool) -> bool {
         for _ in 0..500 {
-            if check() {
+            let found = {
+                let state = locks.state();
+                state
+                    .keys
+                    .values()
+                    .any(|k| k.modes.as_deref().is_some_and(&check))
+            };
+            if found {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -328,61 +329,46 @@ mod tests {
         MemoryLocks::builder().ttl(ttl).build().unwrap()
     }
 
+    fn is_taken(result: LockResult) -> bool {
+        matches!(result, Err(LockError::Taken { .. }))
+    }
+
     #[tokio::test]
     async fn readers_share_and_a_writer_waits_for_them() {
-        let locks = locks(Duration::from_secs(10));
-        let zero = Duration::ZERO;
-        let a = locks.take(read("doc", zero)).await.unwrap();
-        let b = locks.take(read("doc", zero)).await.unwrap();
+        let locks = locks(LONG);
+        let a = locks.take(read("doc", ONCE)).await.unwrap();
+        let b = locks.take(read("doc", ONCE)).await.unwrap();
         assert!(a.is_shared() && b.is_shared());
-        assert!(matches!(
-            locks.take(write("doc", zero)).await,
-            Err(LockError::Taken { .. })
-        ));
+        assert!(is_taken(locks.take(write("doc", ONCE)).await));
         locks.unlock(a).unwrap();
         locks.unlock(b).unwrap();
-        let w = locks.take(write("doc", zero)).await.unwrap();
+        let w = locks.take(write("doc", ONCE)).await.unwrap();
         assert!(!w.is_shared());
-        assert!(matches!(
-            locks.take(read("doc", zero)).await,
-            Err(LockError::Taken { .. })
-        ));
+        assert!(is_taken(locks.take(read("doc", ONCE)).await));
         locks.unlock(w).unwrap();
         assert!(!locks.has_modes("doc"), "nothing left behind");
     }
 
     #[tokio::test]
     async fn a_waiting_writer_keeps_new_readers_out() {
-        let locks = locks(Duration::from_secs(10));
-        let reader = locks.take(read("doc", Duration::ZERO)).await.unwrap();
+        let locks = locks(LONG);
+        let reader = locks.take(read("doc", ONCE)).await.unwrap();
         let writer = tokio::spawn({
             let locks = locks.clone();
-            async move { locks.take(write("doc", Duration::from_secs(10))).await }
+            async move { locks.take(write("doc", LONG)).await }
         });
-        let waiting = until(|| {
-            locks
-                .state()
-                .keys
-                .values()
-                .filter_map(|k| k.modes.as_deref())
-                .any(|e| e.writers_waiting > 0)
-        })
-        .await;
-        assert!(waiting);
-        assert!(matches!(
-            locks.take(read("doc", Duration::ZERO)).await,
-            Err(LockError::Taken { .. })
-        ));
+        assert!(until(&locks, |e| e.writers_waiting > 0).await);
+        assert!(is_taken(locks.take(read("doc", ONCE)).await));
         locks.unlock(reader).unwrap();
         let lease = writer.await.unwrap().unwrap();
         locks.unlock(lease).unwrap();
-        assert!(locks.take(read("doc", Duration::ZERO)).await.is_ok());
+        assert!(locks.take(read("doc", ONCE)).await.is_ok());
     }
 
     #[tokio::test]
     async fn shared_leases_extend_and_expire() {
         let locks = locks(Duration::from_millis(50));
-        let mut lease = locks.take(read("doc", Duration::ZERO)).await.unwrap();
+        let mut lease = locks.take(read("doc", ONCE)).await.unwrap();
         locks.extend(&mut lease).unwrap();
         // The writer waits out the reader's TTL.
         let w = locks
@@ -399,34 +385,22 @@ mod tests {
 
     #[tokio::test]
     async fn fair_waiters_acquire_in_arrival_order_and_leave_when_dropped() {
-        let locks = locks(Duration::from_secs(10));
+        let locks = locks(LONG);
         let holder = locks.try_lock("q").unwrap();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..4 {
             let (waiter, order) = (locks.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let lease = waiter
-                    .take(fair("q", Duration::from_secs(10)))
-                    .await
-                    .unwrap();
+                let lease = waiter.take(fair("q", LONG)).await.unwrap();
                 order.lock().unwrap().push(i);
                 waiter.unlock(lease).unwrap();
             }));
             // Each joins the queue before the next starts.
-            let joined = until(|| {
-                locks
-                    .state()
-                    .keys
-                    .values()
-                    .filter_map(|k| k.modes.as_deref())
-                    .any(|e| e.queue.len() == i + 1)
-            })
-            .await;
-            assert!(joined);
+            assert!(until(&locks, |e| e.queue.len() == i + 1).await);
         }
         // A newcomer does not jump the queue, and leaves it when it gives up.
-        assert!(locks.take(fair("q", Duration::ZERO)).await.is_err());
+        assert!(locks.take(fair("q", ONCE)).await.is_err());
         locks.unlock(holder).unwrap();
         for task in tasks {
             task.await.unwrap();

@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{HeldKey, MemoryLocks};
+use crate::backend::request::LockResult;
 use crate::error::LockError;
 use crate::lease::{Lease, Shape, Token};
 
 impl MemoryLocks {
     /// Takes the sorted, distinct `keys`, all or none.
-    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> Result<Lease, LockError> {
+    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> LockResult {
         if let [key] = &keys[..] {
             return self.acquire(key.clone());
         }
@@ -29,7 +30,7 @@ impl MemoryLocks {
                 expires_at,
                 since: now,
             };
-            state.hold(key.clone(), holder);
+            state.keys.entry(key.clone()).or_default().holder = Some(holder);
         }
         let first = keys[0].clone();
         Ok(self.lease(
@@ -41,7 +42,7 @@ impl MemoryLocks {
         ))
     }
 
-    /// Extends every key of a set lease, if every one of them still holds its token.
+    /// Extends every key of an exclusive lease, if every one of them still holds its token.
     pub(super) fn extend_all(&self, lease: &mut Lease, keys: &[Arc<str>]) -> Result<(), LockError> {
         let now = Instant::now();
         let mut state = self.state();
@@ -109,12 +110,15 @@ mod tests {
     use super::*;
     use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
 
+    fn is_taken(result: LockResult) -> bool {
+        matches!(result, Err(LockError::Taken { .. }))
+    }
+
     #[test]
     fn all_or_none_when_one_key_is_taken() {
         let locks = MemoryLocks::new();
         let bob = locks.try_lock("bob").unwrap();
-        let err = locks.try_lock_all(["alice", "bob"]).unwrap_err();
-        assert!(matches!(err, LockError::Taken { .. }));
+        assert!(is_taken(locks.try_lock_all(["alice", "bob"])));
         // Alice was not left locked by the attempt.
         let alice = locks.try_lock("alice").unwrap();
         locks.unlock(alice).unwrap();
@@ -125,14 +129,8 @@ mod tests {
             ["tower-redlock:alice", "tower-redlock:bob"]
         );
         assert_eq!(both.key(), "tower-redlock:alice");
-        assert!(matches!(
-            locks.try_lock("alice"),
-            Err(LockError::Taken { .. })
-        ));
-        assert!(matches!(
-            locks.try_lock("bob"),
-            Err(LockError::Taken { .. })
-        ));
+        assert!(is_taken(locks.try_lock("alice")));
+        assert!(is_taken(locks.try_lock("bob")));
         locks.unlock(both).unwrap();
         locks.try_lock_all(["alice", "bob"]).unwrap();
     }
@@ -167,10 +165,7 @@ mod tests {
         let mut both = locks.try_lock_all(["x", "y"]).unwrap();
         locks.extend(&mut both).unwrap();
         // One key taken behind the holder's back: the set is lost.
-        {
-            let mut state = locks.state();
-            state.let_go("tower-redlock:y");
-        }
+        locks.state().let_go("tower-redlock:y");
         let thief = locks.try_lock("y").unwrap();
         assert!(matches!(
             locks.extend(&mut both.clone()),
@@ -181,7 +176,7 @@ mod tests {
             Err(LockError::Expired { taken_over: true })
         ));
         // The thief's key was left alone; ours was released.
-        assert!(matches!(locks.try_lock("y"), Err(LockError::Taken { .. })));
+        assert!(is_taken(locks.try_lock("y")));
         locks.try_lock("x").unwrap();
         locks.unlock(thief).unwrap();
     }

@@ -11,38 +11,28 @@ use super::quota::{Quota, Usage};
 use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
-/// Fixed-window counters and GCRA arrival times in this process's memory, with the same semantics as
-/// [`RedisRateLimiter`](super::RedisRateLimiter): a window per key that starts with its
-/// first request and lasts the quota's window, refused requests counted too, the time to
-/// reset reported.
+/// Fixed-window counters and GCRA arrival times in this process's memory, with the
+/// semantics of [`RedisRateLimiter`](super::RedisRateLimiter): a window per key starts with
+/// its first request, refused requests count too, the time to reset is reported.
 ///
-/// It is the embedded default ([`RateLimiter::default`](super::RateLimiter::default)):
-/// for examples, single-replica services and tests. It does not share counts across
-/// processes. Counting takes a short mutex, no `.await`. Cloning is cheap and shares the
-/// counters.
+/// It is the embedded default ([`RateLimiter::default`](super::RateLimiter::default)), for
+/// examples, single-replica services and tests: it does not share counts across processes.
+/// Counting takes a short mutex, no `.await`. Cloning is cheap and shares the counters.
 ///
 /// # Bounded memory
 ///
 /// It holds at most [`max_keys`](Self::with_max_keys) live windows (default
-/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS), 100,000), so that a client rotating its
-/// id cannot make it grow without end. A window is dropped once it has been over for one
-/// second, so that a client that comes back within it reuses its entry rather than a new
-/// one, and at once when the store is full (ended windows are evicted before any new one
-/// is refused), in `O(log n)` per window. Each live window costs about 115 bytes plus the
-/// key's length, allocator overhead aside (measured on 64-bit Linux at the default cap:
-/// 135 bytes for a 20-byte key, 13.6 MB for 100,000 windows; about 38 MB with the longest
-/// keys a layer makes, a 256-byte value; about 115 MB with 1,024-byte keys, the longest a
-/// direct call accepts). The memory is given back as the windows go.
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS)), so that a client rotating its id cannot
+/// make it grow without end. An ended window is kept one second for its key to come back,
+/// and evicted at once when the store is full; the memory is given back as windows go.
 ///
-/// When `max_keys` windows are live, a request on a key that has none is not counted:
+/// When `max_keys` windows are live, a request on a key without one is not counted:
 /// [`hit`](Self::hit) answers [`RateLimitError::StoreFull`], which the
 /// [`RateLimitLayer`](crate::RateLimitLayer) treats as an unavailable store
-/// ([`fail_open`](crate::RateLimitLayer::fail_open): let through uncounted by default,
-/// 503 when failing closed). Keys that have a window go on being counted and limited.
-/// Refusing new keys outright (429) would let the client that fills the store lock every
-/// new client out for a whole window; letting them through gives that client nothing it
-/// lacks already, since each fresh id starts a fresh window anyway. Where the limit is a
-/// security control, fail closed.
+/// ([`fail_open`](crate::RateLimitLayer::fail_open)). Keys with a window go on being
+/// limited. Letting new keys through gives the client that fills the store nothing it
+/// lacks (each fresh id starts a fresh window anyway); where the limit is a security
+/// control, fail closed.
 ///
 /// ```
 /// use tower_redlock::{MemoryRateLimiter, Quota, RateLimitError};
@@ -87,24 +77,21 @@ pub(crate) const REUSE_FOR: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for MemoryRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let windows = self.windows();
         f.debug_struct("MemoryRateLimiter")
-            .field("keys", &windows.counts.len())
-            .field("max_keys", &windows.max_keys)
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys())
             .finish()
     }
 }
 
 impl Default for MemoryRateLimiter {
-    /// New, empty counters, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) live
-    /// windows.
     fn default() -> Self {
         Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
     }
 }
 
 impl MemoryRateLimiter {
-    /// The default bound on live windows: 100,000 (about 14 MB with 20-byte keys).
+    /// The default bound on live windows: 100,000.
     pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
     /// New, empty counters, at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) live
@@ -174,10 +161,13 @@ impl MemoryRateLimiter {
         windows.evict_ended(now.checked_sub(REUSE_FOR).unwrap_or(now));
         if windows.counts.len() >= windows.max_keys {
             windows.evict_ended(now);
+            let max_keys = windows.max_keys;
+            if windows.counts.len() >= max_keys && !windows.counts.contains_key(resource) {
+                return Err(RateLimitError::StoreFull { max_keys });
+            }
         }
-        let full = windows.counts.len() >= windows.max_keys;
         if quota.burst().is_some() {
-            return windows.gcra(resource, quota, now, full);
+            return Ok(windows.gcra(resource, quota, now));
         }
         let (count, resets_at) = match windows.counts.get_mut(resource) {
             Some(window) if window.resets_at > now => {
@@ -192,11 +182,6 @@ impl MemoryRateLimiter {
                     resets_at: now + quota.window(),
                 };
                 (1, window.resets_at)
-            }
-            None if full => {
-                return Err(RateLimitError::StoreFull {
-                    max_keys: windows.max_keys,
-                });
             }
             None => {
                 let resets_at = now + quota.window();
@@ -219,14 +204,8 @@ impl Windows {
     /// One GCRA decision on `resource` at `now` (see [`Quota::gcra`]): the key's
     /// `resets_at` is its theoretical arrival time (TAT); a TAT that has passed counts as
     /// now (a fresh key is in the same state), and the key is dropped one second after
-    /// it. `full`: no new key may be added.
-    fn gcra(
-        &mut self,
-        resource: &str,
-        quota: Quota,
-        now: Instant,
-        full: bool,
-    ) -> Result<Usage, RateLimitError> {
+    /// it.
+    fn gcra(&mut self, resource: &str, quota: Quota, now: Instant) -> Usage {
         let emission_us = quota.emission_us();
         let emission = Duration::from_micros(emission_us);
         let tolerance = Duration::from_micros(quota.tolerance_us());
@@ -235,15 +214,10 @@ impl Windows {
                 let tat = window.resets_at.max(now);
                 let ahead = tat - now;
                 if ahead > tolerance {
-                    return Ok(Usage::gcra(&quota, false, 0, ahead, ahead - tolerance));
+                    return Usage::gcra(&quota, false, 0, ahead, ahead - tolerance);
                 }
                 window.resets_at = tat + emission;
                 window.resets_at
-            }
-            None if full => {
-                return Err(RateLimitError::StoreFull {
-                    max_keys: self.max_keys,
-                });
             }
             None => {
                 let tat = now + emission;
@@ -257,29 +231,24 @@ impl Windows {
         let left = (tolerance + emission).saturating_sub(ahead);
         let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
         let remaining = left_us / emission_us;
-        Ok(Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO))
+        Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO)
     }
 
-    /// Evicts the windows that ended by `by`, soonest first; `O(log n)` each, and
-    /// nothing to do but a look at the soonest end when none has. A key whose window
-    /// moved on since its entry was queued (a GCRA arrival time, a window started again
-    /// in a kept entry) is queued again at its new end.
+    /// Evicts the windows that ended by `by`, soonest first, `O(log n)` each; a key whose
+    /// window moved on since it was queued is queued again at its new end.
     fn evict_ended(&mut self, by: Instant) {
         let mut evicted = false;
         while self.ends.peek().is_some_and(|end| end.0.0 <= by) {
             let Some(Reverse((_, key))) = self.ends.pop() else {
                 break;
             };
-            match self.counts.get(&key) {
-                Some(window) if window.resets_at > by => {
-                    let at = window.resets_at;
-                    self.ends.push(Reverse((at, key)));
-                    continue;
+            match self.counts.get(&key).map(|window| window.resets_at) {
+                Some(at) if at > by => self.ends.push(Reverse((at, key))),
+                _ => {
+                    self.counts.remove(&key);
+                    evicted = true;
                 }
-                _ => {}
             }
-            self.counts.remove(&key);
-            evicted = true;
         }
         if evicted {
             self.shrink();
@@ -407,8 +376,9 @@ mod tests {
             limiter.hit(&format!("short:{i}"), short).unwrap();
         }
         limiter.hit("long", quota("1/60")).unwrap();
+        let full = limiter.hit("new", short);
         assert!(matches!(
-            limiter.hit("new", short),
+            full,
             Err(RateLimitError::StoreFull { max_keys: 10 })
         ));
         std::thread::sleep(Duration::from_millis(30));
@@ -441,11 +411,9 @@ mod tests {
 
     #[test]
     fn the_cap_has_a_default_and_is_at_least_one() {
-        assert_eq!(
-            MemoryRateLimiter::new().max_keys(),
-            MemoryRateLimiter::DEFAULT_MAX_KEYS
-        );
-        assert_eq!(MemoryRateLimiter::DEFAULT_MAX_KEYS, 100_000);
+        let default = MemoryRateLimiter::DEFAULT_MAX_KEYS;
+        assert_eq!(MemoryRateLimiter::new().max_keys(), default);
+        assert_eq!(default, 100_000);
         let one = MemoryRateLimiter::with_max_keys(0);
         assert_eq!(one.max_keys(), 1);
         assert!(one.is_empty());
@@ -456,18 +424,13 @@ mod tests {
     #[test]
     fn invalid_keys_are_refused() {
         let limiter = MemoryRateLimiter::new();
-        let q = quota("1/1");
-        assert!(matches!(
-            limiter.hit("", q),
-            Err(RateLimitError::InvalidKey(KeyError::Empty))
-        ));
-        assert!(matches!(
-            limiter.hit("a\nb", q),
-            Err(RateLimitError::InvalidKey(KeyError::ControlCharacter))
-        ));
-        assert!(matches!(
-            limiter.hit(&"a".repeat(MAX_RESOURCE_LEN + 1), q),
-            Err(RateLimitError::InvalidKey(KeyError::TooLong { .. }))
-        ));
+        let invalid = |key: &str| match limiter.hit(key, quota("1/1")) {
+            Err(RateLimitError::InvalidKey(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(invalid(""), KeyError::Empty);
+        assert_eq!(invalid("a\nb"), KeyError::ControlCharacter);
+        let long = "a".repeat(MAX_RESOURCE_LEN + 1);
+        assert!(matches!(invalid(&long), KeyError::TooLong { .. }));
     }
 }

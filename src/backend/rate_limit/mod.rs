@@ -55,23 +55,15 @@ fn rate_verdict(counted: &Result<Usage, RateLimitError>) -> &'static str {
     }
 }
 
-/// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with one
-/// contract: a fixed window or GCRA per key ([`Quota`]), counted atomically.
-///
-/// The layer and your state hold a `RateLimiter`; cloning it is cheap and shares the
-/// store. Build one with `RateLimiter::from(redis_rate_limiter)` or
-/// `RateLimiter::from(memory_rate_limiter)`; [`RateLimiter::default`] is the process-wide
-/// in-process store.
-#[derive(Clone, Debug)]
-pub struct RateLimiter {
-    backend: RateStore,
-}
-
-#[derive(Clone, Debug)]
-enum RateStore {
-    #[cfg(feature = "redis")]
-    Redis(RedisRateLimiter),
-    Memory(MemoryRateLimiter),
+store_handle! {
+    /// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with
+    /// one contract: a fixed window or GCRA per key ([`Quota`]), counted atomically.
+    ///
+    /// The layer and your state hold a `RateLimiter`; cloning it is cheap and shares the
+    /// store. Build one with `RateLimiter::from(redis_rate_limiter)` or
+    /// `RateLimiter::from(memory_rate_limiter)`; [`RateLimiter::default`] is the
+    /// process-wide in-process store.
+    RateLimiter, RateStore { RedisRateLimiter, MemoryRateLimiter }
 }
 
 impl Default for RateLimiter {
@@ -84,29 +76,7 @@ impl Default for RateLimiter {
     }
 }
 
-#[cfg(feature = "redis")]
-impl From<RedisRateLimiter> for RateLimiter {
-    fn from(redis: RedisRateLimiter) -> Self {
-        Self {
-            backend: RateStore::Redis(redis),
-        }
-    }
-}
-
-impl From<MemoryRateLimiter> for RateLimiter {
-    fn from(memory: MemoryRateLimiter) -> Self {
-        Self {
-            backend: RateStore::Memory(memory),
-        }
-    }
-}
-
 impl RateLimiter {
-    /// Whether this is the in-process store.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, RateStore::Memory(_))
-    }
-
     /// Counts one request on `resource` under `quota`; see [`RedisRateLimiter::hit`] and
     /// [`MemoryRateLimiter::hit`].
     ///
@@ -119,15 +89,6 @@ impl RateLimiter {
             #[cfg(feature = "redis")]
             RateStore::Redis(r) => r.hit(resource, quota).await,
             RateStore::Memory(m) => m.hit(resource, quota),
-        }
-    }
-
-    /// The in-process store, when this is one: it answers without `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
-        match &self.backend {
-            RateStore::Memory(m) => Some(m),
-            #[cfg(feature = "redis")]
-            RateStore::Redis(_) => None,
         }
     }
 }

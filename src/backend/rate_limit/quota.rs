@@ -15,12 +15,10 @@ const MAX_TOLERANCE_US: u64 = 1 << 51;
 /// A rate limit: [`limit`](Self::limit) requests per key per [`window`](Self::window),
 /// counted by one of two algorithms.
 ///
-/// - **Fixed window** ([`Quota::new`]): the window of a key starts with its first request
-///   and lasts `window`; the request that would be number `limit + 1` in it is refused
-///   until it ends. This is the fixed window counter of the Redis `INCR` documentation
-///   ("Pattern: Rate limiter", <https://redis.io/docs/latest/commands/incr/>). Its
-///   weakness: a client can spend a window's limit at its end and again at the start of
-///   the next, twice the limit within moments.
+/// - **Fixed window** ([`Quota::new`]): a key's window starts with its first request and
+///   lasts `window`; request `limit + 1` in it is refused until it ends (the Redis `INCR`
+///   documentation's rate limiter, <https://redis.io/docs/latest/commands/incr/>). A
+///   client can spend a limit at a window's end and again at the next one's start.
 /// - **GCRA** ([`Quota::gcra`]), the generic cell rate algorithm (ITU-T I.371; the
 ///   algorithm of redis-cell and tower_governor): one request every `window / limit` as a
 ///   steady rate, with bursts of up to [`burst`](Self::burst) at once. Each key holds one
@@ -28,9 +26,8 @@ const MAX_TOLERANCE_US: u64 = 1 << 51;
 ///   `(burst - 1) × window / limit` ahead of now. In any interval of length `t`, at most
 ///   `burst + t × limit / window` requests pass.
 ///
-/// Build one with [`Quota::new`] or [`Quota::gcra`], or parse `"LIMIT/SECONDS"` (handy
-/// for an environment variable), with `" burst N"` after it for GCRA; the window may also
-/// carry a unit, `ms`, `s`, `m`, `h` or `d`:
+/// Build one with [`Quota::new`] or [`Quota::gcra`], or parse `"LIMIT/SECONDS"` (the
+/// window may carry a unit, `ms`, `s`, `m`, `h` or `d`), with `" burst N"` for GCRA:
 ///
 /// ```
 /// use std::time::Duration;
@@ -218,10 +215,10 @@ impl FromStr for Quota {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let malformed = || QuotaError::Malformed(text.to_owned());
         let (rate, burst) = match text.split_once(" burst ") {
-            Some((rate, burst)) => {
-                let burst = parse_digits(burst.trim()).ok_or_else(malformed)?;
-                (rate, Some(burst))
-            }
+            Some((rate, burst)) => (
+                rate,
+                Some(parse_digits(burst.trim()).ok_or_else(malformed)?),
+            ),
             None => (text, None),
         };
         let (limit, window) = rate.split_once('/').ok_or_else(malformed)?;
@@ -354,14 +351,16 @@ mod tests {
             Quota::new(0, Duration::from_secs(1)),
             Err(QuotaError::ZeroLimit)
         );
-        assert!(matches!(
-            Quota::new(1, Duration::from_micros(999)),
-            Err(QuotaError::InvalidWindow(_))
-        ));
-        assert!(matches!(
-            Quota::new(1, MAX_WINDOW + Duration::from_millis(1)),
-            Err(QuotaError::InvalidWindow(_))
-        ));
+        for bad in [
+            Duration::from_micros(999),
+            MAX_WINDOW + Duration::from_millis(1),
+        ] {
+            let quota = Quota::new(1, bad);
+            assert!(
+                matches!(quota, Err(QuotaError::InvalidWindow(_))),
+                "{bad:?}"
+            );
+        }
         assert!(Quota::new(1, MAX_WINDOW).is_ok());
         assert_eq!(
             Quota::new(1, Duration::MAX),
@@ -396,18 +395,10 @@ mod tests {
             );
         }
         assert_eq!("0/60".parse::<Quota>(), Err(QuotaError::ZeroLimit));
-        assert!(matches!(
-            "1/0".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
-        assert!(matches!(
-            "1/99999999999999999d".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
-        assert!(matches!(
-            "1/50d".parse::<Quota>(),
-            Err(QuotaError::InvalidWindow(_))
-        ));
+        for bad in ["1/0", "1/99999999999999999d", "1/50d"] {
+            let parsed = bad.parse::<Quota>();
+            assert!(matches!(parsed, Err(QuotaError::InvalidWindow(_))), "{bad}");
+        }
     }
 
     #[test]

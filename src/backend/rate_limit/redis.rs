@@ -84,27 +84,14 @@ return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - no
 /// Rate-limit counters on one Redis node, shared by every replica that uses that node:
 /// a fixed window, or GCRA's arrival time ([`Quota::gcra`]), per key.
 ///
-/// A rate limit needs no quorum: one node (or a replicated primary) is enough, and a
-/// count lost in a failover only lets a few extra requests through. Each request is one
-/// round trip: the script of the Redis `INCR` documentation's rate limiter pattern
-/// (`INCR`, `PEXPIRE` on the first hit, `PTTL`), or GCRA's script (`TIME`, `GET`, `SET`
-/// with an expiry when allowed), run with `EVALSHA`. GCRA reads the server's clock, so
-/// replicas with skewed clocks share one limit exactly.
+/// A rate limit needs no quorum: a count lost in a failover only lets a few extra requests
+/// through. Each request is one script round trip (the Redis `INCR` documentation's rate
+/// limiter pattern, or GCRA on the server's clock, so skewed replicas share one limit).
 ///
-/// The connection is multiplexed; every call is bounded by the
-/// [timeout](RedisRateLimiterBuilder::timeout), so a dead Redis costs at most that long per
-/// request, never a hang. Cloning is cheap and shares the connection.
-///
-/// The connection is replaced after any kind of failure, so that the limit comes back
-/// when Redis does. A connection that fails (refused, reset, an answer that is not Redis,
-/// a refused handshake) is replaced at once, with at most one connection attempt per
-/// 100 ms, each bounded by the timeout or 500 ms, whichever is longer; while Redis stays
-/// down, attempts go on in the background, paused 100 ms doubling up to 1 s, so once it
-/// answers again calls use it within 1 s plus one connection, without a failed call to
-/// notice it. A connection that goes silent without failing (its peer gone without a reset)
-/// is probed with `PING` when a call times out with nothing else answered, at most once a
-/// second, and replaced when the probe gets no answer within 1 s: within the timeout plus
-/// 2 s.
+/// The connection is multiplexed, and replaced after any failure (one that goes silent is
+/// found by a `PING` probe), so that the limit comes back within about a second of Redis;
+/// every call is bounded by the [timeout](RedisRateLimiterBuilder::timeout), so a dead
+/// Redis costs at most that long per request. Cloning is cheap and shares the connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -180,13 +167,16 @@ impl RedisRateLimiter {
             let call = invocation.invoke_async::<(i64, i64, i64)>(&mut conn);
             let (allowed, micros, reset_us) = store.bounded(call).await.map_err(unavailable)?;
             crate::observe::nodes_answered(1);
+            // `micros`: what is left of the burst when allowed, the retry delay when not.
             let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
             let remaining = u64::try_from(micros).unwrap_or(0);
-            return Ok(if allowed == 1 {
-                Usage::gcra(&quota, true, remaining, us(reset_us), Duration::ZERO)
-            } else {
-                Usage::gcra(&quota, false, 0, us(reset_us), us(micros))
-            });
+            return Ok(Usage::gcra(
+                &quota,
+                allowed == 1,
+                remaining,
+                us(reset_us),
+                us(micros),
+            ));
         }
         let mut invocation = HIT.key(key);
         invocation.arg(quota.window_ms());
@@ -229,11 +219,8 @@ impl RedisRateLimiterBuilder {
         timeout;
     }
 
-    /// Checks the configuration and connects, bounded by the timeout. A node that cannot
-    /// be reached now is not an error: it is retried on every later call (which fails,
-    /// within the timeout, until it answers).
-    ///
-    /// Needs a Tokio runtime with the time driver.
+    /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
+    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///

@@ -55,11 +55,9 @@ impl Locks {
         self.with_lease(lease, renewal, work).await
     }
 
-    /// Runs `work` under a lease already taken from this backend (by
-    /// [`acquire`](Self::acquire) and the like), as
-    /// [`with_lock`](Self::with_lock) does: the lease is renewed while `work` runs, `work`
-    /// is never polled once it is lost, and the lease is released at the end (in the
-    /// background if the returned future is dropped).
+    /// Runs `work` under a lease already taken from this backend, as
+    /// [`with_lock`](Self::with_lock) does (renewed while `work` runs, `work` never polled
+    /// once it is lost, released at the end).
     ///
     /// ```
     /// # async fn demo() -> Result<(), tower_redlock::LockError> {
