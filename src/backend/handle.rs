@@ -14,14 +14,56 @@ use crate::error::{ConfigError, LockError};
 use crate::lease::Lease;
 use crate::redact::LogKey;
 
-store_handle! {
-    /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
-    ///
-    /// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
-    /// shares the backend. Build one with `Locks::from(redlock)` or
-    /// `Locks::from(memory_locks)`; [`Locks::default`] is the process-wide in-process
-    /// backend.
-    Locks, LockStore { Redlock, MemoryLocks }
+/// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
+///
+/// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
+/// shares the backend. Build one with `Locks::from(redlock)` or
+/// `Locks::from(memory_locks)`; [`Locks::default`] is the process-wide in-process
+/// backend.
+#[derive(Clone, Debug)]
+pub struct Locks {
+    backend: LockStore,
+}
+
+#[derive(Clone, Debug)]
+enum LockStore {
+    #[cfg(feature = "redis")]
+    Redis(Redlock),
+    Memory(MemoryLocks),
+}
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+impl From<Redlock> for Locks {
+    fn from(redis: Redlock) -> Self {
+        Self {
+            backend: LockStore::Redis(redis),
+        }
+    }
+}
+
+impl From<MemoryLocks> for Locks {
+    fn from(memory: MemoryLocks) -> Self {
+        Self {
+            backend: LockStore::Memory(memory),
+        }
+    }
+}
+
+impl Locks {
+    /// Whether this is the in-process backend.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, LockStore::Memory(_))
+    }
+
+    /// The in-process backend, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
+        match &self.backend {
+            LockStore::Memory(memory) => Some(memory),
+            #[cfg(feature = "redis")]
+            LockStore::Redis(_) => None,
+        }
+    }
 }
 
 /// The app's default backend: set once by [`Locks::set_default`], or the in-process

@@ -9,62 +9,6 @@
 /// (keys come from clients, so a fixed seed would let them aim collisions).
 pub(crate) type KeyMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The handle over a store on Redis and one in process ([`Locks`](crate::Locks),
-/// [`RateLimiter`](crate::RateLimiter), [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)),
-/// written once: the type, with the doc comment the call gives it; its private enum of the
-/// two; their `From`s; `is_in_process` and `as_memory`.
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-macro_rules! store_handle {
-    ($(#[$doc:meta])* $handle:ident, $store:ident { $redis:ty, $memory:ty }) => {
-        $(#[$doc])*
-        #[derive(Clone, Debug)]
-        pub struct $handle {
-            backend: $store,
-        }
-
-        #[derive(Clone, Debug)]
-        enum $store {
-            #[cfg(feature = "redis")]
-            Redis($redis),
-            Memory($memory),
-        }
-
-        #[cfg(feature = "redis")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-        impl From<$redis> for $handle {
-            fn from(redis: $redis) -> Self {
-                Self { backend: $store::Redis(redis) }
-            }
-        }
-
-        impl From<$memory> for $handle {
-            fn from(memory: $memory) -> Self {
-                Self { backend: $store::Memory(memory) }
-            }
-        }
-
-        impl $handle {
-            /// Whether this is the in-process backend.
-            pub fn is_in_process(&self) -> bool {
-                matches!(self.backend, $store::Memory(_))
-            }
-
-            /// The in-process backend, when this is one: it answers without `.await`.
-            pub(crate) fn as_memory(&self) -> Option<&$memory> {
-                match &self.backend {
-                    $store::Memory(m) => Some(m),
-                    #[cfg(feature = "redis")]
-                    $store::Redis(_) => None,
-                }
-            }
-        }
-    };
-}
-
 #[cfg(feature = "concurrency-limit")]
 pub(crate) mod concurrency;
 #[cfg(feature = "redis")]

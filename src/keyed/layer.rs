@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::Response;
+use http::request::Parts;
 use tower_layer::Layer;
 
 use super::policy::{Decision, Policy};
@@ -14,8 +14,7 @@ use super::service::Keyed;
 use crate::key::PathParamKey;
 use crate::key::{
     HeaderKey, IntoHeaderName, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped,
-    validate_value,
-    with_scratch, write_key_head,
+    validate_value, with_scratch, write_key_head,
 };
 use crate::keyed::answers::RenderFn;
 use crate::rejection::{Rejection, RejectionKind};

@@ -81,7 +81,10 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn decide_all(&self, keys: Vec<std::sync::Arc<str>>, parts: &Parts) -> Decision<Self::Permit> {
         let _ = (keys, parts);
-        unreachable!("{}: several keys are refused when the layer is built", Self::LAYER)
+        unreachable!(
+            "{}: several keys are refused when the layer is built",
+            Self::LAYER
+        )
     }
 }
 

@@ -1,9 +1,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use http::StatusCode;
 #[cfg(doc)]
 use http::HeaderName;
+use http::StatusCode;
 
 use super::policy::LockPolicy;
 use crate::backend::handle::Locks;

@@ -71,17 +71,59 @@ impl crate::backend::renewal::RenewError for ConcurrencyError {
     }
 }
 
-store_handle! {
-    /// A handle to a store of concurrency permits, [`RedisConcurrencyLimiter`] or
-    /// [`MemoryConcurrencyLimiter`], with one contract: at most `limit` permits per key at
-    /// once; a permit is released when its request is done, and (on Redis) expires when
-    /// its holder dies.
-    ///
-    /// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
-    /// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
-    /// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
-    /// process-wide in-process store.
-    ConcurrencyLimiter, PermitStore { RedisConcurrencyLimiter, MemoryConcurrencyLimiter }
+/// A handle to a store of concurrency permits, [`RedisConcurrencyLimiter`] or
+/// [`MemoryConcurrencyLimiter`], with one contract: at most `limit` permits per key at
+/// once; a permit is released when its request is done, and (on Redis) expires when
+/// its holder dies.
+///
+/// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
+/// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
+/// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
+/// process-wide in-process store.
+#[derive(Clone, Debug)]
+pub struct ConcurrencyLimiter {
+    backend: PermitStore,
+}
+
+#[derive(Clone, Debug)]
+enum PermitStore {
+    #[cfg(feature = "redis")]
+    Redis(RedisConcurrencyLimiter),
+    Memory(MemoryConcurrencyLimiter),
+}
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
+    fn from(redis: RedisConcurrencyLimiter) -> Self {
+        Self {
+            backend: PermitStore::Redis(redis),
+        }
+    }
+}
+
+impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
+    fn from(memory: MemoryConcurrencyLimiter) -> Self {
+        Self {
+            backend: PermitStore::Memory(memory),
+        }
+    }
+}
+
+impl ConcurrencyLimiter {
+    /// Whether this is the in-process store.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, PermitStore::Memory(_))
+    }
+
+    /// The in-process store, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
+        match &self.backend {
+            PermitStore::Memory(memory) => Some(memory),
+            #[cfg(feature = "redis")]
+            PermitStore::Redis(_) => None,
+        }
+    }
 }
 
 impl Default for ConcurrencyLimiter {

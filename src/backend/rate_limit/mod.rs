@@ -55,15 +55,57 @@ fn rate_verdict(counted: &Result<Usage, RateLimitError>) -> &'static str {
     }
 }
 
-store_handle! {
-    /// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with
-    /// one contract: a fixed window or GCRA per key ([`Quota`]), counted atomically.
-    ///
-    /// The layer and your state hold a `RateLimiter`; cloning it is cheap and shares the
-    /// store. Build one with `RateLimiter::from(redis_rate_limiter)` or
-    /// `RateLimiter::from(memory_rate_limiter)`; [`RateLimiter::default`] is the
-    /// process-wide in-process store.
-    RateLimiter, RateStore { RedisRateLimiter, MemoryRateLimiter }
+/// A handle to a rate-limit store, [`RedisRateLimiter`] or [`MemoryRateLimiter`], with
+/// one contract: a fixed window or GCRA per key ([`Quota`]), counted atomically.
+///
+/// The layer and your state hold a `RateLimiter`; cloning it is cheap and shares the
+/// store. Build one with `RateLimiter::from(redis_rate_limiter)` or
+/// `RateLimiter::from(memory_rate_limiter)`; [`RateLimiter::default`] is the
+/// process-wide in-process store.
+#[derive(Clone, Debug)]
+pub struct RateLimiter {
+    backend: RateStore,
+}
+
+#[derive(Clone, Debug)]
+enum RateStore {
+    #[cfg(feature = "redis")]
+    Redis(RedisRateLimiter),
+    Memory(MemoryRateLimiter),
+}
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+impl From<RedisRateLimiter> for RateLimiter {
+    fn from(redis: RedisRateLimiter) -> Self {
+        Self {
+            backend: RateStore::Redis(redis),
+        }
+    }
+}
+
+impl From<MemoryRateLimiter> for RateLimiter {
+    fn from(memory: MemoryRateLimiter) -> Self {
+        Self {
+            backend: RateStore::Memory(memory),
+        }
+    }
+}
+
+impl RateLimiter {
+    /// Whether this is the in-process store.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, RateStore::Memory(_))
+    }
+
+    /// The in-process store, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
+        match &self.backend {
+            RateStore::Memory(memory) => Some(memory),
+            #[cfg(feature = "redis")]
+            RateStore::Redis(_) => None,
+        }
+    }
 }
 
 impl Default for RateLimiter {
