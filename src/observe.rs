@@ -1,12 +1,8 @@
-//! What an operator can watch: the metrics this crate emits through the [`metrics`] facade
-//! (with the `metrics` feature) and the spans it opens through [`tracing`].
+//! The metrics this crate emits through the [`metrics`] facade (with the `metrics`
+//! feature) and the spans it opens through [`tracing`], named in one place.
 //!
-//! The names and label values live here, in one place; the layers and backends call the
-//! small functions below at the points where they decide.
-//!
-//! No label and no span field ever holds a key's value: a span carries the key's *scope*
-//! (what comes after the prefix and before the first `:`), and node errors are labelled
-//! with the node's `host:port`, which the clients never see.
+//! No label and no span field ever holds a key's value: a span carries the key's *scope*,
+//! and node errors are labelled with the node's `host:port`.
 //!
 //! | metric | kind | label: values | counted where |
 //! | --- | --- | --- | --- |
@@ -40,9 +36,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-/// The result enums of the request counters: each variant with its `result` label value,
-/// and a `count` that increments the counter with a static key (the `metrics` macros
-/// build a key per call, with an allocation, unless the name and labels are literals).
+/// A request counter's `result` enum, whose `count` uses a literal name and label (a static
+/// key: the `metrics` macros allocate a key per call otherwise).
 macro_rules! results {
     (
         $(#[$meta:meta])*
@@ -141,8 +136,7 @@ pub(crate) fn lock_request(result: LockResult) {
     result.count();
 }
 
-/// Counts one lock request by the outcome of its acquisition, begun at `started`, and
-/// records how long the acquisition took.
+/// Counts one lock request by its acquisition's outcome, and records how long it took.
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
     #[cfg(feature = "metrics")]
@@ -171,9 +165,7 @@ pub(crate) fn lock_acquired_in(elapsed: Duration) {
     let _ = elapsed;
 }
 
-/// Records how long a lease was held.
-/// What this process holds or waits for now, each a gauge raised when one starts and
-/// lowered when it ends.
+/// What this process holds or waits for now: gauges, raised at the start, lowered at the end.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Held {
     /// `tower_redlock_leases_held`: leases held for requests (`LockLayer`, `Locked`,
@@ -209,21 +201,12 @@ impl Held {
     }
 }
 
+/// Records how long a lease was held.
 pub(crate) fn lock_held_for(held: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = held;
-}
-
-/// Counts one rate-limited request.
-pub(crate) fn rate_limit_request(result: RateLimitResult) {
-    result.count();
-}
-
-/// Counts one request through the idempotency layer.
-pub(crate) fn idempotency_request(result: IdempotencyResult) {
-    result.count();
 }
 
 /// Counts one failure (an error or a timeout) of the Redis node at `node` (`host:port`).
@@ -234,21 +217,16 @@ pub(crate) fn node_error(node: &str) {
     let _ = node;
 }
 
-/// The scope of `key` (`{prefix}{scope}:{value}`): what follows `prefix`, up to the first
-/// `:`. Empty when there is no `:` (the whole key is then a value). Never any of the
-/// value: a scope with a `:` of its own is cut short rather than let the value in.
+/// The scope of `key` (`{prefix}{scope}:{value}`): what follows `prefix` up to the first
+/// `:`; empty without a `:`. Never any of the value.
 pub(crate) fn scope<'k>(key: &'k str, prefix: &str) -> &'k str {
     let rest = key.strip_prefix(prefix).unwrap_or("");
     rest.split_once(':').map_or("", |(scope, _)| scope)
 }
 
-/// A span for one backend operation: `tower_redlock.<op>`, at the `DEBUG` level, with the
-/// key's scope and the quorum; [`traced`] fills in the verdict and the elapsed time, and
-/// a Redlock round the number of nodes that answered.
-///
-/// Made only once a `tracing` dispatcher has been set (globally, or as a scoped default):
-/// without one, `tracing` would still compute the fields for the `log` crate's sake
-/// (its `log` feature, which axum turns on), on every operation.
+/// A `DEBUG` span `tower_redlock.<op>` with the key's scope and the quorum; [`traced`] adds
+/// the verdict and elapsed time. Made only once a `tracing` dispatcher is set: without one,
+/// `tracing`'s `log` feature (on through axum) would still compute the fields.
 macro_rules! op_span {
     ($name:literal, $key:expr, $prefix:expr, $quorum:expr) => {
         if ::tracing::dispatcher::has_been_set() {
@@ -267,9 +245,8 @@ macro_rules! op_span {
 }
 pub(crate) use op_span;
 
-/// Runs `future` in `span` (a child of the span current where it was made, such as
-/// tower-http's request span), and records its verdict and elapsed time there. A
-/// disabled span costs one check per poll.
+/// Runs `future` in `span` and records its verdict and elapsed time there. A disabled span
+/// costs one check per poll.
 pub(crate) fn traced<F, T, E>(
     span: tracing::Span,
     future: F,
@@ -287,8 +264,7 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`traced`]: the operation's own future, held once (an `async fn`
-    /// wrapper would hold it twice, as its argument and as the future it awaits).
+    /// The future of [`traced`] (an `async fn` would hold `future` twice).
     pub(crate) struct Traced<F, T, E> {
         #[pin]
         future: F,
@@ -356,10 +332,8 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
     }
 }
 
-/// Records in the current span (an operation's, from [`op_span!`]) how many nodes answered
-/// its last round.
+/// Records in the current span (from [`op_span!`]) how many nodes answered its last round.
 pub(crate) fn nodes_answered(answered: usize) {
-    // No dispatcher, no span to record in (as in `op_span!`).
     if !tracing::dispatcher::has_been_set() {
         return;
     }

@@ -144,13 +144,12 @@ impl Policy for ConcurrencyPolicy {
     }
 }
 
-/// A permit: released when the response is done (its body ended, the inner service
-/// failed) and in the background when dropped unreleased (the client went away, the
-/// handler panicked); a Redis permit is renewed until then.
+/// A permit, renewed on Redis until the response is done, then released (in the
+/// background when dropped unreleased).
 #[doc(hidden)]
 pub struct ConcurrencyPermit {
     slot: PermitSlot,
-    /// The renewals of a permit that expires (on Redis).
+    /// The renewals of a Redis permit.
     schedule: Option<Schedule<ConcurrencyError>>,
 }
 
@@ -210,9 +209,7 @@ impl Watch for ConcurrencyPermit {
 impl Permit for ConcurrencyPermit {
     fn admit<B>(&mut self, _request: &mut Request<B>) {}
 
-    /// A lost permit lets the request run on: the limit is a bound on load, not a
-    /// guarantee the work needs, and stopping a request half-way is worse than one more
-    /// in flight for a while.
+    /// A lost permit lets the request run on: the limit bounds load, it guards no work.
     fn abort_on_loss(&self) -> bool {
         false
     }
@@ -234,7 +231,6 @@ impl Permit for ConcurrencyPermit {
     }
 
     fn on_response(&mut self, _head: &mut response::Parts) -> Hold {
-        // In flight until the body has ended.
         Hold::BodyEnd
     }
 

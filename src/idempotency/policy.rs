@@ -11,9 +11,8 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
-use super::store::Begin;
-use crate::backend::handle::LeaseGuard;
-use crate::backend::handle::Locks;
+use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::records::Begin;
 use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
@@ -21,8 +20,8 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::lease::Lease;
-use crate::lock::policy::LockPermit;
-use crate::observe::{self, IdempotencyResult};
+use crate::lock::policy::{LockPermit, refused};
+use crate::observe::IdempotencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
@@ -66,37 +65,18 @@ impl IdempotencyPolicy {
         fingerprint: Fingerprint,
     ) -> Verdict<IdempotencyPermit> {
         match &begun {
-            Ok(Begin::Acquired(_)) => observe::idempotency_request(IdempotencyResult::New),
-            // Counted by `replay`, which reads the record.
-            Ok(Begin::Found(_)) => {}
-            Err(LockError::Taken { .. }) => {
-                observe::idempotency_request(IdempotencyResult::InFlight);
-            }
-            Err(LockError::InvalidKey(_)) => {
-                observe::idempotency_request(IdempotencyResult::Invalid);
-            }
-            Err(_) => observe::idempotency_request(IdempotencyResult::Unavailable),
+            Ok(Begin::Acquired(_)) => IdempotencyResult::New.count(),
+            Ok(Begin::Found(_)) => {} // counted by `replay`, which reads the record
+            Err(LockError::Taken { .. }) => IdempotencyResult::InFlight.count(),
+            Err(LockError::InvalidKey(_)) => IdempotencyResult::Invalid.count(),
+            Err(_) => IdempotencyResult::Unavailable.count(),
         }
         match begun {
             Ok(Begin::Acquired(lease)) => {
                 Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
             }
             Ok(Begin::Found(raw)) => Verdict::answer(replay(&raw, &fingerprint)),
-            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                let answer =
-                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
-                        .into();
-                Verdict::unavailable(Box::new(e), answer, None)
-            }
-            Err(e) => {
-                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    crate::keyed::future::outage::<Self>(&e, false);
-                }
-                Verdict::answer(
-                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
-                        .into(),
-                )
-            }
+            Err(e) => refused::<Self>(e, StatusCode::CONFLICT),
         }
     }
 }
@@ -115,17 +95,17 @@ impl Policy for IdempotencyPolicy {
     }
 
     fn bad_key(&self, missing: bool) {
-        observe::idempotency_request(if missing {
+        if missing {
             IdempotencyResult::Missing
         } else {
             IdempotencyResult::Invalid
-        });
+        }
+        .count();
     }
 
     fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
         let Some(RequestFingerprint(fingerprint)) = parts.extensions.get().copied() else {
-            // The layer reads the body before the core asks: only a service built by
-            // hand around the core could get here.
+            // Only a service built by hand around the core gets here.
             tracing::error!(
                 "IdempotencyLayer: a request reached the policy without its fingerprint"
             );
@@ -135,7 +115,6 @@ impl Policy for IdempotencyPolicy {
         };
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            // In process: answered at once, no task, no boxed future.
             let begun = memory.begin_idempotent(key.clone());
             let begun = begun.map_err(|e| self.locks.estimated(&key, e));
             return Decision::Ready(self.verdict(begun, fingerprint));
@@ -156,14 +135,9 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
-/// The HTTP status a gRPC status code stands for, by `google.rpc.Code`'s mapping, so that
-/// the layer's `storable` judges a gRPC response as it judges an HTTP one: `OK` is 200,
-/// `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and `OUT_OF_RANGE` 400, `UNAUTHENTICATED`
-/// 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
-/// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
-/// `DEADLINE_EXCEEDED` 504, and `UNKNOWN`, `INTERNAL`, `DATA_LOSS` or a code that is not
-/// one 500.
-pub(crate) fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
+/// The HTTP status of a gRPC status code (`google.rpc.Code`'s mapping; 500 for others),
+/// so that `storable` judges gRPC responses as HTTP ones.
+fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
     let code = code.to_str().ok().and_then(|c| c.parse::<u16>().ok());
     let status = match code {
         Some(0) => 200,
@@ -185,7 +159,7 @@ pub(crate) fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
 /// The answer to a retry that found a record.
 fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
     let Some(record) = Record::decode(raw) else {
-        observe::idempotency_request(IdempotencyResult::Invalid);
+        IdempotencyResult::Invalid.count();
         tracing::error!(
             "an idempotency record could not be read (another program's value, or another format version); answering 500"
         );
@@ -197,7 +171,7 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         .into();
     };
     if record.fingerprint() != fingerprint {
-        observe::idempotency_request(IdempotencyResult::Mismatch);
+        IdempotencyResult::Mismatch.count();
         return Rejection::new(
             RejectedBy::Idempotency,
             RejectionKind::Mismatch,
@@ -205,17 +179,16 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         )
         .into();
     }
-    observe::idempotency_request(match record {
-        Record::Unreplayable { .. } => IdempotencyResult::Invalid,
-        Record::Response { .. } => IdempotencyResult::Replayed,
-    });
     match record {
-        Record::Unreplayable { .. } => Rejection::new(
+        Record::Unreplayable { .. } => {
+            IdempotencyResult::Invalid.count();
+            Rejection::new(
             RejectedBy::Idempotency,
             RejectionKind::Unreplayable,
             "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
         )
-        .into(),
+        .into()
+        }
         Record::Response {
             status,
             headers,
@@ -223,6 +196,7 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
             trailers,
             ..
         } => {
+            IdempotencyResult::Replayed.count();
             let mut response = Response::new(body);
             *response.status_mut() = status;
             for (name, value) in headers {

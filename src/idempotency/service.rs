@@ -26,6 +26,7 @@ pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
 /// request's extensions and hands the request on with the same bytes as a
 /// [`Full<Bytes>`] body, which axum's `Router` and `Route`, tonic's `Routes` and any
 /// service generic over its request body accept.
+#[derive(Clone)]
 pub struct ReadBody<S> {
     inner: S,
     max: usize,
@@ -49,17 +50,6 @@ impl<S> ReadBody<S> {
     }
 
     crate::keyed::inner_service_accessors!();
-}
-
-impl<S: Clone> Clone for ReadBody<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            max: self.max,
-            fingerprint: self.fingerprint.clone(),
-            on_rejection: self.on_rejection.clone(),
-        }
-    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {

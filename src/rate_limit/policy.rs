@@ -16,14 +16,13 @@ use crate::backend::rate_limit::{RateLimitError, RateLimiter};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
-use crate::observe::{self, RateLimitResult};
+use crate::observe::RateLimitResult;
 use crate::problem::retry_after_secs;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
-/// `RateLimit-Policy` (IETF draft "RateLimit header fields for HTTP").
+// The IETF draft "RateLimit header fields for HTTP", and the legacy headers.
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (IETF draft "RateLimit header fields for HTTP").
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -63,45 +62,35 @@ impl RateLimitPolicy {
     }
 
     fn verdict(&self, counted: Result<Usage, RateLimitError>) -> Verdict<RatePermit> {
-        observe::rate_limit_request(match &counted {
+        match &counted {
             Ok(usage) if usage.is_exceeded() => RateLimitResult::Limited,
             Ok(_) => RateLimitResult::Allowed,
             Err(RateLimitError::InvalidKey(_)) => RateLimitResult::Invalid,
             Err(RateLimitError::Unavailable(_) | RateLimitError::StoreFull { .. }) => {
                 RateLimitResult::Unavailable
             }
-        });
-        let usage = match counted {
-            Ok(usage) if usage.is_exceeded() => {
-                return Verdict::answer(self.headers.too_many(&usage));
-            }
-            Ok(usage) => Some(usage),
-            Err(RateLimitError::InvalidKey(e)) => {
-                return Verdict::answer(
-                    Rejection::new(
-                        RejectedBy::RateLimit,
-                        RejectionKind::InvalidKey,
-                        format!("Invalid rate limit key: {e}."),
-                    )
-                    .into(),
-                );
-            }
-            Err(e) => {
-                // Failing open, the request runs uncounted, with the policy header.
-                return Verdict::unavailable(
-                    Box::new(e),
-                    self.headers.unavailable(),
-                    Some(RatePermit {
-                        headers: self.headers.clone(),
-                        usage: None,
-                    }),
-                );
-            }
-        };
-        Verdict::Admit(RatePermit {
+        }
+        .count();
+        let permit = |usage| RatePermit {
             headers: self.headers.clone(),
             usage,
-        })
+        };
+        match counted {
+            Ok(usage) if usage.is_exceeded() => Verdict::answer(self.headers.too_many(&usage)),
+            Ok(usage) => Verdict::Admit(permit(Some(usage))),
+            Err(RateLimitError::InvalidKey(e)) => Verdict::answer(
+                Rejection::new(
+                    RejectedBy::RateLimit,
+                    RejectionKind::InvalidKey,
+                    format!("Invalid rate limit key: {e}."),
+                )
+                .into(),
+            ),
+            // Failing open, the request runs uncounted, with the policy header.
+            Err(e) => {
+                Verdict::unavailable(Box::new(e), self.headers.unavailable(), Some(permit(None)))
+            }
+        }
     }
 }
 
@@ -120,7 +109,7 @@ impl Policy for RateLimitPolicy {
     }
 
     fn bad_key(&self, _missing: bool) {
-        observe::rate_limit_request(RateLimitResult::Invalid);
+        RateLimitResult::Invalid.count();
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {
@@ -137,8 +126,8 @@ impl Policy for RateLimitPolicy {
     }
 }
 
-/// A counted request (or an uncounted one, when the store failed open): its usage goes on
-/// the request, its headers on the response.
+/// A counted request (uncounted when failing open): its usage goes on the request, its
+/// headers on the response.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct RatePermit {
@@ -164,7 +153,6 @@ impl Permit for RatePermit {
         }
     }
 
-    /// Never lost, so never stopping the work.
     fn abort_on_loss(&self) -> bool {
         false
     }
@@ -193,9 +181,8 @@ impl Permit for RatePermit {
 pub(crate) struct Headers {
     pub(crate) quota: Quota,
     pub(crate) legacy: bool,
-    /// The policy name, as given.
     pub(crate) name: String,
-    /// The policy name as an RFC 8941 string, quotes included: `"default"`.
+    /// The name as an RFC 8941 string, quotes included: `"default"`.
     name_item: Arc<str>,
     /// `"default";q=100;w=60`.
     pub(crate) policy_value: HeaderValue,
@@ -220,18 +207,15 @@ impl Headers {
                 .expect("the policy name is printable ASCII, checked by policy_name"),
             limit_value: HeaderValue::from(q),
             name_item: Arc::from(name_item),
-            exceeded_detail: match quota.burst() {
-                None => format!(
-                    "Too many requests: at most {} per {}; retry after the Retry-After delay.",
-                    quota.limit(),
-                    describe_window(quota.window())
-                ),
-                Some(burst) => format!(
-                    "Too many requests: at most {} per {}, in bursts of up to {burst}; retry after the Retry-After delay.",
-                    quota.limit(),
-                    describe_window(quota.window())
-                ),
-            },
+            exceeded_detail: format!(
+                "Too many requests: at most {} per {}{}; retry after the Retry-After delay.",
+                quota.limit(),
+                describe_window(quota.window()),
+                match quota.burst() {
+                    Some(burst) => format!(", in bursts of up to {burst}"),
+                    None => String::new(),
+                }
+            ),
         }
     }
 
@@ -244,9 +228,8 @@ impl Headers {
         };
         let remaining = usage.remaining();
         let reset = retry_after_secs(usage.reset_after());
-        // `"name";r=42;t=17`, written without the formatting machinery: it runs on every
-        // counted request. The buffer is exactly as long as the value, so that it becomes
-        // the header's bytes without another allocation.
+        // `"name";r=42;t=17`, without the formatting machinery (per request), in a buffer
+        // exactly as long as the value, which becomes the header's bytes.
         let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
         let (r, t) = (r.format(remaining), t.format(reset));
         let mut value = Vec::with_capacity(self.name_item.len() + 6 + r.len() + t.len());
