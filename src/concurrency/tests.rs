@@ -2,13 +2,15 @@
 //! freed on every path a request can end by.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http_body_util::{BodyExt, Full, StreamBody};
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tokio::sync::Semaphore;
+use tower::{Layer, Service, ServiceExt, service_fn};
 
 use crate::concurrency::{ConcurrencyLimitLayer, MemoryConcurrencyLimiter};
 use crate::key::GlobalKey;
@@ -25,7 +27,7 @@ fn request() -> http::Request<()> {
 
 /// A handler that answers once `gate` is released.
 fn gated(
-    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    gate: Arc<Semaphore>,
 ) -> impl Service<
     http::Request<()>,
     Response = http::Response<Full<Bytes>>,
@@ -44,10 +46,8 @@ fn gated(
 #[tokio::test]
 async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
     let store = MemoryConcurrencyLimiter::new();
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let svc = layer(&store, 1).layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
     assert!(
         until(|| store.in_flight(KEY) == 1).await,
@@ -76,14 +76,12 @@ async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
 async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
     let store = MemoryConcurrencyLimiter::new();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, Infallible>>(1);
-    let rx = std::sync::Arc::new(std::sync::Mutex::new(Some(rx)));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(move |_req: http::Request<()>| {
-            let rx = rx.lock().unwrap().take().expect("one request");
-            let stream = tokio_stream_from(rx);
-            async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(stream))) }
-        }));
+    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+    let svc = layer(&store, 1).layer(service_fn(move |_req: http::Request<()>| {
+        let rx = rx.lock().unwrap().take().expect("one request");
+        let stream = tokio_stream_from(rx);
+        async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(stream))) }
+    }));
     let response = svc.oneshot(request()).await.unwrap();
     assert_eq!(store.in_flight(KEY), 1, "held while the body streams");
     tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"a"))))
@@ -102,18 +100,14 @@ async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
 #[tokio::test]
 async fn an_inner_error_and_a_dropped_future_release() {
     let store = MemoryConcurrencyLimiter::new();
-    let failing = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(|_req: http::Request<()>| async {
-            Err::<http::Response<Full<Bytes>>, _>("boom")
-        }));
+    let failing = layer(&store, 1).layer(service_fn(|_req: http::Request<()>| async {
+        Err::<http::Response<Full<Bytes>>, _>("boom")
+    }));
     assert!(failing.oneshot(request()).await.is_err());
     assert_eq!(store.in_flight(KEY), 0, "released on an inner error");
 
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let svc = layer(&store, 1).layer(gated(gate.clone()));
     let pending = tokio::spawn(svc.oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     // The connection is dropped (or the handler panics): the task ends without an answer.
@@ -129,14 +123,12 @@ async fn an_inner_error_and_a_dropped_future_release() {
 #[tokio::test]
 async fn a_panicking_handler_releases() {
     let store = MemoryConcurrencyLimiter::new();
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(|_req: http::Request<()>| async {
-            if true {
-                panic!("handler panic");
-            }
-            Ok::<http::Response<Full<Bytes>>, Infallible>(http::Response::new(Full::default()))
-        }));
+    let svc = layer(&store, 1).layer(service_fn(|_req: http::Request<()>| async {
+        if true {
+            panic!("handler panic");
+        }
+        Ok::<http::Response<Full<Bytes>>, Infallible>(http::Response::new(Full::default()))
+    }));
     let task = tokio::spawn(svc.oneshot(request()));
     assert!(task.await.unwrap_err().is_panic());
     assert_eq!(store.in_flight(KEY), 0);
@@ -145,10 +137,10 @@ async fn a_panicking_handler_releases() {
 #[tokio::test]
 async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
     let store = MemoryConcurrencyLimiter::new();
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1).max_wait(Duration::from_secs(30)))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let svc = layer(&store, 1)
+        .max_wait(Duration::from_secs(30))
+        .layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     let second = tokio::spawn(svc.clone().oneshot(request()));
@@ -161,9 +153,7 @@ async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
 
     // A short wait gives up, with a 503, no earlier than its deadline.
     let wait = Duration::from_millis(120);
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1).max_wait(wait))
-        .service(gated(gate.clone()));
+    let svc = layer(&store, 1).max_wait(wait).layer(gated(gate.clone()));
     let held = tokio::spawn(svc.clone().oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     let start = tokio::time::Instant::now();
