@@ -149,9 +149,7 @@ fn put_fields(out: &mut BytesMut, fields: &[(HeaderName, HeaderValue)]) -> Optio
     Some(())
 }
 
-/// The headers of `headers` named in `keep`, in the order of `headers` (a repeated one
-/// with each of its values), for a record. One pass over the response's few headers,
-/// rather than a lookup per name kept.
+/// The headers of `headers` named in `keep`, in order, each value of a repeated one.
 pub(crate) fn kept_headers(
     headers: &HeaderMap,
     keep: &[HeaderName],
@@ -203,19 +201,20 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    fn field(name: &'static str, value: &'static str) -> (HeaderName, HeaderValue) {
+        (
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    }
+
     fn response() -> Record {
         Record::Response {
             fingerprint: [7; 32],
             status: StatusCode::CREATED,
             headers: vec![
-                (
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                ),
-                (
-                    http::header::LOCATION,
-                    HeaderValue::from_static("/orders/1"),
-                ),
+                field("content-type", "application/json"),
+                field("location", "/orders/1"),
             ],
             body: Bytes::from_static(b"{\"order_id\":\"1\"}"),
             trailers: Vec::new(),
@@ -227,21 +226,9 @@ mod tests {
         Record::Response {
             fingerprint: [8; 32],
             status: StatusCode::OK,
-            headers: vec![(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
-            )],
+            headers: vec![field("content-type", "application/grpc")],
             body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
-            trailers: vec![
-                (
-                    HeaderName::from_static("grpc-status"),
-                    HeaderValue::from_static("0"),
-                ),
-                (
-                    HeaderName::from_static("grpc-message"),
-                    HeaderValue::from_static(""),
-                ),
-            ],
+            trailers: vec![field("grpc-status", "0"), field("grpc-message", "")],
         }
     }
 
@@ -291,13 +278,14 @@ mod tests {
     #[test]
     fn kept_headers_follow_the_response_and_keep_repeats() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain"),
-        );
-        headers.append(http::header::SET_COOKIE, HeaderValue::from_static("a=1"));
-        headers.append(http::header::LINK, HeaderValue::from_static("</a>"));
-        headers.append(http::header::LINK, HeaderValue::from_static("</b>"));
+        for (name, value) in [
+            field("content-type", "text/plain"),
+            field("set-cookie", "a=1"),
+            field("link", "</a>"),
+            field("link", "</b>"),
+        ] {
+            headers.append(name, value);
+        }
         let kept = kept_headers(&headers, &[http::header::LINK, http::header::CONTENT_TYPE]);
         let names: Vec<_> = kept.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type", "link", "link"]);

@@ -44,10 +44,8 @@ impl Gate {
         service_fn(move |req: Request<()>| {
             let gate = gate.clone();
             async move {
-                let lease = req
-                    .extensions()
-                    .get::<LeaseStatus>()
-                    .map(|s| s.lease().key().to_owned());
+                let status = req.extensions().get::<LeaseStatus>();
+                let lease = status.map(|s| s.lease().key().to_owned());
                 gate.entered.add_permits(1);
                 gate.release.notified().await;
                 Ok(Response::new(Full::new(Bytes::from(
@@ -65,8 +63,12 @@ impl Gate {
     }
 }
 
+fn with_header(name: &str, value: &str) -> Request<()> {
+    Request::builder().header(name, value).body(()).unwrap()
+}
+
 fn keyed(key: &str) -> Request<()> {
-    Request::builder().header("job", key).body(()).unwrap()
+    with_header("job", key)
 }
 
 /// Reads the key from the `job` header.
@@ -189,12 +191,7 @@ async fn a_bad_header_name_is_a_500_not_a_panic() {
     ] {
         let response = layer
             .layer(Gate::new().service())
-            .oneshot(
-                Request::builder()
-                    .header("idempotency-key", "k")
-                    .body(())
-                    .unwrap(),
-            )
+            .oneshot(with_header("idempotency-key", "k"))
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -215,21 +212,11 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
         let response = layer
             .backend(locks.clone())
             .layer(service_fn(|req: Request<()>| async move {
-                let key = req
-                    .extensions()
-                    .get::<LeaseStatus>()
-                    .unwrap()
-                    .lease()
-                    .key()
-                    .to_owned();
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(key))))
+                let status = req.extensions().get::<LeaseStatus>().unwrap();
+                let key = Bytes::from(status.lease().key().to_owned());
+                Ok::<_, Infallible>(Response::new(Full::new(key)))
             }))
-            .oneshot(
-                Request::builder()
-                    .header("Idempotency-Key", "k")
-                    .body(())
-                    .unwrap(),
-            )
+            .oneshot(with_header("Idempotency-Key", "k"))
             .await
             .unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -244,10 +231,8 @@ async fn the_handler_gets_one_status_that_carries_the_lease() {
         .backend(locks)
         .layer(service_fn(|req: Request<()>| async move {
             let status = req.extensions().get::<LeaseStatus>().cloned().unwrap();
-            assert!(
-                req.extensions().get::<Lease>().is_none(),
-                "one extension only"
-            );
+            let lease = req.extensions().get::<Lease>();
+            assert!(lease.is_none(), "one extension only");
             assert!(!status.is_lost());
             assert_eq!(status.lease().key(), "tower-redlock::j");
             assert!(status.lease().fencing_token().is_some());

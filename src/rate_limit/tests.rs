@@ -59,13 +59,22 @@ fn quota(text: &str) -> Quota {
     text.parse().unwrap()
 }
 
+/// Sends a request from `client` through a clone of `svc`.
+async fn send<S>(svc: &S, client: Option<&str>) -> http::Response<Body>
+where
+    S: tower::Service<http::Request<()>, Response = http::Response<Body>, Error = Infallible>
+        + Clone,
+{
+    svc.clone().oneshot(request(client)).await.unwrap()
+}
+
 #[tokio::test]
 async fn passes_limit_then_answers_429_with_headers() {
     let layer =
         RateLimitLayer::by_header("x-client-id", quota("2/60")).backend(MemoryRateLimiter::new());
     let svc = svc(layer);
     for (count, remaining) in [(1, 1), (2, 0)] {
-        let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+        let r = send(&svc, Some("a")).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(
             r.body(),
@@ -78,13 +87,13 @@ async fn passes_limit_then_answers_429_with_headers() {
         );
         assert_eq!(r.headers()[&RATELIMIT_POLICY], "\"default\";q=2;w=60");
     }
-    let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+    let r = send(&svc, Some("a")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
     assert_eq!(r.headers()[RETRY_AFTER], "60");
     assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=60");
     // Another key has its own count.
-    let r = svc.clone().oneshot(request(Some("b"))).await.unwrap();
+    let r = send(&svc, Some("b")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
 
@@ -93,7 +102,7 @@ async fn missing_key_is_400_when_required_and_passes_when_optional() {
     let limiter = MemoryRateLimiter::new();
     let required =
         svc(RateLimitLayer::by_header("x-client-id", quota("1/60")).backend(limiter.clone()));
-    let r = required.oneshot(request(None)).await.unwrap();
+    let r = send(&required, None).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
     assert!(!r.headers().contains_key(&RATELIMIT_POLICY));
@@ -102,7 +111,7 @@ async fn missing_key_is_400_when_required_and_passes_when_optional() {
         .backend(limiter)
         .optional(true));
     for _ in 0..3 {
-        let r = optional.clone().oneshot(request(None)).await.unwrap();
+        let r = send(&optional, None).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.body(), "uncounted".as_bytes());
         assert!(!r.headers().contains_key(&RATELIMIT));
@@ -116,7 +125,7 @@ async fn invalid_key_is_400_even_when_optional() {
         .optional(true);
     let svc = svc(layer);
     for bad in ["\"unterminated", &"k".repeat(crate::key::MAX_KEY_LEN + 1)] {
-        let r = svc.clone().oneshot(request(Some(bad))).await.unwrap();
+        let r = send(&svc, Some(bad)).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 }
@@ -127,45 +136,29 @@ async fn header_or_peer_ip_counts_ids_and_addresses_apart() {
         .backend(MemoryRateLimiter::new());
     let svc = svc(layer);
     let ok = |r: http::Response<Body>| r.status() == StatusCode::OK;
-    assert!(ok(svc.clone().oneshot(request(None)).await.unwrap()));
+    assert!(ok(send(&svc, None).await));
+    assert!(!ok(send(&svc, None).await), "same IP, second hit");
     assert!(
-        !ok(svc.clone().oneshot(request(None)).await.unwrap()),
-        "same IP, second hit"
-    );
-    assert!(
-        ok(svc
-            .clone()
-            .oneshot(request(Some("203.0.113.7")))
-            .await
-            .unwrap()),
+        ok(send(&svc, Some("203.0.113.7")).await),
         "an id is not an address"
     );
-    assert!(ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
-    assert!(!ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
+    assert!(ok(send(&svc, Some("c")).await));
+    assert!(!ok(send(&svc, Some("c")).await));
 }
 
 #[tokio::test]
 async fn scope_separates_layers_and_shared_scope_shares_counts() {
     let limiter = MemoryRateLimiter::new();
-    let a = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter.clone())
-        .scope("a"));
-    let b = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter.clone())
-        .scope("b"));
-    let a2 = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter)
-        .scope("a"));
+    let scoped = |scope| {
+        svc(RateLimitLayer::global(quota("1/60"))
+            .backend(limiter.clone())
+            .scope(scope))
+    };
+    let (a, b, a2) = (scoped("a"), scoped("b"), scoped("a"));
+    assert_eq!(send(&a, None).await.status(), StatusCode::OK);
+    assert_eq!(send(&b, None).await.status(), StatusCode::OK);
     assert_eq!(
-        a.oneshot(request(None)).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        b.oneshot(request(None)).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        a2.oneshot(request(None)).await.unwrap().status(),
+        send(&a2, None).await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }
