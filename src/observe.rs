@@ -10,6 +10,7 @@
 //! | `tower_redlock_lock_acquire_duration_seconds` | histogram | | the lock policy and `Locked` |
 //! | `tower_redlock_lock_held_duration_seconds` | histogram | | the watchdog, as it is dropped |
 //! | `tower_redlock_rate_limit_requests_total` | counter | `result`: `allowed`, `limited`, `unavailable`, `invalid` | the rate-limit policy, the keyed core |
+//! | `tower_redlock_concurrency_requests_total` | counter | `result`: `admitted`, `limited`, `unavailable`, `invalid` | the concurrency policy, the keyed core |
 //! | `tower_redlock_idempotency_requests_total` | counter | `result`: `new`, `replayed`, `in_flight`, `mismatch`, `missing`, `invalid`, `unavailable` | the idempotency policy, the keyed core |
 //! | `tower_redlock_node_errors_total` | counter | `node`: `host:port` | a Redlock round, the Redis rate limiter |
 //! | `tower_redlock_leases_held` | gauge | | the watchdog: made with the lease, dropped with it |
@@ -39,16 +40,10 @@ use std::time::{Duration, Instant};
 /// A request counter's `result` enum, whose `count` uses a literal name and label (a static
 /// key: the `metrics` macros allocate a key per call otherwise).
 macro_rules! results {
-    (
-        $(#[$meta:meta])*
-        $name:ident counts $metric:literal {
-            $($(#[$variant_meta:meta])* $variant:ident => $label:literal,)*
-        }
-    ) => {
-        $(#[$meta])*
+    ($name:ident counts $metric:literal { $($variant:ident => $label:literal,)* }) => {
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub(crate) enum $name {
-            $($(#[$variant_meta])* $variant,)*
+            $($variant,)*
         }
 
         impl $name {
@@ -65,43 +60,28 @@ macro_rules! results {
     };
 }
 
+// The counters' `result` values (see the table above and the observability guide).
 results! {
-    /// The `result` of a lock request: `tower_redlock_lock_requests_total{result}`, the
-    /// outcome of every lock a [`LockLayer`](crate::LockLayer) or a
-    /// [`Locked`](crate::Locked) extractor asked for.
     LockResult counts "tower_redlock_lock_requests_total" {
-        /// A lease was taken: the request ran.
         Acquired => "acquired",
-        /// Another holder had the key: 409 or 423.
         Taken => "taken",
-        /// No quorum, or too slow to leave validity: 503.
         Unavailable => "unavailable",
-        /// The key was missing or unusable: 400.
         Invalid => "invalid",
-        /// A held lease was lost while its request ran (a renewal found the token gone,
-        /// or the validity ran out). Counted on top of `acquired`.
+        // Counted on top of `acquired`.
         Lost => "lost",
     }
 }
 
 results! {
-    /// The `result` of a rate-limited request:
-    /// `tower_redlock_rate_limit_requests_total{result}`.
     RateLimitResult counts "tower_redlock_rate_limit_requests_total" {
-        /// Counted, within the quota.
         Allowed => "allowed",
-        /// Over the quota: 429.
         Limited => "limited",
-        /// The store could not count it: run uncounted (fail open) or 503.
         Unavailable => "unavailable",
-        /// The key was missing or unusable: 400.
         Invalid => "invalid",
     }
 }
 
 results! {
-    /// The `result` of a request through the concurrency limit layer:
-    /// `tower_redlock_concurrency_requests_total{result}`.
     ConcurrencyResult counts "tower_redlock_concurrency_requests_total" {
         Admitted => "admitted",
         Limited => "limited",
@@ -111,22 +91,13 @@ results! {
 }
 
 results! {
-    /// The `result` of a request through the idempotency layer:
-    /// `tower_redlock_idempotency_requests_total{result}`.
     IdempotencyResult counts "tower_redlock_idempotency_requests_total" {
-        /// No record: the request runs, its response is stored.
         New => "new",
-        /// A record for the same request: its response is replayed.
         Replayed => "replayed",
-        /// The same key is in flight: 409.
         InFlight => "in_flight",
-        /// A record for another request (another payload): 422.
         Mismatch => "mismatch",
-        /// No `Idempotency-Key` header: 400.
         Missing => "missing",
-        /// An unusable key, or a record that cannot be replayed or read: 400, 409 or 500.
         Invalid => "invalid",
-        /// The store could not answer: 503.
         Unavailable => "unavailable",
     }
 }

@@ -156,6 +156,10 @@ fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+fn refusal(kind: RejectionKind, detail: &'static str) -> Response<Bytes> {
+    Rejection::new(RejectedBy::Idempotency, kind, detail).into()
+}
+
 /// The answer to a retry that found a record.
 fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
     let Some(record) = Record::decode(raw) else {
@@ -163,31 +167,21 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
         tracing::error!(
             "an idempotency record could not be read (another program's value, or another format version); answering 500"
         );
-        return Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Misconfigured,
-            "The stored result of this idempotency key could not be read.",
-        )
-        .into();
+        let detail = "The stored result of this idempotency key could not be read.";
+        return refusal(RejectionKind::Misconfigured, detail);
     };
     if record.fingerprint() != fingerprint {
         IdempotencyResult::Mismatch.count();
-        return Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Mismatch,
-            "This idempotency key was already used for another request.",
-        )
-        .into();
+        let detail = "This idempotency key was already used for another request.";
+        return refusal(RejectionKind::Mismatch, detail);
     }
     match record {
         Record::Unreplayable { .. } => {
             IdempotencyResult::Invalid.count();
-            Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Unreplayable,
-            "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
-        )
-        .into()
+            refusal(
+                RejectionKind::Unreplayable,
+                "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
+            )
         }
         Record::Response {
             status,
@@ -263,6 +257,16 @@ impl IdempotencyPermit {
         }
     }
 
+    /// Whether `more` bytes fit under the cap; if not, the result is unreplayable.
+    fn fits(&mut self, more: usize) -> bool {
+        if self.body.len().saturating_add(more) > self.max_body {
+            self.over = true;
+            self.body = BytesMut::new();
+            return false;
+        }
+        true
+    }
+
     /// What to store as the request ends.
     fn record(&mut self, end: End) -> Option<Bytes> {
         let (status, headers) = self.head.take()?;
@@ -315,19 +319,13 @@ impl Permit for IdempotencyPermit {
             return Hold::BodyEnd;
         }
         let mut kept = kept_headers(&head.headers, &self.stored_headers);
-        // A gRPC response (told by the content type, read from what is kept when it is
-        // kept) that is trailers-only has its status in the head: judged and kept too.
+        // A trailers-only gRPC response has its status in the head: judged and kept too.
         let content_type = match kept.iter().find(|(name, _)| name == header::CONTENT_TYPE) {
             Some((_, value)) => Some(value),
             None => head.headers.get(header::CONTENT_TYPE),
         };
         let grpc = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let grpc_status = if grpc {
-            head.headers.get(&GRPC_STATUS)
-        } else {
-            None
-        };
-        if let Some(code) = grpc_status {
+        if let Some(code) = grpc.then(|| head.headers.get(&GRPC_STATUS)).flatten() {
             if !(self.storable)(http_status_of_grpc(code)) {
                 return Hold::BodyEnd;
             }
@@ -345,35 +343,22 @@ impl Permit for IdempotencyPermit {
         if self.head.is_none() || self.over {
             return;
         }
-        if let Some(code) = trailers.get(&GRPC_STATUS) {
-            if !(self.storable)(http_status_of_grpc(code)) {
-                self.head = None;
-                return;
-            }
-        }
-        let size: usize = trailers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len())
-            .sum();
-        if self.body.len().saturating_add(size) > self.max_body {
-            self.over = true;
-            self.body = BytesMut::new();
+        let status = trailers.get(&GRPC_STATUS);
+        if status.is_some_and(|code| !(self.storable)(http_status_of_grpc(code))) {
+            self.head = None;
             return;
         }
-        self.trailers = trailers
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
+        let size = trailers.iter().map(|(n, v)| n.as_str().len() + v.len());
+        if self.fits(size.sum()) {
+            self.trailers = trailers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+        }
     }
 
     fn on_data(&mut self, data: &Bytes) {
-        if self.head.is_none() || self.over {
-            return;
-        }
-        if self.body.len().saturating_add(data.len()) > self.max_body {
-            self.over = true;
-            self.body = BytesMut::new();
-        } else {
+        if self.head.is_some() && !self.over && self.fits(data.len()) {
             self.body.extend_from_slice(data);
         }
     }
@@ -381,7 +366,6 @@ impl Permit for IdempotencyPermit {
     fn release(mut self, end: End) -> Release {
         let record = self.record(end);
         let ttl = self.record_ttl;
-        // The renewals stop as the lock permit goes.
         let (locks, lease) = self.lease.disarm();
         if let Some(memory) = locks.as_memory() {
             memory.finish_idempotent(lease, record, ttl);

@@ -209,6 +209,12 @@ mod tests {
         key.extract(&mut parts).unwrap().map(Cow::into_owned)
     }
 
+    /// Whether a value was written, and what.
+    fn written(key: &impl KeyExtractor, mut parts: Parts) -> (bool, String) {
+        let mut out = String::new();
+        (key.write_value(&mut parts, &mut out).unwrap(), out)
+    }
+
     fn client_id() -> HeaderOrPeerIp {
         HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"))
     }
@@ -234,17 +240,15 @@ mod tests {
     #[test]
     fn header_or_peer_ip_prefers_the_header_and_tags_values() {
         let key = client_id();
-        let with_header = parts(Some("abc"), peer("203.0.113.7"));
-        assert_eq!(value(&key, with_header).as_deref(), Some("id:abc"));
-        let without = parts(None, peer("203.0.113.7"));
-        let scope_parts = parts(None, peer("203.0.113.7"));
-        assert_eq!(value(&key, without).as_deref(), Some("ip:203.0.113.7"));
+        let v = |header, ip| value(&key, parts(header, peer(ip)));
+        assert_eq!(v(Some("abc"), "203.0.113.7").as_deref(), Some("id:abc"));
+        assert_eq!(v(None, "203.0.113.7").as_deref(), Some("ip:203.0.113.7"));
         // An id that looks like an address does not share the address's budget.
-        let spoof = parts(Some("203.0.113.7"), peer("198.51.100.1"));
-        assert_eq!(value(&key, spoof).as_deref(), Some("id:203.0.113.7"));
+        let spoof = v(Some("203.0.113.7"), "198.51.100.1");
+        assert_eq!(spoof.as_deref(), Some("id:203.0.113.7"));
         assert_eq!(value(&key, parts(None, None)), None);
         let mut scope = String::new();
-        key.write_scope(&scope_parts, &mut scope);
+        key.write_scope(&parts(None, peer("203.0.113.7")), &mut scope);
         assert_eq!(scope, "client");
     }
 
@@ -252,13 +256,12 @@ mod tests {
     fn written_values_are_the_extracted_ones() {
         let header = client_id();
         fn agree(key: &impl KeyExtractor, ip: &str) {
-            let mut written = String::new();
-            assert!(
-                key.write_value(&mut parts(None, peer(ip)), &mut written)
-                    .unwrap()
-            );
             let extracted = value(key, parts(None, peer(ip))).unwrap();
-            assert_eq!(written, extracted, "{ip}");
+            assert_eq!(
+                written(key, parts(None, peer(ip))),
+                (true, extracted),
+                "{ip}"
+            );
         }
         for ip in [
             "203.0.113.7",
@@ -270,18 +273,12 @@ mod tests {
             agree(&PeerIpKey, ip);
             agree(&header, ip);
         }
-        let mut written = String::new();
-        assert!(
-            !PeerIpKey
-                .write_value(&mut parts(None, None), &mut written)
-                .unwrap()
+        assert_eq!(
+            written(&PeerIpKey, parts(None, None)),
+            (false, String::new())
         );
-        assert!(
-            header
-                .write_value(&mut parts(Some("a{b}"), None), &mut written)
-                .unwrap()
-        );
-        assert_eq!(written, "id:a%7Bb%7D");
+        let escaped = written(&header, parts(Some("a{b}"), None));
+        assert_eq!(escaped, (true, "id:a%7Bb%7D".to_owned()));
     }
 
     #[test]
