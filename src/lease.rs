@@ -106,17 +106,14 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`. For a lease on
-    /// several keys ([`LockRequest::all`](crate::LockRequest::all)), the first of them in
-    /// byte order; [`keys`](Self::keys) lists them all.
+    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`; the first in byte order
+    /// for a lease on several keys ([`LockRequest::all`](crate::LockRequest::all)).
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// Every key this lease holds, in byte order: one for a lease taken with
-    /// [`Locks::lock`](crate::Locks::lock) and the like, each distinct key given for one
-    /// taken with [`LockRequest::all`](crate::LockRequest::all). All of them hold the same
-    /// token, and the lease is valid only while all of them are held.
+    /// Every key this lease holds, in byte order (several for
+    /// [`LockRequest::all`](crate::LockRequest::all)), all with the same token.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         match &self.shape {
             Shape::Set(keys) => &keys[..],
@@ -180,12 +177,10 @@ pub(crate) enum Shape {
     Set(Arc<[Arc<str>]>),
 }
 
-/// Whether a lock is taken by one holder or shared by several (readers).
+/// Whether a lock is shared by readers, or taken by one holder while no reader holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {
-    /// Many holders together, none while an exclusive one holds or waits.
     Shared,
-    /// One holder, none while readers hold.
     Exclusive,
 }
 

@@ -111,7 +111,8 @@ pub(crate) fn lock_request(result: LockResult) {
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
     #[cfg(feature = "metrics")]
-    lock_acquired_in(started.elapsed());
+    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
+        .record(started.elapsed().as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = started;
     lock_request(match acquired {
@@ -127,36 +128,23 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
     });
 }
 
-/// Records how long an acquisition took.
-pub(crate) fn lock_acquired_in(elapsed: Duration) {
-    #[cfg(feature = "metrics")]
-    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
-        .record(elapsed.as_secs_f64());
-    #[cfg(not(feature = "metrics"))]
-    let _ = elapsed;
-}
-
 /// What this process holds or waits for now: gauges, raised at the start, lowered at the end.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Held {
-    /// `tower_redlock_leases_held`: leases held for requests (`LockLayer`, `Locked`,
-    /// `IdempotencyLayer`) and for `Locks::with_lock`/`with_lease`.
+    /// Leases (layers, extractors, `Locks::with_lock`/`with_lease`).
     Lease,
-    /// `tower_redlock_waiters`: requests waiting for a lock or a permit (`max_wait`,
-    /// `LockRequest::wait`).
+    /// Requests waiting for a lock or a permit.
     Waiter,
-    /// `tower_redlock_concurrency_permits_held`: `ConcurrencyLimitLayer` permits held.
+    /// `ConcurrencyLimitLayer` permits.
     Permit,
 }
 
 impl Held {
-    /// One more.
     pub(crate) fn start(self) {
         #[cfg(feature = "metrics")]
         self.gauge().increment(1.0);
     }
 
-    /// One fewer.
     pub(crate) fn end(self) {
         #[cfg(feature = "metrics")]
         self.gauge().decrement(1.0);

@@ -27,8 +27,8 @@
 //! | store unavailable, fail open (default) | the inner service's, unguarded | |
 //! | store unavailable, [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) | 503 | `Retry-After: 1` |
 //!
-//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
-//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//! The layer's own answers have an `application/problem+json` body (RFC 9457); the
+//! service's error type stays the inner service's (no `HandleErrorLayer` needed).
 //!
 //! # Why 503 and not 429
 //!

@@ -7,11 +7,8 @@ use sha2::{Digest, Sha256};
 use super::record::Fingerprint;
 
 /// The default fingerprint: SHA-256 over the method, the matched route (axum's
-/// `MatchedPath`; empty without one) and the request body, each
-/// length-prefixed so that no two requests share an input.
-///
-/// A retry of the same request has the same fingerprint; the same key sent with another
-/// method, route or body does not, and is answered 422 (the IETF draft "The
+/// `MatchedPath`; empty without one) and the request body, each length-prefixed. The same
+/// key with another method, route or body is answered 422 (the IETF draft "The
 /// Idempotency-Key HTTP Header Field", section 2.7).
 pub fn default_fingerprint(parts: &Parts, body: &Bytes) -> Fingerprint {
     let mut hash = Sha256::new();

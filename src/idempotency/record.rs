@@ -47,8 +47,8 @@ pub(crate) enum Record {
         /// After the body: a gRPC response's status.
         trailers: Vec<(HeaderName, HeaderValue)>,
     },
-    /// The request ran, but its response could not be kept (its body was over the cap or
-    /// did not end within the lease): retries get a problem, never a second run.
+    /// The request ran, but its response could not be kept (over the cap, or not ended
+    /// within the lease): retries get a problem, never a second run.
     Unreplayable { fingerprint: Fingerprint },
 }
 

@@ -22,10 +22,8 @@ use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 /// The service of [`IdempotencyLayer`](super::IdempotencyLayer) around `S`.
 pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
 
-/// Reads the request body (up to a bound, 413 beyond), puts its fingerprint in the
-/// request's extensions and hands the request on with the same bytes as a
-/// [`Full<Bytes>`] body, which axum's `Router` and `Route`, tonic's `Routes` and any
-/// service generic over its request body accept.
+/// Reads the request body (413 over the bound), puts its fingerprint in the extensions
+/// and hands the request on with the same bytes as a [`Full<Bytes>`] body.
 #[derive(Clone)]
 pub struct ReadBody<S> {
     inner: S,
@@ -78,7 +76,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The service that was driven to readiness is the one called.
+        // Call the service that was driven to readiness.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (max, fingerprint) = (self.max, self.fingerprint.clone());

@@ -20,8 +20,8 @@
 //! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
 //! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
 //!
-//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
-//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//! The layer's own answers have an `application/problem+json` body (RFC 9457); the
+//! service's error type stays the inner service's (no `HandleErrorLayer` needed).
 //!
 //! # Failing open
 //!
@@ -40,11 +40,10 @@
 //! (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>):
 //!
 //! - `RateLimit-Policy: "default";q=100;w=60`: the quota `q` per window of `w` seconds
-//!   (rounded up). Built once per layer.
+//!   (rounded up).
 //! - `RateLimit: "default";r=42;t=17`: `r` requests left in this window, `t` seconds until
-//!   it resets (rounded up, at least 1).
-//! - On 429, `Retry-After` (RFC 9110, section 10.2.3) is the same `t`: whole seconds,
-//!   rounded up, so a client that waits that long finds the window reset.
+//!   it resets (rounded up, at least 1). On 429, `Retry-After` (RFC 9110, section 10.2.3)
+//!   is the same `t`.
 //! - [`RateLimitLayer::legacy_headers`] adds `X-RateLimit-Limit`, `X-RateLimit-Remaining`
 //!   and `X-RateLimit-Reset` (seconds, a delay).
 //!

@@ -308,6 +308,12 @@ mod tests {
         Headers::new(quota.parse().unwrap(), "default", false)
     }
 
+    fn decorated(headers: &Headers, usage: Option<Usage>) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        headers.decorate(&mut map, usage.as_ref());
+        map
+    }
+
     #[test]
     fn policy_header_is_precomputed_with_window_in_seconds_rounded_up() {
         assert_eq!(headers("100/60").policy_value, "\"default\";q=100;w=60");
@@ -317,21 +323,18 @@ mod tests {
     #[test]
     fn ratelimit_header_counts_down_and_rounds_reset_up() {
         let c = headers("3/2");
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(1, 3, 1200)));
+        let map = decorated(&c, Some(usage(1, 3, 1200)));
         assert_eq!(map[&RATELIMIT], "\"default\";r=2;t=2");
         assert_eq!(map[&RATELIMIT_POLICY], "\"default\";q=3;w=2");
         assert!(!map.contains_key(&X_RATELIMIT_LIMIT));
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(7, 3, 1)));
+        let map = decorated(&c, Some(usage(7, 3, 1)));
         assert_eq!(map[&RATELIMIT], "\"default\";r=0;t=1");
     }
 
     #[test]
     fn legacy_headers_when_enabled() {
         let c = Headers::new("10/60".parse().unwrap(), "default", true);
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(4, 10, 30_001)));
+        let map = decorated(&c, Some(usage(4, 10, 30_001)));
         assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
         assert_eq!(map[&X_RATELIMIT_REMAINING], "6");
         assert_eq!(map[&X_RATELIMIT_RESET], "31");
@@ -339,9 +342,7 @@ mod tests {
 
     #[test]
     fn no_count_means_policy_only() {
-        let c = headers("3/2");
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, None);
+        let map = decorated(&headers("3/2"), None);
         assert!(map.contains_key(&RATELIMIT_POLICY));
         assert!(!map.contains_key(&RATELIMIT));
     }
@@ -353,9 +354,7 @@ mod tests {
         assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=3");
-        assert_eq!(
-            r.headers()[http::header::CONTENT_TYPE],
-            crate::problem::PROBLEM_JSON
-        );
+        let content_type = &r.headers()[http::header::CONTENT_TYPE];
+        assert_eq!(content_type, crate::problem::PROBLEM_JSON);
     }
 }
