@@ -2,6 +2,7 @@
 //! permit (503 when `limit` are held), renew it while the request runs, release it when
 //! the response is done.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -72,41 +73,29 @@ impl ConcurrencyPolicy {
             Err(ConcurrencyError::InvalidKey(_)) => ConcurrencyResult::Invalid,
             Err(_) => ConcurrencyResult::Unavailable,
         });
+        let refusal = |kind, detail: Cow<'static, str>| {
+            Rejection::new(RejectedBy::ConcurrencyLimit, kind, detail)
+        };
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
-            Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
-            Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
-                Rejection::new(
-                    RejectedBy::ConcurrencyLimit,
-                    RejectionKind::InvalidKey,
-                    format!("Invalid concurrency limit key: {e}."),
-                )
-                .into(),
+            // 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
+            Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(
+                refusal(RejectionKind::Limited, self.detail.to_string().into())
+                    .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                    .retry_after(self.retry_after)
+                    .into(),
             ),
-            Err(e) => Verdict::unavailable(
-                Box::new(e),
-                Rejection::new(
-                    RejectedBy::ConcurrencyLimit,
-                    RejectionKind::Unavailable,
-                    "The concurrency limit service is unavailable; retry later.",
-                )
-                .retry_after(Duration::from_secs(1))
-                .into(),
-                None,
-            ),
+            Err(ConcurrencyError::InvalidKey(e)) => {
+                let detail = format!("Invalid concurrency limit key: {e}.");
+                Verdict::answer(refusal(RejectionKind::InvalidKey, detail.into()).into())
+            }
+            Err(e) => {
+                let detail = "The concurrency limit service is unavailable; retry later.";
+                let answer = refusal(RejectionKind::Unavailable, detail.into());
+                let answer = answer.retry_after(Duration::from_secs(1)).into();
+                Verdict::unavailable(Box::new(e), answer, None)
+            }
         }
-    }
-
-    /// 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
-    fn over_limit(&self) -> Response<Bytes> {
-        Rejection::new(
-            RejectedBy::ConcurrencyLimit,
-            RejectionKind::Limited,
-            self.detail.to_string(),
-        )
-        .with_status(StatusCode::SERVICE_UNAVAILABLE)
-        .retry_after(self.retry_after)
-        .into()
     }
 }
 
@@ -215,19 +204,11 @@ impl Permit for ConcurrencyPermit {
     }
 
     fn lost_response(self) -> Response<Bytes> {
-        Rejection::new(
-            RejectedBy::ConcurrencyLimit,
-            RejectionKind::Lost,
-            "The concurrency permit expired while the request ran; retry the request.",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into()
+        unreachable!("a concurrency permit never aborts its request")
     }
 
     fn lost_error(self) -> BoxError {
-        Box::new(ConcurrencyError::Expired {
-            key: self.slot.key().to_owned(),
-        })
+        unreachable!("a concurrency permit never aborts its request")
     }
 
     fn on_response(&mut self, _head: &mut response::Parts) -> Hold {
@@ -235,9 +216,6 @@ impl Permit for ConcurrencyPermit {
     }
 
     fn release(self, _end: End) -> Release {
-        match self.slot.release() {
-            None => Release::Done,
-            Some(release) => Release::Pending(release),
-        }
+        self.slot.release().map_or(Release::Done, Release::Pending)
     }
 }
