@@ -119,12 +119,7 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
         Ok(_) => LockResult::Acquired,
         Err(LockError::Taken { .. }) => LockResult::Taken,
         Err(LockError::InvalidKey(_) | LockError::Unsupported(_)) => LockResult::Invalid,
-        Err(
-            LockError::NoQuorum { .. }
-            | LockError::TooSlow { .. }
-            | LockError::Expired { .. }
-            | LockError::Lost,
-        ) => LockResult::Unavailable,
+        Err(_) => LockResult::Unavailable,
     });
 }
 

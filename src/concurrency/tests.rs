@@ -78,8 +78,8 @@ async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, Infallible>>(1);
     let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
     let svc = layer(&store, 1).layer(service_fn(move |_req: http::Request<()>| {
-        let rx = rx.lock().unwrap().take().expect("one request");
-        let stream = tokio_stream_from(rx);
+        let mut rx = rx.lock().unwrap().take().expect("one request");
+        let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
         async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(stream))) }
     }));
     let response = svc.oneshot(request()).await.unwrap();
@@ -173,11 +173,4 @@ pub(super) async fn until(mut check: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     check()
-}
-
-/// A body stream from a channel.
-fn tokio_stream_from<T: Send + 'static>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures_util::Stream<Item = T> + Send {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

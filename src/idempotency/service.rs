@@ -1,6 +1,7 @@
 //! The service of [`IdempotencyLayer`](super::IdempotencyLayer): reads the request body
 //! to fingerprint it, then hands the request to the keyed core.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -86,22 +87,17 @@ where
             let bytes = match Limited::new(body, max).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {
-                    let rejection = if e.is::<LengthLimitError>() {
-                        Rejection::new(
-                            RejectedBy::Idempotency,
-                            RejectionKind::TooLarge,
-                            format!(
-                                "The request body is over {max} bytes, the most this endpoint reads."
-                            ),
-                        )
+                    let (kind, detail): (_, Cow<'static, str>) = if e.is::<LengthLimitError>() {
+                        let detail = format!(
+                            "The request body is over {max} bytes, the most this endpoint reads."
+                        );
+                        (RejectionKind::TooLarge, detail.into())
                     } else {
                         // The client's body stream broke off: a request to send again.
-                        Rejection::new(
-                            RejectedBy::Idempotency,
-                            RejectionKind::InvalidKey,
-                            "The request body could not be read.",
-                        )
+                        let detail = "The request body could not be read.";
+                        (RejectionKind::InvalidKey, detail.into())
                     };
+                    let rejection = Rejection::new(RejectedBy::Idempotency, kind, detail);
                     let answers = Rendering::for_request(&parts.headers, on_rejection.as_ref());
                     return Ok(answers.render(rejection.into()).map(ResB::from));
                 }
