@@ -126,14 +126,14 @@ impl From<redis::RedisError> for NodeFailureReason {
 
 impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.node)?;
         match &self.reason {
-            NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
+            NodeFailureReason::Timeout(t) => write!(f, "no answer within {t:?}"),
             #[cfg(feature = "redis")]
-            NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
+            NodeFailureReason::Redis(e) => write!(f, "{e}"),
             NodeFailureReason::InvalidFencingCounter { key } => write!(
                 f,
-                "{}: the fencing counter {:?} does not hold an integer below 2^53 (written by another client?); delete it",
-                self.node,
+                "the fencing counter {:?} does not hold an integer below 2^53 (written by another client?); delete it",
                 crate::redact::LogKey(key)
             ),
             NodeFailureReason::NotAcknowledged {
@@ -141,7 +141,7 @@ impl fmt::Display for NodeFailure {
                 wanted,
                 fsynced,
             } => {
-                write!(f, "{}: the write was ", self.node)?;
+                f.write_str("the write was ")?;
                 if *wanted > 0 {
                     write!(
                         f,

@@ -10,12 +10,15 @@ use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http_body_util::{BodyExt, Full, StreamBody};
 use tokio::sync::Semaphore;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt, service_fn};
 
 use crate::concurrency::{ConcurrencyLimitLayer, MemoryConcurrencyLimiter};
 use crate::key::GlobalKey;
 
 const KEY: &str = "global:all";
+
+type Response = http::Response<Full<Bytes>>;
 
 fn layer(store: &MemoryConcurrencyLimiter, limit: u32) -> ConcurrencyLimitLayer<GlobalKey> {
     ConcurrencyLimitLayer::global(limit).backend(store.clone())
@@ -26,21 +29,14 @@ fn request() -> http::Request<()> {
 }
 
 /// A handler that answers once `gate` is released.
-fn gated(
-    gate: Arc<Semaphore>,
-) -> impl Service<
-    http::Request<()>,
-    Response = http::Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
-    service_fn(move |_req: http::Request<()>| {
+fn gated(gate: Arc<Semaphore>) -> BoxCloneService<http::Request<()>, Response, Infallible> {
+    BoxCloneService::new(service_fn(move |_req: http::Request<()>| {
         let gate = gate.clone();
         async move {
             gate.acquire().await.expect("open").forget();
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"done"))))
         }
-    })
+    }))
 }
 
 #[tokio::test]

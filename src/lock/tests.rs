@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::sync::{Notify, Semaphore};
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt, service_fn};
 
 use crate::{
     Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, RejectedBy, Rejection, RejectionKind,
@@ -30,18 +31,9 @@ impl Gate {
         }
     }
 
-    fn service(
-        &self,
-    ) -> impl Service<
-        Request<()>,
-        Response = Response<Full<Bytes>>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static {
+    fn service(&self) -> BoxCloneService<Request<()>, Response<Full<Bytes>>, Infallible> {
         let gate = self.clone();
-        service_fn(move |req: Request<()>| {
+        BoxCloneService::new(service_fn(move |req: Request<()>| {
             let gate = gate.clone();
             async move {
                 let status = req.extensions().get::<LeaseStatus>();
@@ -52,7 +44,7 @@ impl Gate {
                     lease.unwrap_or_default(),
                 ))))
             }
-        })
+        }))
     }
 
     async fn wait_entered(&self) {

@@ -7,19 +7,18 @@ use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 use super::policy::{RATELIMIT, RATELIMIT_POLICY};
 use crate::rate_limit::{MemoryRateLimiter, Quota, RateLimitLayer, Usage};
 
 type Body = Bytes;
+type Svc = BoxCloneService<http::Request<()>, http::Response<Body>, Infallible>;
 
 /// The layer around a handler that answers with the count it saw; the response body is
 /// collected, so that tests read it as bytes.
-fn svc<K: crate::key::KeyExtractor>(
-    layer: RateLimitLayer<K>,
-) -> impl tower::Service<http::Request<()>, Response = http::Response<Body>, Error = Infallible> + Clone
-{
+fn svc<K: crate::key::KeyExtractor>(layer: RateLimitLayer<K>) -> Svc {
     let layered = ServiceBuilder::new().layer(layer).service(service_fn(
         |req: http::Request<()>| async move {
             let seen = req
@@ -31,14 +30,14 @@ fn svc<K: crate::key::KeyExtractor>(
             ))))
         },
     ));
-    service_fn(move |req| {
+    BoxCloneService::new(service_fn(move |req| {
         let layered = layered.clone();
         async move {
             let (head, body) = layered.oneshot(req).await?.into_parts();
             let body = body.collect().await.expect("a body").to_bytes();
             Ok::<_, Infallible>(http::Response::from_parts(head, body))
         }
-    })
+    }))
 }
 
 fn request(client: Option<&str>) -> http::Request<()> {
@@ -60,11 +59,7 @@ fn quota(text: &str) -> Quota {
 }
 
 /// Sends a request from `client` through a clone of `svc`.
-async fn send<S>(svc: &S, client: Option<&str>) -> http::Response<Body>
-where
-    S: tower::Service<http::Request<()>, Response = http::Response<Body>, Error = Infallible>
-        + Clone,
-{
+async fn send(svc: &Svc, client: Option<&str>) -> http::Response<Body> {
     svc.clone().oneshot(request(client)).await.unwrap()
 }
 
