@@ -143,13 +143,8 @@ impl fmt::Display for NodeFailure {
             } => {
                 f.write_str("the write was ")?;
                 if *wanted > 0 {
-                    write!(
-                        f,
-                        "acknowledged by {replicas} of the {wanted} replicas asked for"
-                    )?;
-                    if !fsynced {
-                        f.write_str(", and ")?;
-                    }
+                    write!(f, "acknowledged by {replicas} of the {wanted} replicas")?;
+                    write!(f, " asked for{}", if *fsynced { "" } else { ", and " })?;
                 }
                 if !fsynced {
                     f.write_str("not fsynced by the primary")?;

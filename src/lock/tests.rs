@@ -113,12 +113,10 @@ async fn on_rejection_shapes_http_refusals_and_grpc_keeps_its_answer() {
     let body = http.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "Taken");
     // gRPC: the gRPC answer, which a gRPC client can read, hook or not.
-    let mut grpc = keyed("a");
-    grpc.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    let grpc = svc.clone().oneshot(grpc).await.unwrap();
+    let grpc = Request::builder()
+        .header("job", "a")
+        .header("content-type", "application/grpc");
+    let grpc = svc.clone().oneshot(grpc.body(()).unwrap()).await.unwrap();
     assert_eq!(grpc.status(), StatusCode::OK);
     assert_eq!(grpc.headers()["grpc-status"], "10");
     assert!(grpc.headers().contains_key("grpc-retry-pushback-ms"));
