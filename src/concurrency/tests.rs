@@ -45,10 +45,8 @@ async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
     let gate = Arc::new(Semaphore::new(0));
     let svc = layer(&store, 1).layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
-    assert!(
-        until(|| store.in_flight(KEY) == 1).await,
-        "the first request holds a permit"
-    );
+    let held = until(|| store.in_flight(KEY) == 1).await;
+    assert!(held, "the first request holds a permit");
     let over = svc.clone().oneshot(request()).await.unwrap();
     assert_eq!(over.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(over.headers()[RETRY_AFTER], "1");
@@ -80,9 +78,8 @@ async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
     }));
     let response = svc.oneshot(request()).await.unwrap();
     assert_eq!(store.in_flight(KEY), 1, "held while the body streams");
-    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"a"))))
-        .await
-        .unwrap();
+    let frame = http_body::Frame::data(Bytes::from_static(b"a"));
+    tx.send(Ok(frame)).await.unwrap();
     let mut body = response.into_body();
     let frame = body.frame().await.unwrap().unwrap();
     assert_eq!(frame.into_data().unwrap(), "a");
@@ -109,11 +106,8 @@ async fn an_inner_error_and_a_dropped_future_release() {
     // The connection is dropped (or the handler panics): the task ends without an answer.
     pending.abort();
     assert!(pending.await.unwrap_err().is_cancelled());
-    assert_eq!(
-        store.in_flight(KEY),
-        0,
-        "released when the future is dropped"
-    );
+    let in_flight = store.in_flight(KEY);
+    assert_eq!(in_flight, 0, "released when the future is dropped");
 }
 
 #[tokio::test]
@@ -134,9 +128,8 @@ async fn a_panicking_handler_releases() {
 async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
     let store = MemoryConcurrencyLimiter::new();
     let gate = Arc::new(Semaphore::new(0));
-    let svc = layer(&store, 1)
-        .max_wait(Duration::from_secs(30))
-        .layer(gated(gate.clone()));
+    let patient = layer(&store, 1).max_wait(Duration::from_secs(30));
+    let svc = patient.layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     let second = tokio::spawn(svc.clone().oneshot(request()));
@@ -161,7 +154,7 @@ async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
 }
 
 /// Waits (bounded) until `check` holds.
-pub(super) async fn until(mut check: impl FnMut() -> bool) -> bool {
+async fn until(mut check: impl FnMut() -> bool) -> bool {
     for _ in 0..500 {
         if check() {
             return true;

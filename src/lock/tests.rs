@@ -179,8 +179,8 @@ async fn a_bad_header_name_is_a_500_not_a_panic() {
         LockLayer::by_header("Idempotency Key"),
         LockLayer::by_header("Idempotency-Key").fencing_header("Fencing Token"),
     ] {
-        let response = layer
-            .layer(Gate::new().service())
+        let svc = layer.layer(Gate::new().service());
+        let response = svc
             .oneshot(with_header("idempotency-key", "k"))
             .await
             .unwrap();
@@ -199,13 +199,14 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
         LockLayer::by_header("IDEMPOTENCY-KEY"),
         LockLayer::by_header(http::HeaderName::from_static("idempotency-key")),
     ] {
-        let response = layer
+        let svc = layer
             .backend(locks.clone())
             .layer(service_fn(|req: Request<()>| async move {
                 let status = req.extensions().get::<LeaseStatus>().unwrap();
                 let key = Bytes::from(status.lease().key().to_owned());
                 Ok::<_, Infallible>(Response::new(Full::new(key)))
-            }))
+            }));
+        let response = svc
             .oneshot(with_header("Idempotency-Key", "k"))
             .await
             .unwrap();
@@ -217,7 +218,7 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
 #[tokio::test]
 async fn the_handler_gets_one_status_that_carries_the_lease() {
     let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
-    let response = by_job()
+    let svc = by_job()
         .backend(locks)
         .layer(service_fn(|req: Request<()>| async move {
             let status = req.extensions().get::<LeaseStatus>().cloned().unwrap();
@@ -227,9 +228,7 @@ async fn the_handler_gets_one_status_that_carries_the_lease() {
             assert_eq!(status.lease().key(), "tower-redlock::j");
             assert!(status.lease().fencing_token().is_some());
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-        }))
-        .oneshot(keyed("j"))
-        .await
-        .unwrap();
+        }));
+    let response = svc.oneshot(keyed("j")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
 }

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -11,6 +12,7 @@ use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 use super::policy::{RATELIMIT, RATELIMIT_POLICY};
+use crate::key::HeaderKey;
 use crate::rate_limit::{MemoryRateLimiter, Quota, RateLimitLayer, Usage};
 
 type Body = Bytes;
@@ -21,13 +23,9 @@ type Svc = BoxCloneService<http::Request<()>, http::Response<Body>, Infallible>;
 fn svc<K: crate::key::KeyExtractor>(layer: RateLimitLayer<K>) -> Svc {
     let layered = ServiceBuilder::new().layer(layer).service(service_fn(
         |req: http::Request<()>| async move {
-            let seen = req
-                .extensions()
-                .get::<Usage>()
-                .map(|u| u.count().to_string());
-            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
-                seen.unwrap_or_else(|| "uncounted".into()),
-            ))))
+            let usage = req.extensions().get::<Usage>();
+            let seen = usage.map_or_else(|| "uncounted".into(), |u| u.count().to_string());
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(seen))))
         },
     ));
     BoxCloneService::new(service_fn(move |req| {
@@ -45,17 +43,20 @@ fn request(client: Option<&str>) -> http::Request<()> {
     if let Some(client) = client {
         builder = builder.header("x-client-id", client);
     }
-    let mut req = builder.body(()).unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from((
-            [203, 0, 113, 7],
-            5555,
-        ))));
-    req
+    let peer = SocketAddr::from(([203, 0, 113, 7], 5555));
+    builder
+        .extension(axum::extract::ConnectInfo(peer))
+        .body(())
+        .unwrap()
 }
 
 fn quota(text: &str) -> Quota {
     text.parse().unwrap()
+}
+
+/// A layer keyed on `x-client-id`, at `quota` on `limiter`.
+fn by_client(quota_text: &str, limiter: &MemoryRateLimiter) -> RateLimitLayer<HeaderKey> {
+    RateLimitLayer::by_header("x-client-id", quota(quota_text)).backend(limiter.clone())
 }
 
 /// Sends a request from `client` through a clone of `svc`.
@@ -65,21 +66,13 @@ async fn send(svc: &Svc, client: Option<&str>) -> http::Response<Body> {
 
 #[tokio::test]
 async fn passes_limit_then_answers_429_with_headers() {
-    let layer =
-        RateLimitLayer::by_header("x-client-id", quota("2/60")).backend(MemoryRateLimiter::new());
-    let svc = svc(layer);
+    let svc = svc(by_client("2/60", &MemoryRateLimiter::new()));
     for (count, remaining) in [(1, 1), (2, 0)] {
         let r = send(&svc, Some("a")).await;
         assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(
-            r.body(),
-            count.to_string().as_bytes(),
-            "the handler sees the Usage"
-        );
-        assert_eq!(
-            r.headers()[&RATELIMIT],
-            format!("\"default\";r={remaining};t=60")
-        );
+        let (count, ratelimit) = (count.to_string(), format!("\"default\";r={remaining};t=60"));
+        assert_eq!(r.body(), count.as_bytes(), "the handler sees the Usage");
+        assert_eq!(r.headers()[&RATELIMIT], ratelimit);
         assert_eq!(r.headers()[&RATELIMIT_POLICY], "\"default\";q=2;w=60");
     }
     let r = send(&svc, Some("a")).await;
@@ -95,16 +88,12 @@ async fn passes_limit_then_answers_429_with_headers() {
 #[tokio::test]
 async fn missing_key_is_400_when_required_and_passes_when_optional() {
     let limiter = MemoryRateLimiter::new();
-    let required =
-        svc(RateLimitLayer::by_header("x-client-id", quota("1/60")).backend(limiter.clone()));
-    let r = send(&required, None).await;
+    let r = send(&svc(by_client("1/60", &limiter)), None).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
     assert!(!r.headers().contains_key(&RATELIMIT_POLICY));
 
-    let optional = svc(RateLimitLayer::by_header("x-client-id", quota("1/60"))
-        .backend(limiter)
-        .optional(true));
+    let optional = svc(by_client("1/60", &limiter).optional(true));
     for _ in 0..3 {
         let r = send(&optional, None).await;
         assert_eq!(r.status(), StatusCode::OK);
@@ -115,10 +104,7 @@ async fn missing_key_is_400_when_required_and_passes_when_optional() {
 
 #[tokio::test]
 async fn invalid_key_is_400_even_when_optional() {
-    let layer = RateLimitLayer::by_header("x-client-id", quota("1/60"))
-        .backend(MemoryRateLimiter::new())
-        .optional(true);
-    let svc = svc(layer);
+    let svc = svc(by_client("1/60", &MemoryRateLimiter::new()).optional(true));
     for bad in ["\"unterminated", &"k".repeat(crate::key::MAX_KEY_LEN + 1)] {
         let r = send(&svc, Some(bad)).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
@@ -133,10 +119,8 @@ async fn header_or_peer_ip_counts_ids_and_addresses_apart() {
     let ok = |r: http::Response<Body>| r.status() == StatusCode::OK;
     assert!(ok(send(&svc, None).await));
     assert!(!ok(send(&svc, None).await), "same IP, second hit");
-    assert!(
-        ok(send(&svc, Some("203.0.113.7")).await),
-        "an id is not an address"
-    );
+    let id = send(&svc, Some("203.0.113.7")).await;
+    assert!(ok(id), "an id is not an address");
     assert!(ok(send(&svc, Some("c")).await));
     assert!(!ok(send(&svc, Some("c")).await));
 }
@@ -144,18 +128,16 @@ async fn header_or_peer_ip_counts_ids_and_addresses_apart() {
 #[tokio::test]
 async fn scope_separates_layers_and_shared_scope_shares_counts() {
     let limiter = MemoryRateLimiter::new();
-    let scoped = |scope| {
-        svc(RateLimitLayer::global(quota("1/60"))
-            .backend(limiter.clone())
-            .scope(scope))
-    };
-    let (a, b, a2) = (scoped("a"), scoped("b"), scoped("a"));
-    assert_eq!(send(&a, None).await.status(), StatusCode::OK);
-    assert_eq!(send(&b, None).await.status(), StatusCode::OK);
-    assert_eq!(
-        send(&a2, None).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
+    let global = || RateLimitLayer::global(quota("1/60")).backend(limiter.clone());
+    let (a, b, a2) = (
+        global().scope("a"),
+        global().scope("b"),
+        global().scope("a"),
     );
+    assert_eq!(send(&svc(a), None).await.status(), StatusCode::OK);
+    assert_eq!(send(&svc(b), None).await.status(), StatusCode::OK);
+    let limited = send(&svc(a2), None).await.status();
+    assert_eq!(limited, StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
@@ -171,12 +153,9 @@ async fn the_readied_service_is_the_one_called() {
         type Response = http::Response<Full<Body>>;
         type Error = Infallible;
         type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-        fn poll_ready(
-            &mut self,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Infallible>> {
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
             self.0 = true;
-            std::task::Poll::Ready(Ok(()))
+            Poll::Ready(Ok(()))
         }
         fn call(&mut self, _: http::Request<()>) -> Self::Future {
             assert!(self.0, "called without poll_ready");
