@@ -35,6 +35,8 @@
 )]
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 /// A request counter's `result` enum, whose `count` uses a literal name and label (a static
@@ -234,10 +236,7 @@ where
 {
     type Output = Result<T, E>;
 
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if this.span.is_disabled() {
             return this.future.poll(cx);
@@ -245,12 +244,12 @@ where
         let start = *this.start.get_or_insert_with(Instant::now);
         let out = {
             let _entered = this.span.enter();
-            std::task::ready!(this.future.poll(cx))
+            ready!(this.future.poll(cx))
         };
         this.span.record("verdict", (this.verdict)(&out));
         this.span
             .record("elapsed_ms", start.elapsed().as_secs_f64() * 1e3);
-        std::task::Poll::Ready(out)
+        Poll::Ready(out)
     }
 }
 

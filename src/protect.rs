@@ -4,11 +4,9 @@
 //! which checks its [`Watch`] (on the clock) before each poll, and after a `Pending` lets
 //! it drive its renewals and arm its wake-ups.
 
-#[cfg(feature = "lock")]
-use std::future::Future;
-#[cfg(feature = "lock")]
-use std::pin::Pin;
 use std::task::{Context, Poll};
+#[cfg(feature = "lock")]
+use std::{future::Future, pin::Pin};
 
 /// What tells that the guarantee over some work is gone (a lease's watchdog or status).
 #[doc(hidden)]
@@ -39,10 +37,7 @@ where
     match poll(cx) {
         Poll::Ready(output) => Poll::Ready(Ok(output)),
         // Timers are armed only once the work waits.
-        Poll::Pending => match watch.poll_lost(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(Lost)),
-            Poll::Pending => Poll::Pending,
-        },
+        Poll::Pending => watch.poll_lost(cx).map(|()| Err(Lost)),
     }
 }
 

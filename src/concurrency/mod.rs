@@ -41,9 +41,8 @@
 //! # When to use it, and when [`RateLimitLayer`]
 //!
 //! A rate limit bounds requests per time window (fair use, quotas); a concurrency limit
-//! bounds work at once (a downstream that takes N calls in parallel, a tenant that must
-//! not hold every worker). They compose: rate limit the client outside, limit the
-//! concurrency of the costly route inside.
+//! bounds work at once (a downstream that takes N calls in parallel). They compose: rate
+//! limit the client outside, the costly route's concurrency inside.
 //!
 //! # One node, no quorum
 //!

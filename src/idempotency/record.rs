@@ -16,12 +16,10 @@
 //! A value that does not parse (another version, another program's data) is never
 //! overwritten: the layer answers 500 and logs it.
 //!
-//! Records live beside the lock, on the same backend: in process, beside
-//! [`MemoryLocks`](crate::MemoryLocks)' locks; on Redis, as `{<lock key>}:record` on every
-//! Redlock node (the lock key's Cluster slot). A first request checks for a record and
-//! acquires the lock in one script per node, then stores its record and releases in one
-//! script per node, acknowledged by a quorum. A retry reads a quorum and takes the record
-//! if any node that answered has it: every read quorum meets every write quorum.
+//! Records live beside the lock: in process, in [`MemoryLocks`](crate::MemoryLocks); on
+//! Redis, as `{<lock key>}:record` on every node. A first request checks for a record and
+//! acquires in one script per node, then stores and releases in one, on a quorum. A retry
+//! takes the record if any node of a quorum has it: read and write quorums always meet.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
