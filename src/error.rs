@@ -67,8 +67,7 @@ pub enum LockError {
 }
 
 impl LockError {
-    /// The time after which a retry may succeed, for a `Retry-After` header: the holder's
-    /// remaining TTL when the lock is taken, `None` otherwise.
+    /// The holder's remaining TTL when the lock is taken (for `Retry-After`), else `None`.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             LockError::Taken { retry_after } => Some(*retry_after),
@@ -187,8 +186,7 @@ pub enum ConfigError {
         /// What redis-rs reported.
         source: redis::RedisError,
     },
-    /// The TTL is zero, too short to leave any validity after clock drift, or longer than
-    /// the supported maximum.
+    /// The TTL is zero, leaves no validity after clock drift, or is over the maximum.
     #[error("invalid TTL {ttl:?}: {reason}")]
     InvalidTtl {
         /// The TTL given.

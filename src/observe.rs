@@ -17,10 +17,9 @@
 //! | `tower_redlock_waiters` | gauge | | a waiter's registration (`backend::wait`) |
 //! | `tower_redlock_concurrency_permits_held` | gauge | | the concurrency limiter's permit slot |
 //!
-//! Spans (`DEBUG`): `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`,
-//! `.idempotency.lookup`, `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`,
-//! `verdict` and `elapsed_ms` ([`op_span!`], [`traced`]), once a `tracing` subscriber is
-//! set (globally or as a scoped default); without one they cost one check.
+//! Spans (`DEBUG`, once a `tracing` subscriber is set; else one check each, [`op_span!`]):
+//! `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`, `.idempotency.lookup`,
+//! `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`, `verdict`, `elapsed_ms`.
 
 // Each layer and backend uses its part: with some of them left out, the rest goes unused.
 #![cfg_attr(

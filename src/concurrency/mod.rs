@@ -4,9 +4,8 @@
 //!
 //! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
 //! [`ConcurrencyPolicy`])
-//! 1. takes the key value from the request with its
-//!    [`KeyExtractor`](crate::key::KeyExtractor) (a header, a path parameter, your
-//!    function, or one global key) and checks it;
+//! 1. takes the key value with its [`KeyExtractor`](crate::key::KeyExtractor) (a header,
+//!    a path parameter, your function, or one global key) and checks it;
 //! 2. takes a permit on `{scope}:{value}` from its store ([`ConcurrencyLimiter`]): on
 //!    Redis one Lua script over a sorted set of permit tokens scored by their expiry (drop
 //!    the expired, count, add ours under the limit), as Redisson's

@@ -1,6 +1,5 @@
 //! What [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) does with a key: take a
-//! permit (503 when `limit` are held), renew it while the request runs, release it when
-//! the response is done.
+//! permit (503 when `limit` are held), renew it while the request runs, release it when done.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -21,9 +20,8 @@ use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
-/// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, its
-/// limit, how long a request waits for a permit, and how permits are renewed. Set through
-/// the layer's builder methods.
+/// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, limit,
+/// wait for a permit and renewals. Set through the layer's builder methods.
 #[derive(Clone)]
 pub struct ConcurrencyPolicy {
     pub(crate) limiter: ConcurrencyLimiter,
@@ -48,8 +46,7 @@ impl fmt::Debug for ConcurrencyPolicy {
 }
 
 impl ConcurrencyPolicy {
-    /// The defaults: the process-wide in-process store, no wait, renewal every TTL/3 for
-    /// at most 10 × TTL, `Retry-After: 1`.
+    /// The defaults: the process-wide store, no wait, default renewals, `Retry-After: 1`.
     pub(crate) fn new(limit: u32) -> Self {
         Self {
             limiter: ConcurrencyLimiter::default(),
@@ -164,8 +161,7 @@ impl ConcurrencyPermit {
     }
 }
 
-/// An in-process permit cannot be lost; a Redis one is lost when a renewal finds it gone
-/// or its validity ends unrenewed.
+/// Only a Redis permit can be lost: a renewal finds it gone, or its validity ends.
 impl Watch for ConcurrencyPermit {
     fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(schedule) = &self.schedule else {

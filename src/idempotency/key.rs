@@ -12,9 +12,8 @@ use crate::key::{HeaderKey, KeyError, KeyExtractor, validate_value};
 
 pub(crate) type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
-/// The `Idempotency-Key` header's value, after the tenant when the layer has a tenant
-/// function (`tenant <length>:<tenant>:<value>`); the scope is the header's own (the header
-/// name, the method and the route).
+/// The `Idempotency-Key` header's value, after the tenant if the layer has a tenant function
+/// (`tenant <length>:<tenant>:<value>`); the scope is the header's (name, method, route).
 #[derive(Clone)]
 pub struct IdempotencyKey {
     header: HeaderKey,

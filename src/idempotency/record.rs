@@ -232,12 +232,11 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
+        let fingerprint = [9; 32];
         for record in [
             response(),
             grpc_response(),
-            Record::Unreplayable {
-                fingerprint: [9; 32],
-            },
+            Record::Unreplayable { fingerprint },
         ] {
             let raw = record.encode().unwrap();
             assert_eq!(Record::decode(&raw), Some(record));
@@ -263,12 +262,11 @@ mod tests {
         for cut in 0..39 {
             assert_eq!(Record::decode(&raw[..cut]), None, "cut at {cut}");
         }
-        let mut trailing = Record::Unreplayable {
-            fingerprint: [1; 32],
-        }
-        .encode()
-        .unwrap()
-        .to_vec();
+        let fingerprint = [1; 32];
+        let mut trailing = Record::Unreplayable { fingerprint }
+            .encode()
+            .unwrap()
+            .to_vec();
         trailing.push(0);
         assert_eq!(Record::decode(&trailing), None);
     }

@@ -16,8 +16,7 @@
 //!    end ([`LockLayer::release_at_head`]: once the head is ready); when the future or body
 //!    is dropped early (the client went away), in the background, the TTL the backstop.
 //!
-//! When the lock is not granted it answers itself, with `application/problem+json`
-//! (RFC 9457):
+//! When the lock is not granted it answers itself (`application/problem+json`, RFC 9457):
 //!
 //! | situation | status |
 //! | --- | --- |

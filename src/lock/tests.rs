@@ -48,10 +48,8 @@ impl Gate {
     }
 
     async fn wait_entered(&self) {
-        let entered = tokio::time::timeout(Duration::from_secs(5), self.entered.acquire())
-            .await
-            .expect("the handler was entered");
-        entered.unwrap().forget();
+        let entered = tokio::time::timeout(Duration::from_secs(5), self.entered.acquire()).await;
+        entered.expect("the handler was entered").unwrap().forget();
     }
 }
 
@@ -142,11 +140,8 @@ async fn max_wait_waits_for_the_holder_on_the_in_process_backend() {
     gate.wait_entered().await;
     let waiter = tokio::spawn(waiting.clone().oneshot(keyed("w")));
     // The waiter is not let in while the holder runs.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), gate.wait_entered())
-            .await
-            .is_err()
-    );
+    let entered = tokio::time::timeout(Duration::from_millis(100), gate.wait_entered()).await;
+    assert!(entered.is_err());
     let released = Instant::now();
     gate.release.notify_one();
     assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);

@@ -65,8 +65,7 @@ impl KeyExtractor for PeerIpKey {
     }
 }
 
-/// A header's value when the request has the header (a client id or API key), else the
-/// peer IP ([`PeerIpKey`]).
+/// A header's value (a client id or API key) when present, else the peer IP ([`PeerIpKey`]).
 ///
 /// The key is `client:id:{header value}` or `client:ip:{address}`, so a client cannot
 /// spend another's IP budget by sending that address as its id. The header value may be a

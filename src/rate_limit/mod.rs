@@ -8,8 +8,7 @@
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
 //! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step, by the
 //!    [`Quota`]'s algorithm: a [fixed window](#fixed-window) or [GCRA](#gcra);
-//! 3. runs the inner service with the [`Usage`] in the request extensions, or answers
-//!    itself.
+//! 3. runs the inner service with the [`Usage`] in its extensions, or answers itself.
 //!
 //! | situation | status | headers |
 //! | --- | --- | --- |

@@ -48,8 +48,7 @@ impl fmt::Debug for RateLimitPolicy {
 }
 
 impl RateLimitPolicy {
-    /// The defaults: the process-wide in-process store, fail open, policy name
-    /// `"default"`, no legacy headers.
+    /// The defaults: the process-wide store, fail open, policy `"default"`, no legacy headers.
     pub(crate) fn new(quota: Quota) -> Self {
         Self {
             limiter: RateLimiter::default(),
@@ -192,9 +191,7 @@ pub(crate) struct Headers {
 }
 
 impl Headers {
-    /// # Panics
-    ///
-    /// When `name` is not printable ASCII; the layer's builder checks it first.
+    /// Panics when `name` is not printable ASCII (the layer's builder checks it first).
     pub(crate) fn new(quota: Quota, name: &str, legacy: bool) -> Self {
         let name_item = sf_string(name);
         let (q, w) = quota.policy();
