@@ -5,29 +5,22 @@ use std::time::Duration;
 
 use crate::key::KeyError;
 
-/// Why a lock operation did not succeed.
-///
-/// Every variant says what the caller can do next; the HTTP layer maps each one to a
-/// response (see [`LockLayer`](crate::LockLayer)).
+/// Why a lock operation did not succeed; each variant says what the caller can do next
+/// ([`LockLayer`](crate::LockLayer) maps each one to a response).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another holder has the lock: at least a quorum of nodes answered, and those that
-    /// said "held" leave too few for a quorum of OKs.
-    ///
-    /// `retry_after` is how long until the holder's lease runs out on enough nodes for a
-    /// quorum to be free again, from the holders' remaining TTL (`PTTL`). It is an upper
-    /// bound: the holder may release earlier. The HTTP layer sends it as `Retry-After`.
+    /// Another holder has the lock: the nodes that said "held" leave too few for a quorum.
+    /// `retry_after`, sent as `Retry-After`, is an upper bound on when a quorum is free
+    /// again, from the holders' remaining TTL (`PTTL`).
     #[error("the lock is held by another holder; it frees in at most {retry_after:?}")]
     Taken {
         /// Time until the holder's lease expires.
         retry_after: Duration,
     },
 
-    /// The answers that came in time decide nothing: fewer than a quorum of nodes
-    /// answered an acquisition, or the nodes that failed could still hold the lease's
-    /// token on a quorum (so it is not known to be lost). Retryable: retry later; check
-    /// the listed nodes.
+    /// The answers that came in time decide nothing: fewer than a quorum answered, or the
+    /// failed nodes could still hold the token on a quorum. Retry later; check the nodes.
     #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
     NoQuorum {
         /// How many nodes must agree.
@@ -38,9 +31,9 @@ pub enum LockError {
         failures: Vec<NodeFailure>,
     },
 
-    /// A quorum agreed, but so late that no validity was left (`ttl - elapsed - drift` was
-    /// not positive), so the keys were released again. Raise the TTL or lower the node
-    /// timeout; it means the nodes or the network are slow.
+    /// A quorum agreed so late that no validity was left (`ttl - elapsed - drift` ≤ 0), so
+    /// the keys were released again: the nodes or network are slow. Raise the TTL or lower
+    /// the node timeout.
     #[error(
         "acquiring took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout"
     )]
@@ -50,20 +43,16 @@ pub enum LockError {
     },
 
     /// The lease is no longer held: its TTL ran out before it was released or extended.
-    ///
-    /// Said only when the answers prove it: N - quorum + 1 nodes (3 of 5, 2 of 3) answered
-    /// that the token is gone, so it cannot be on a quorum. `taken_over` is true when one
-    /// of them holds another token. Work done under the lease after its validity ended
-    /// was not protected.
+    /// Said only when N - quorum + 1 nodes answered that the token is gone. Work done after
+    /// its validity ended was not protected.
     #[error("the lease had already expired{}", if *taken_over { " and another holder has the key now" } else { "" })]
     Expired {
         /// Whether another holder now has the key.
         taken_over: bool,
     },
 
-    /// The lease was lost while the protected work ran: a renewal found the token gone,
-    /// or the validity ended without a successful renewal. The work was stopped at that
-    /// moment (never polled again); what it did before stays done.
+    /// The lease was lost while the protected work ran (a renewal found the token gone, or
+    /// the validity ended unrenewed); the work was not polled again.
     #[error("the lease was lost while the work ran; the work was stopped")]
     Lost,
 
@@ -71,16 +60,14 @@ pub enum LockError {
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
 
-    /// The [`LockRequest`](crate::LockRequest) asks for what no backend does (a lease on
-    /// several keys in another mode than plain, or waiting for one); the message says
-    /// which. Change the request: retrying does not help.
+    /// The [`LockRequest`](crate::LockRequest) asks for what no backend does (such as a
+    /// set of keys in another mode than plain); retrying does not help.
     #[error("unsupported lock request: {0}")]
     Unsupported(&'static str),
 }
 
 impl LockError {
-    /// The time after which a retry may succeed, for a `Retry-After` header: the holder's
-    /// remaining TTL when the lock is taken, `None` otherwise.
+    /// The holder's remaining TTL when the lock is taken (for `Retry-After`), else `None`.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             LockError::Taken { retry_after } => Some(*retry_after),
@@ -109,27 +96,22 @@ pub enum NodeFailureReason {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
-    /// The lock's fencing counter on this node (`{<lock key>}:fence`) holds something
-    /// other than a decimal integer below 2^53, which this crate never writes: another
-    /// client wrote it. It is left as it is; delete it to use the node again for fenced
-    /// acquisitions of this key.
+    /// The lock's fencing counter on this node (`{<lock key>}:fence`) is not a decimal
+    /// integer below 2^53: another client wrote it. Delete it to use the node again.
     InvalidFencingCounter {
         /// The counter's key.
         key: String,
     },
-    /// The node wrote the lock (or its extension, the fencing counter, the idempotency
-    /// record), but fewer acknowledgements came within the replica timeout than
+    /// The node wrote, but fewer acknowledgements came within the replica timeout than
     /// [`Node::wait_for_replicas`](crate::Node::wait_for_replicas) and
-    /// [`Node::wait_for_fsync`](crate::Node::wait_for_fsync) ask for: the node did not
-    /// grant it (an attempt that fails as a whole deletes what it wrote). Replicas down,
-    /// lagging, or fewer than asked for.
+    /// [`Node::wait_for_fsync`](crate::Node::wait_for_fsync) ask for, so it did not grant
+    /// the write (replicas down, lagging, or fewer than asked for).
     NotAcknowledged {
         /// The replicas that acknowledged (`WAIT`'s answer).
         replicas: u32,
         /// The replicas asked for.
         wanted: u32,
-        /// Whether the primary's append-only file had it on disk (`WAITAOF`), or was not
-        /// asked.
+        /// Whether the primary's AOF had it on disk (`WAITAOF`), or was not asked.
         fsynced: bool,
     },
 }
@@ -143,14 +125,14 @@ impl From<redis::RedisError> for NodeFailureReason {
 
 impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.node)?;
         match &self.reason {
-            NodeFailureReason::Timeout(t) => write!(f, "{}: no answer within {t:?}", self.node),
+            NodeFailureReason::Timeout(t) => write!(f, "no answer within {t:?}"),
             #[cfg(feature = "redis")]
-            NodeFailureReason::Redis(e) => write!(f, "{}: {e}", self.node),
+            NodeFailureReason::Redis(e) => write!(f, "{e}"),
             NodeFailureReason::InvalidFencingCounter { key } => write!(
                 f,
-                "{}: the fencing counter {:?} does not hold an integer below 2^53 (written by another client?); delete it",
-                self.node,
+                "the fencing counter {:?} does not hold an integer below 2^53 (written by another client?); delete it",
                 crate::redact::LogKey(key)
             ),
             NodeFailureReason::NotAcknowledged {
@@ -158,15 +140,10 @@ impl fmt::Display for NodeFailure {
                 wanted,
                 fsynced,
             } => {
-                write!(f, "{}: the write was ", self.node)?;
+                f.write_str("the write was ")?;
                 if *wanted > 0 {
-                    write!(
-                        f,
-                        "acknowledged by {replicas} of the {wanted} replicas asked for"
-                    )?;
-                    if !fsynced {
-                        f.write_str(", and ")?;
-                    }
+                    write!(f, "acknowledged by {replicas} of the {wanted} replicas")?;
+                    write!(f, " asked for{}", if *fsynced { "" } else { ", and " })?;
                 }
                 if !fsynced {
                     f.write_str("not fsynced by the primary")?;
@@ -199,8 +176,7 @@ pub enum ConfigError {
     /// No node was given: pass at least one Redis URL (1, 3 or 5 independent masters).
     #[error("no Redis nodes were given: pass at least one redis:// URL")]
     NoNodes,
-    /// A Redis URL could not be parsed, or redis-rs refused a `Node`'s settings (such as
-    /// a cluster's seed URLs with different credentials).
+    /// A Redis URL could not be parsed, or redis-rs refused a `Node`'s settings.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("invalid Redis URL for node {index}: {source}")]
@@ -210,8 +186,7 @@ pub enum ConfigError {
         /// What redis-rs reported.
         source: redis::RedisError,
     },
-    /// The TTL is zero, too short to leave any validity after clock drift, or longer than
-    /// the supported maximum.
+    /// The TTL is zero, leaves no validity after clock drift, or is over the maximum.
     #[error("invalid TTL {ttl:?}: {reason}")]
     InvalidTtl {
         /// The TTL given.
@@ -258,18 +233,15 @@ pub enum ConfigError {
     /// The key prefix contains control bytes or is longer than 128 bytes.
     #[error("invalid key prefix: {0}")]
     InvalidPrefix(KeyError),
-    /// The key prefix contains `{` or `}`: every key would carry a Redis Cluster hash tag
-    /// by accident. The crate chooses hash tags itself: a lock's own keys and channels are
-    /// named `{<lock key>}:<role>`, which needs keys without braces (see
-    /// [`key`](crate::key)).
+    /// The key prefix contains `{` or `}`, a Redis Cluster hash tag: the crate names a
+    /// lock's own keys `{<lock key>}:<role>` (see [`key`](crate::key)).
     #[error(
         "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys {{<lock key>}}:<role>); pick a prefix without braces"
     )]
     BraceInPrefix(String),
 
     /// [`Locks::set_default`](crate::Locks::set_default) was called after the default
-    /// backend had been chosen: by an earlier call, or by a layer built without a backend
-    /// (which took the in-process default). Call it once, before building the app.
+    /// backend was chosen (by an earlier call, or a layer built without a backend).
     #[error(
         "the default lock backend was already chosen: call Locks::set_default once, before building any layer without .backend(..)"
     )]

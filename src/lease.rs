@@ -5,7 +5,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The two lowercase hex digits of every byte, so that a token is encoded a byte at a time.
+/// The two lowercase hex digits of every byte.
 static HEX_PAIRS: [[u8; 2]; 256] = {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut pairs = [[0u8; 2]; 256];
@@ -17,20 +17,15 @@ static HEX_PAIRS: [[u8; 2]; 256] = {
     pairs
 };
 
-/// A value that names one acquisition, shown as 32 lowercase hex digits. On Redis it is
-/// 128 bits from a cryptographically secure generator seeded by the operating system,
-/// stored as the lock key's value, so that no other client can guess it; in process it is
-/// unique within the process (a random 64-bit prefix drawn once, then a counter).
-///
-/// Only the holder of the token can extend or release the lock, so a holder whose lease
-/// ran out cannot delete the lock of the next holder.
+/// A value that names one acquisition, shown as 32 lowercase hex digits: on Redis 128
+/// random bits (a CSPRNG seeded by the OS) stored as the lock key's value; in process
+/// unique within the process. Only its holder can extend or release the lock, so a holder
+/// whose lease ran out cannot delete the next holder's.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Token([u8; 32]);
 
 impl Token {
-    /// Draws a new token from `rand`'s thread-local generator: a cryptographically
-    /// secure generator (ChaCha12) seeded from the operating system's random source and
-    /// reseeded periodically, so a token costs no system call.
+    /// A token from `rand`'s thread-local CSPRNG (seeded by the OS; no system call).
     #[cfg(feature = "redis")]
     pub(crate) fn random() -> Self {
         use rand::RngCore;
@@ -39,16 +34,13 @@ impl Token {
         Self::from_raw(raw)
     }
 
-    /// A token unique within this process, for the in-process backend, whose tokens never
-    /// leave it: a random prefix drawn once and a counter, without a generator call per
-    /// token.
+    /// A token unique within this process: a random prefix drawn once, then a counter.
     pub(crate) fn unique() -> Self {
         use std::sync::OnceLock;
         use std::sync::atomic::{AtomicU64, Ordering};
         static PREFIX: OnceLock<u64> = OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let prefix = *PREFIX.get_or_init(rand::random);
-        // Wraps after 2^64 tokens, which this process will not reach.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let mut raw = [0u8; 16];
         raw[..8].copy_from_slice(&prefix.to_be_bytes());
@@ -56,7 +48,6 @@ impl Token {
         Self::from_raw(raw)
     }
 
-    /// The token of 16 raw bytes, encoded a byte at a time.
     fn from_raw(raw: [u8; 16]) -> Self {
         let mut hex = [0u8; 32];
         for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
@@ -91,18 +82,13 @@ impl fmt::Display for Token {
 
 /// A held lock: its key, its token, and the instant its validity ends.
 ///
-/// Validity is measured on the monotonic clock of this process from the moment the
-/// acquisition started: `ttl - elapsed - drift` (see [`Redlock`](crate::Redlock)). Past
-/// [`valid_until`](Lease::valid_until), mutual exclusion is no longer guaranteed even if the
-/// keys still exist in Redis.
-///
-/// A lease is a snapshot taken at acquisition: renewals do not move the `valid_until` of
-/// the copies handed out (such as the one in the request extensions); a
-/// [`LeaseStatus`](crate::LeaseStatus) follows them.
-///
-/// Cloning a lease copies its description; only [`Locks::unlock`](crate::Locks::unlock)
-/// (or dropping the layer's or extractor's guard) releases it. The [`LockLayer`](crate::LockLayer)
-/// puts a clone in the request extensions, where a handler can read it.
+/// Validity is `ttl - elapsed - drift` on this process's monotonic clock from the start of
+/// the acquisition (see [`Redlock`](crate::Redlock)); past
+/// [`valid_until`](Lease::valid_until), mutual exclusion is not guaranteed even if the keys
+/// still exist. A lease is a snapshot: renewals do not move its copies' `valid_until`; a
+/// [`LeaseStatus`](crate::LeaseStatus) follows them. Cloning copies the description; only
+/// [`Locks::unlock`](crate::Locks::unlock) (or dropping the layer's or extractor's guard)
+/// releases it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub(crate) key: Arc<str>,
@@ -111,28 +97,23 @@ pub struct Lease {
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Instant,
-    /// At least 1 when there is one; non-zero, so that a lease fits 128 bytes (moved
-    /// in place rather than by a call to `memcpy`).
+    /// Non-zero, so that a lease fits 128 bytes.
     pub(crate) fencing_token: Option<NonZeroU64>,
     /// Which backend instance issued it (see `backend::next_backend_id`).
     pub(crate) backend: u64,
-    /// Handed back to a request that already held it (`backend::reentry`): releasing and
-    /// extending it are left to the holder.
+    /// Handed back to a request that already held it (`backend::reentry`).
     pub(crate) reentered: bool,
 }
 
 impl Lease {
-    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`. For a lease on
-    /// several keys ([`LockRequest::all`](crate::LockRequest::all)), the first of them in
-    /// byte order; [`keys`](Self::keys) lists them all.
+    /// The full key, as stored in Redis: `{prefix}{scope}:{value}`; the first in byte order
+    /// for a lease on several keys ([`LockRequest::all`](crate::LockRequest::all)).
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// Every key this lease holds, in byte order: one for a lease taken with
-    /// [`Locks::lock`](crate::Locks::lock) and the like, each distinct key given for one
-    /// taken with [`LockRequest::all`](crate::LockRequest::all). All of them hold the same
-    /// token, and the lease is valid only while all of them are held.
+    /// Every key this lease holds, in byte order (several for
+    /// [`LockRequest::all`](crate::LockRequest::all)), all with the same token.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         match &self.shape {
             Shape::Set(keys) => &keys[..],
@@ -142,9 +123,7 @@ impl Lease {
         .map(|key| &**key)
     }
 
-    /// The token that proves ownership: on Redis, the lock key's value (a waiter asking to
-    /// be woken sets a mark beside the key, never in its value; see
-    /// [`LockRequest::wait`](crate::LockRequest::wait)).
+    /// The token that proves ownership: on Redis, the lock key's value.
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -159,17 +138,13 @@ impl Lease {
         self.valid_until
     }
 
-    /// The fencing token of this acquisition: strictly greater than the token of every
-    /// earlier acquisition of the same key, so storage that remembers the highest token it
-    /// has seen can refuse writes from a holder whose lease ran out (Martin Kleppmann,
-    /// "How to do distributed locking").
+    /// The fencing token of this acquisition: greater than every earlier acquisition's of
+    /// the same key, so storage can refuse writes from a holder whose lease ran out.
     ///
     /// Present when the backend was built with `fencing_tokens(true)`
     /// ([`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens),
-    /// [`MemoryLocksBuilder::fencing_tokens`](crate::MemoryLocksBuilder::fencing_tokens));
-    /// `None` otherwise, and for a shared lease. The same on both backends. See the
-    /// [lock module docs](crate::lock#fencing-tokens) for a fenced write, the argument and
-    /// its assumptions.
+    /// [`MemoryLocksBuilder::fencing_tokens`](crate::MemoryLocksBuilder::fencing_tokens)),
+    /// except on a shared lease. See the [lock module docs](crate::lock#fencing-tokens).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token.map(NonZeroU64::get)
     }
@@ -184,35 +159,28 @@ impl Lease {
         Instant::now() < self.valid_until
     }
 
-    /// Whether this is a shared lease (one of the readers of a key, taken with
-    /// [`LockRequest::mode`](crate::LockRequest::mode) or
-    /// [`LockLayer::mode`](crate::LockLayer::mode)) rather than an exclusive one. Its
-    /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`, where its token
-    /// is a member.
+    /// Whether this is a shared lease (a reader, see [`LockMode`](crate::LockMode)); its
+    /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`.
     pub fn is_shared(&self) -> bool {
         matches!(self.shape, Shape::Reader { .. })
     }
 }
 
-/// What a lease holds besides its [`key`](Lease::key): its shape, set when it is acquired,
-/// never read back from a key's name.
+/// What a lease holds besides its [`key`](Lease::key), set when acquired.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {
     /// One lock key: the lease's key.
     Lock,
-    /// A reader of `lock`: the lease's key is the readers' set, `{<lock>}:readers`, where
-    /// its token is a member.
+    /// A reader of `lock`: the lease's key is the readers' set, `{<lock>}:readers`.
     Reader { lock: Arc<str> },
     /// Several lock keys, sorted and distinct, held together; the lease's key is the first.
     Set(Arc<[Arc<str>]>),
 }
 
-/// Whether a lock is taken by one holder or shared by several (readers).
+/// Whether a lock is shared by readers, or taken by one holder while no reader holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {
-    /// Many holders together, none while an exclusive one holds or waits.
     Shared,
-    /// One holder, none while readers hold.
     Exclusive,
 }
 

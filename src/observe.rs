@@ -1,12 +1,8 @@
-//! What an operator can watch: the metrics this crate emits through the [`metrics`] facade
-//! (with the `metrics` feature) and the spans it opens through [`tracing`].
+//! The metrics this crate emits through the [`metrics`] facade (with the `metrics`
+//! feature) and the spans it opens through [`tracing`], named in one place.
 //!
-//! The names and label values live here, in one place; the layers and backends call the
-//! small functions below at the points where they decide.
-//!
-//! No label and no span field ever holds a key's value: a span carries the key's *scope*
-//! (what comes after the prefix and before the first `:`), and node errors are labelled
-//! with the node's `host:port`, which the clients never see.
+//! No label and no span field ever holds a key's value: a span carries the key's *scope*,
+//! and node errors are labelled with the node's `host:port`.
 //!
 //! | metric | kind | label: values | counted where |
 //! | --- | --- | --- | --- |
@@ -14,16 +10,16 @@
 //! | `tower_redlock_lock_acquire_duration_seconds` | histogram | | the lock policy and `Locked` |
 //! | `tower_redlock_lock_held_duration_seconds` | histogram | | the watchdog, as it is dropped |
 //! | `tower_redlock_rate_limit_requests_total` | counter | `result`: `allowed`, `limited`, `unavailable`, `invalid` | the rate-limit policy, the keyed core |
+//! | `tower_redlock_concurrency_requests_total` | counter | `result`: `admitted`, `limited`, `unavailable`, `invalid` | the concurrency policy, the keyed core |
 //! | `tower_redlock_idempotency_requests_total` | counter | `result`: `new`, `replayed`, `in_flight`, `mismatch`, `missing`, `invalid`, `unavailable` | the idempotency policy, the keyed core |
 //! | `tower_redlock_node_errors_total` | counter | `node`: `host:port` | a Redlock round, the Redis rate limiter |
 //! | `tower_redlock_leases_held` | gauge | | the watchdog: made with the lease, dropped with it |
 //! | `tower_redlock_waiters` | gauge | | a waiter's registration (`backend::wait`) |
 //! | `tower_redlock_concurrency_permits_held` | gauge | | the concurrency limiter's permit slot |
 //!
-//! Spans (`DEBUG`): `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`,
-//! `.idempotency.lookup`, `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`,
-//! `verdict` and `elapsed_ms` ([`op_span!`], [`traced`]), once a `tracing` subscriber is
-//! set (globally or as a scoped default); without one they cost one check.
+//! Spans (`DEBUG`, once a `tracing` subscriber is set; else one check each, [`op_span!`]):
+//! `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`, `.idempotency.lookup`,
+//! `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`, `verdict`, `elapsed_ms`.
 
 // Each layer and backend uses its part: with some of them left out, the rest goes unused.
 #![cfg_attr(
@@ -38,22 +34,17 @@
 )]
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-/// The result enums of the request counters: each variant with its `result` label value,
-/// and a `count` that increments the counter with a static key (the `metrics` macros
-/// build a key per call, with an allocation, unless the name and labels are literals).
+/// A request counter's `result` enum, whose `count` uses a literal name and label (a static
+/// key: the `metrics` macros allocate a key per call otherwise).
 macro_rules! results {
-    (
-        $(#[$meta:meta])*
-        $name:ident counts $metric:literal {
-            $($(#[$variant_meta:meta])* $variant:ident => $label:literal,)*
-        }
-    ) => {
-        $(#[$meta])*
+    ($name:ident counts $metric:literal { $($variant:ident => $label:literal,)* }) => {
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub(crate) enum $name {
-            $($(#[$variant_meta])* $variant,)*
+            $($variant,)*
         }
 
         impl $name {
@@ -70,43 +61,28 @@ macro_rules! results {
     };
 }
 
+// The counters' `result` values (see the table above and the observability guide).
 results! {
-    /// The `result` of a lock request: `tower_redlock_lock_requests_total{result}`, the
-    /// outcome of every lock a [`LockLayer`](crate::LockLayer) or a
-    /// [`Locked`](crate::Locked) extractor asked for.
     LockResult counts "tower_redlock_lock_requests_total" {
-        /// A lease was taken: the request ran.
         Acquired => "acquired",
-        /// Another holder had the key: 409 or 423.
         Taken => "taken",
-        /// No quorum, or too slow to leave validity: 503.
         Unavailable => "unavailable",
-        /// The key was missing or unusable: 400.
         Invalid => "invalid",
-        /// A held lease was lost while its request ran (a renewal found the token gone,
-        /// or the validity ran out). Counted on top of `acquired`.
+        // Counted on top of `acquired`.
         Lost => "lost",
     }
 }
 
 results! {
-    /// The `result` of a rate-limited request:
-    /// `tower_redlock_rate_limit_requests_total{result}`.
     RateLimitResult counts "tower_redlock_rate_limit_requests_total" {
-        /// Counted, within the quota.
         Allowed => "allowed",
-        /// Over the quota: 429.
         Limited => "limited",
-        /// The store could not count it: run uncounted (fail open) or 503.
         Unavailable => "unavailable",
-        /// The key was missing or unusable: 400.
         Invalid => "invalid",
     }
 }
 
 results! {
-    /// The `result` of a request through the concurrency limit layer:
-    /// `tower_redlock_concurrency_requests_total{result}`.
     ConcurrencyResult counts "tower_redlock_concurrency_requests_total" {
         Admitted => "admitted",
         Limited => "limited",
@@ -116,22 +92,13 @@ results! {
 }
 
 results! {
-    /// The `result` of a request through the idempotency layer:
-    /// `tower_redlock_idempotency_requests_total{result}`.
     IdempotencyResult counts "tower_redlock_idempotency_requests_total" {
-        /// No record: the request runs, its response is stored.
         New => "new",
-        /// A record for the same request: its response is replayed.
         Replayed => "replayed",
-        /// The same key is in flight: 409.
         InFlight => "in_flight",
-        /// A record for another request (another payload): 422.
         Mismatch => "mismatch",
-        /// No `Idempotency-Key` header: 400.
         Missing => "missing",
-        /// An unusable key, or a record that cannot be replayed or read: 400, 409 or 500.
         Invalid => "invalid",
-        /// The store could not answer: 503.
         Unavailable => "unavailable",
     }
 }
@@ -141,59 +108,39 @@ pub(crate) fn lock_request(result: LockResult) {
     result.count();
 }
 
-/// Counts one lock request by the outcome of its acquisition, begun at `started`, and
-/// records how long the acquisition took.
+/// Counts one lock request by its acquisition's outcome, and records how long it took.
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
     #[cfg(feature = "metrics")]
-    lock_acquired_in(started.elapsed());
+    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
+        .record(started.elapsed().as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = started;
     lock_request(match acquired {
         Ok(_) => LockResult::Acquired,
         Err(LockError::Taken { .. }) => LockResult::Taken,
         Err(LockError::InvalidKey(_) | LockError::Unsupported(_)) => LockResult::Invalid,
-        Err(
-            LockError::NoQuorum { .. }
-            | LockError::TooSlow { .. }
-            | LockError::Expired { .. }
-            | LockError::Lost,
-        ) => LockResult::Unavailable,
+        Err(_) => LockResult::Unavailable,
     });
 }
 
-/// Records how long an acquisition took.
-pub(crate) fn lock_acquired_in(elapsed: Duration) {
-    #[cfg(feature = "metrics")]
-    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
-        .record(elapsed.as_secs_f64());
-    #[cfg(not(feature = "metrics"))]
-    let _ = elapsed;
-}
-
-/// Records how long a lease was held.
-/// What this process holds or waits for now, each a gauge raised when one starts and
-/// lowered when it ends.
+/// What this process holds or waits for now: gauges, raised at the start, lowered at the end.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Held {
-    /// `tower_redlock_leases_held`: leases held for requests (`LockLayer`, `Locked`,
-    /// `IdempotencyLayer`) and for `Locks::with_lock`/`with_lease`.
+    /// Leases (layers, extractors, `Locks::with_lock`/`with_lease`).
     Lease,
-    /// `tower_redlock_waiters`: requests waiting for a lock or a permit (`max_wait`,
-    /// `LockRequest::wait`).
+    /// Requests waiting for a lock or a permit.
     Waiter,
-    /// `tower_redlock_concurrency_permits_held`: `ConcurrencyLimitLayer` permits held.
+    /// `ConcurrencyLimitLayer` permits.
     Permit,
 }
 
 impl Held {
-    /// One more.
     pub(crate) fn start(self) {
         #[cfg(feature = "metrics")]
         self.gauge().increment(1.0);
     }
 
-    /// One fewer.
     pub(crate) fn end(self) {
         #[cfg(feature = "metrics")]
         self.gauge().decrement(1.0);
@@ -209,21 +156,12 @@ impl Held {
     }
 }
 
+/// Records how long a lease was held.
 pub(crate) fn lock_held_for(held: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = held;
-}
-
-/// Counts one rate-limited request.
-pub(crate) fn rate_limit_request(result: RateLimitResult) {
-    result.count();
-}
-
-/// Counts one request through the idempotency layer.
-pub(crate) fn idempotency_request(result: IdempotencyResult) {
-    result.count();
 }
 
 /// Counts one failure (an error or a timeout) of the Redis node at `node` (`host:port`).
@@ -234,21 +172,16 @@ pub(crate) fn node_error(node: &str) {
     let _ = node;
 }
 
-/// The scope of `key` (`{prefix}{scope}:{value}`): what follows `prefix`, up to the first
-/// `:`. Empty when there is no `:` (the whole key is then a value). Never any of the
-/// value: a scope with a `:` of its own is cut short rather than let the value in.
+/// The scope of `key` (`{prefix}{scope}:{value}`): what follows `prefix` up to the first
+/// `:`; empty without a `:`. Never any of the value.
 pub(crate) fn scope<'k>(key: &'k str, prefix: &str) -> &'k str {
     let rest = key.strip_prefix(prefix).unwrap_or("");
     rest.split_once(':').map_or("", |(scope, _)| scope)
 }
 
-/// A span for one backend operation: `tower_redlock.<op>`, at the `DEBUG` level, with the
-/// key's scope and the quorum; [`traced`] fills in the verdict and the elapsed time, and
-/// a Redlock round the number of nodes that answered.
-///
-/// Made only once a `tracing` dispatcher has been set (globally, or as a scoped default):
-/// without one, `tracing` would still compute the fields for the `log` crate's sake
-/// (its `log` feature, which axum turns on), on every operation.
+/// A `DEBUG` span `tower_redlock.<op>` with the key's scope and the quorum; [`traced`] adds
+/// the verdict and elapsed time. Made only once a `tracing` dispatcher is set: without one,
+/// `tracing`'s `log` feature (on through axum) would still compute the fields.
 macro_rules! op_span {
     ($name:literal, $key:expr, $prefix:expr, $quorum:expr) => {
         if ::tracing::dispatcher::has_been_set() {
@@ -267,9 +200,8 @@ macro_rules! op_span {
 }
 pub(crate) use op_span;
 
-/// Runs `future` in `span` (a child of the span current where it was made, such as
-/// tower-http's request span), and records its verdict and elapsed time there. A
-/// disabled span costs one check per poll.
+/// Runs `future` in `span` and records its verdict and elapsed time there. A disabled span
+/// costs one check per poll.
 pub(crate) fn traced<F, T, E>(
     span: tracing::Span,
     future: F,
@@ -287,8 +219,7 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`traced`]: the operation's own future, held once (an `async fn`
-    /// wrapper would hold it twice, as its argument and as the future it awaits).
+    /// The future of [`traced`] (an `async fn` would hold `future` twice).
     pub(crate) struct Traced<F, T, E> {
         #[pin]
         future: F,
@@ -304,10 +235,7 @@ where
 {
     type Output = Result<T, E>;
 
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if this.span.is_disabled() {
             return this.future.poll(cx);
@@ -315,12 +243,12 @@ where
         let start = *this.start.get_or_insert_with(Instant::now);
         let out = {
             let _entered = this.span.enter();
-            std::task::ready!(this.future.poll(cx))
+            ready!(this.future.poll(cx))
         };
         this.span.record("verdict", (this.verdict)(&out));
         this.span
             .record("elapsed_ms", start.elapsed().as_secs_f64() * 1e3);
-        std::task::Poll::Ready(out)
+        Poll::Ready(out)
     }
 }
 
@@ -356,10 +284,8 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
     }
 }
 
-/// Records in the current span (an operation's, from [`op_span!`]) how many nodes answered
-/// its last round.
+/// Records in the current span (from [`op_span!`]) how many nodes answered its last round.
 pub(crate) fn nodes_answered(answered: usize) {
-    // No dispatcher, no span to record in (as in `op_span!`).
     if !tracing::dispatcher::has_been_set() {
         return;
     }

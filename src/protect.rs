@@ -1,30 +1,20 @@
 //! The lock-loss guarantee, written once: work guarded by a lease is never polled once the
-//! lease is lost.
-//!
-//! The [`LockLayer`](crate::LockLayer) (its inner future and its response body),
-//! [`Locks::with_lock`](crate::Locks::with_lock) and
-//! [`Locked::protect`](crate::Locked::protect) all poll their work through
-//! [`poll_guarded`]: before each poll of the work it asks its [`Watch`] whether the
-//! guarantee is gone (checked on the clock, so a validity that ended between two polls is
-//! seen before the work runs again), and after the work returned `Pending` it lets the
-//! watch drive its renewals and arm its wake-ups.
+//! lease is lost. The lock layer, [`Locks::with_lock`](crate::Locks::with_lock) and
+//! [`Locked::protect`](crate::Locked::protect) poll their work through [`poll_guarded`],
+//! which checks its [`Watch`] (on the clock) before each poll, and after a `Pending` lets
+//! it drive its renewals and arm its wake-ups.
 
-#[cfg(feature = "lock")]
-use std::future::Future;
-#[cfg(feature = "lock")]
-use std::pin::Pin;
 use std::task::{Context, Poll};
+#[cfg(feature = "lock")]
+use std::{future::Future, pin::Pin};
 
-/// Something that can tell that the guarantee over some work is gone: a lease's watchdog,
-/// a lease's live status, or nothing at all (a permit that cannot be lost).
+/// What tells that the guarantee over some work is gone (a lease's watchdog or status).
 #[doc(hidden)]
 pub trait Watch {
-    /// Before a poll of the work: whether the guarantee is gone now. Implementations check
-    /// the clock here; they may leave timers unarmed (the work may finish at once).
+    /// Before a poll of the work: whether the guarantee is gone now (timers may stay unarmed).
     fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool;
 
-    /// After the work returned `Pending`: drives renewals and arms the wake-ups that the
-    /// next check needs; `Ready` once the guarantee is gone.
+    /// After the work returned `Pending`: drives renewals, arms wake-ups; `Ready` once lost.
     fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()>;
 }
 
@@ -46,19 +36,14 @@ where
     }
     match poll(cx) {
         Poll::Ready(output) => Poll::Ready(Ok(output)),
-        // Timers are armed only once the work waits, so work that answers at once costs
-        // no timer.
-        Poll::Pending => match watch.poll_lost(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(Lost)),
-            Poll::Pending => Poll::Pending,
-        },
+        // Timers are armed only once the work waits.
+        Poll::Pending => watch.poll_lost(cx).map(|()| Err(Lost)),
     }
 }
 
 #[cfg(feature = "lock")]
 pin_project_lite::pin_project! {
-    /// Runs `work` under `watch`; resolves to [`Lost`] (and drops nothing itself: the
-    /// owner drops the work) once the guarantee is gone.
+    /// Runs `work` under `watch`; resolves to [`Lost`] once the guarantee is gone.
     pub(crate) struct Protected<F, W> {
         #[pin]
         work: F,
@@ -91,16 +76,14 @@ mod tests {
 
     use super::*;
 
-    /// A watch that is lost after `after` checks.
-    struct After {
-        checks: usize,
-        after: usize,
-    }
+    /// A watch that is lost after as many checks as it holds.
+    struct After(usize);
 
     impl Watch for After {
         fn lost_before_poll(&mut self, _: &mut Context<'_>) -> bool {
-            self.checks += 1;
-            self.checks > self.after
+            let lost = self.0 == 0;
+            self.0 = self.0.saturating_sub(1);
+            lost
         }
 
         fn poll_lost(&mut self, _: &mut Context<'_>) -> Poll<()> {
@@ -123,26 +106,14 @@ mod tests {
     #[tokio::test]
     async fn work_is_not_polled_once_lost() {
         let polls = Arc::new(AtomicUsize::new(0));
-        let protected = Protected::new(
-            Counted(polls.clone()),
-            After {
-                checks: 0,
-                after: 3,
-            },
-        );
+        let protected = Protected::new(Counted(polls.clone()), After(3));
         assert_eq!(protected.await, Err(Lost));
         assert_eq!(polls.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
     async fn completed_work_passes_its_output() {
-        let protected = Protected::new(
-            async { 7 },
-            After {
-                checks: 0,
-                after: 1,
-            },
-        );
+        let protected = Protected::new(async { 7 }, After(1));
         assert_eq!(protected.await, Ok(7));
     }
 }

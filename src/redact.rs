@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static FULL_KEYS: AtomicBool = AtomicBool::new(false);
 
-/// A hasher keyed at random once per process: the same key has the same hash in one
-/// process's log lines, and the hash of a guessable value (an account id) cannot be
-/// computed from outside to find it there.
+/// Keyed at random once per process: stable within a process's logs, not computable
+/// from outside for a guessable value.
 static HASHER: LazyLock<std::collections::hash_map::RandomState> =
     LazyLock::new(std::collections::hash_map::RandomState::new);
 
@@ -22,9 +21,8 @@ const PREFIXES: [&str; 3] = [
 ];
 
 /// Whether log lines carry whole keys (`true`) or, the default, each key's scope and a
-/// short hash of it: `POST /orders:#5c1f09ab`. The hash is keyed at random per process,
-/// so the lines of one process can be matched up, but a value cannot be found from its
-/// hash. Turn it on to debug a key; it applies to the whole process.
+/// short hash, keyed at random per process: `POST /orders:#5c1f09ab`. Applies to the
+/// whole process.
 ///
 /// ```
 /// tower_redlock::log_full_keys(false); // the default
@@ -58,15 +56,13 @@ impl fmt::Debug for LogKey<'_> {
     }
 }
 
-/// The scope of a key under one of the default prefixes (also inside the braces of a
-/// concurrency key or of a lock's auxiliary key): the segment after the prefix, up to
-/// `:`. `None` for another prefix, where the scope cannot be told from the value.
+/// The scope of a key under a default prefix (also inside braces): the segment after the
+/// prefix, up to `:`. `None` for another prefix.
 fn scope_of(key: &str) -> Option<&str> {
     let key = key.strip_prefix('{').unwrap_or(key);
     let rest = PREFIXES.iter().find_map(|p| key.strip_prefix(p))?;
     let rest = rest.strip_prefix('{').unwrap_or(rest);
-    // The lock key ends at a `}` (an auxiliary key, a concurrency key; values have their
-    // braces escaped), and its scope needs a `:` before the value.
+    // The lock key ends at a `}` (values have their braces escaped).
     let lock_key = rest.split('}').next().unwrap_or(rest);
     let (scope, _) = lock_key.split_once(':')?;
     Some(scope)

@@ -4,19 +4,17 @@
 //!
 //! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
 //! [`ConcurrencyPolicy`])
-//! 1. takes the key value from the request with its
-//!    [`KeyExtractor`](crate::key::KeyExtractor) (a header, a path parameter, your
-//!    function, or one global key) and checks it;
+//! 1. takes the key value with its [`KeyExtractor`](crate::key::KeyExtractor) (a header,
+//!    a path parameter, your function, or one global key) and checks it;
 //! 2. takes a permit on `{scope}:{value}` from its store ([`ConcurrencyLimiter`]): on
-//!    Redis one round trip, one Lua script over a sorted set of permit tokens scored by
-//!    their expiry (drop the expired ones, count, add ours under the limit), as Redisson's
+//!    Redis one Lua script over a sorted set of permit tokens scored by their expiry (drop
+//!    the expired, count, add ours under the limit), as Redisson's
 //!    `RPermitExpirableSemaphore`; in process, a count under a short mutex;
-//! 3. runs the inner service holding the permit, renewing a Redis permit while it runs
-//!    (every TTL/3 by default, see [`Renewal`]);
-//! 4. releases the permit when the response body has ended (one `ZREM` on Redis), or when
-//!    the inner service failed; and, when the response future or body is dropped (the
-//!    client went away, the handler panicked), in the background. A replica that dies
-//!    holding permits frees them when they expire: within one permit TTL
+//! 3. runs the inner service, renewing a Redis permit (every TTL/3 by default, see
+//!    [`Renewal`]);
+//! 4. releases the permit when the response body has ended or the inner service failed
+//!    (one `ZREM` on Redis), and in the background when the future or body is dropped. A
+//!    replica that dies frees its permits as they expire
 //!    ([`RedisConcurrencyLimiterBuilder::permit_ttl`], default 10 s).
 //!
 //! | situation | status | headers |
@@ -28,45 +26,39 @@
 //! | store unavailable, fail open (default) | the inner service's, unguarded | |
 //! | store unavailable, [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) | 503 | `Retry-After: 1` |
 //!
-//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
-//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//! The layer's own answers have an `application/problem+json` body (RFC 9457); the
+//! service's error type stays the inner service's (no `HandleErrorLayer` needed).
 //!
 //! # Why 503 and not 429
 //!
-//! 429 Too Many Requests (RFC 6585, section 4) says that *this client* sent too many
-//! requests in a given amount of time: a rate limit, which [`RateLimitLayer`] answers.
-//! Requests in flight are the server's load, shared by every client on the key: a client
-//! over the limit may have sent a single request. 503 Service Unavailable (RFC 9110,
-//! section 15.6.4) is the status for a server "currently unable to handle the request due
-//! to a temporary overload", with `Retry-After` (section 10.2.3) for when to come back.
-//! Proxies and clients retry a 503 elsewhere or later, which is what an overloaded key
-//! wants.
+//! 429 (RFC 6585, section 4) says that *this client* sent too many requests in a given
+//! time: a rate limit ([`RateLimitLayer`]). Requests in flight are the server's load,
+//! shared by every client on the key. 503 (RFC 9110, section 15.6.4) is for a server
+//! "currently unable to handle the request due to a temporary overload", with
+//! `Retry-After` (section 10.2.3); clients and proxies retry it elsewhere or later.
 //!
 //! # When to use it, and when [`RateLimitLayer`]
 //!
-//! A rate limit bounds requests per time window: fair use per client, quotas. A
-//! concurrency limit bounds work at once: a slow downstream (a payment provider, a report
-//! generator) that can take N calls in parallel whatever their duration, a tenant that
-//! must not hold every worker. The two compose: rate limit the client outside, limit the
-//! concurrency of the costly route inside.
+//! A rate limit bounds requests per time window (fair use, quotas); a concurrency limit
+//! bounds work at once (a downstream that takes N calls in parallel). They compose: rate
+//! limit the client outside, the costly route's concurrency inside.
 //!
 //! # One node, no quorum
 //!
-//! Permits need no quorum, as rate-limit counts do not: a concurrency limit protects
-//! capacity, it does not make a request correct as a lock does. One Redis node (or a
-//! replicated primary) holds them; a failover that loses the set lets up to `limit` more
-//! requests in until the old ones end, a brief overshoot. Each key's set is one key
-//! inside a Redis Cluster hash tag (`{prefix}{<key>}`), so the scripts touch one slot.
+//! Permits need no quorum: a concurrency limit protects capacity, not correctness. One
+//! Redis node (or a replicated primary) holds them; a failover that loses the set lets up
+//! to `limit` more requests in until the old ones end. Each key's set is one key inside a
+//! Redis Cluster hash tag (`{prefix}{<key>}`), so the scripts touch one slot.
 //!
 //! # Failing open
 //!
 //! When the store cannot answer (Redis down, or slower than its timeout), the layer runs
-//! the request unguarded by default, as the rate limiter does: a limit protects
-//! capacity, and failing closed would turn one limiter node's outage into an outage of
-//! every limited route. [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) answers
-//! **503** with `Retry-After: 1` instead, where the limit is a hard bound a downstream
-//! relies on. Either way the counter `tower_redlock_store_unavailable_total` counts the
-//! request, and a warning is logged at most once per 10 s for each kind of layer.
+//! the request unguarded by default, for the reason the rate limiter does
+//! ([failing open](crate::rate_limit#failing-open)).
+//! [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) answers **503** with
+//! `Retry-After: 1` instead, where the limit is a hard bound a downstream relies on. Either
+//! way `tower_redlock_store_unavailable_total` counts the request, and a warning is logged
+//! at most once per 10 s per kind of layer.
 //!
 //! # Example
 //!

@@ -1,7 +1,7 @@
 //! What [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) does with a key: take a
-//! permit (503 when `limit` are held), renew it while the request runs, release it when
-//! the response is done.
+//! permit (503 when `limit` are held), renew it while the request runs, release it when done.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,9 +20,8 @@ use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
-/// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, its
-/// limit, how long a request waits for a permit, and how permits are renewed. Set through
-/// the layer's builder methods.
+/// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, limit,
+/// wait for a permit and renewals. Set through the layer's builder methods.
 #[derive(Clone)]
 pub struct ConcurrencyPolicy {
     pub(crate) limiter: ConcurrencyLimiter,
@@ -47,8 +46,7 @@ impl fmt::Debug for ConcurrencyPolicy {
 }
 
 impl ConcurrencyPolicy {
-    /// The defaults: the process-wide in-process store, no wait, renewal every TTL/3 for
-    /// at most 10 × TTL, `Retry-After: 1`.
+    /// The defaults: the process-wide store, no wait, default renewals, `Retry-After: 1`.
     pub(crate) fn new(limit: u32) -> Self {
         Self {
             limiter: ConcurrencyLimiter::default(),
@@ -72,41 +70,29 @@ impl ConcurrencyPolicy {
             Err(ConcurrencyError::InvalidKey(_)) => ConcurrencyResult::Invalid,
             Err(_) => ConcurrencyResult::Unavailable,
         });
+        let refusal = |kind, detail: Cow<'static, str>| {
+            Rejection::new(RejectedBy::ConcurrencyLimit, kind, detail)
+        };
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
-            Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(self.over_limit()),
-            Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
-                Rejection::new(
-                    RejectedBy::ConcurrencyLimit,
-                    RejectionKind::InvalidKey,
-                    format!("Invalid concurrency limit key: {e}."),
-                )
-                .into(),
+            // 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
+            Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(
+                refusal(RejectionKind::Limited, self.detail.to_string().into())
+                    .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                    .retry_after(self.retry_after)
+                    .into(),
             ),
-            Err(e) => Verdict::unavailable(
-                Box::new(e),
-                Rejection::new(
-                    RejectedBy::ConcurrencyLimit,
-                    RejectionKind::Unavailable,
-                    "The concurrency limit service is unavailable; retry later.",
-                )
-                .retry_after(Duration::from_secs(1))
-                .into(),
-                None,
-            ),
+            Err(ConcurrencyError::InvalidKey(e)) => {
+                let detail = format!("Invalid concurrency limit key: {e}.");
+                Verdict::answer(refusal(RejectionKind::InvalidKey, detail.into()).into())
+            }
+            Err(e) => {
+                let detail = "The concurrency limit service is unavailable; retry later.";
+                let answer = refusal(RejectionKind::Unavailable, detail.into());
+                let answer = answer.retry_after(Duration::from_secs(1)).into();
+                Verdict::unavailable(Box::new(e), answer, None)
+            }
         }
-    }
-
-    /// 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
-    fn over_limit(&self) -> Response<Bytes> {
-        Rejection::new(
-            RejectedBy::ConcurrencyLimit,
-            RejectionKind::Limited,
-            self.detail.to_string(),
-        )
-        .with_status(StatusCode::SERVICE_UNAVAILABLE)
-        .retry_after(self.retry_after)
-        .into()
     }
 }
 
@@ -144,13 +130,12 @@ impl Policy for ConcurrencyPolicy {
     }
 }
 
-/// A permit: released when the response is done (its body ended, the inner service
-/// failed) and in the background when dropped unreleased (the client went away, the
-/// handler panicked); a Redis permit is renewed until then.
+/// A permit, renewed on Redis until the response is done, then released (in the
+/// background when dropped unreleased).
 #[doc(hidden)]
 pub struct ConcurrencyPermit {
     slot: PermitSlot,
-    /// The renewals of a permit that expires (on Redis).
+    /// The renewals of a Redis permit.
     schedule: Option<Schedule<ConcurrencyError>>,
 }
 
@@ -176,8 +161,7 @@ impl ConcurrencyPermit {
     }
 }
 
-/// An in-process permit cannot be lost; a Redis one is lost when a renewal finds it gone
-/// or its validity ends unrenewed.
+/// Only a Redis permit can be lost: a renewal finds it gone, or its validity ends.
 impl Watch for ConcurrencyPermit {
     fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(schedule) = &self.schedule else {
@@ -210,38 +194,24 @@ impl Watch for ConcurrencyPermit {
 impl Permit for ConcurrencyPermit {
     fn admit<B>(&mut self, _request: &mut Request<B>) {}
 
-    /// A lost permit lets the request run on: the limit is a bound on load, not a
-    /// guarantee the work needs, and stopping a request half-way is worse than one more
-    /// in flight for a while.
+    /// A lost permit lets the request run on: the limit bounds load, it guards no work.
     fn abort_on_loss(&self) -> bool {
         false
     }
 
     fn lost_response(self) -> Response<Bytes> {
-        Rejection::new(
-            RejectedBy::ConcurrencyLimit,
-            RejectionKind::Lost,
-            "The concurrency permit expired while the request ran; retry the request.",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into()
+        unreachable!("a concurrency permit never aborts its request")
     }
 
     fn lost_error(self) -> BoxError {
-        Box::new(ConcurrencyError::Expired {
-            key: self.slot.key().to_owned(),
-        })
+        unreachable!("a concurrency permit never aborts its request")
     }
 
     fn on_response(&mut self, _head: &mut response::Parts) -> Hold {
-        // In flight until the body has ended.
         Hold::BodyEnd
     }
 
     fn release(self, _end: End) -> Release {
-        match self.slot.release() {
-            None => Release::Done,
-            Some(release) => Release::Pending(release),
-        }
+        self.slot.release().map_or(Release::Done, Release::Pending)
     }
 }

@@ -2,18 +2,23 @@
 //! freed on every path a request can end by.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http_body_util::{BodyExt, Full, StreamBody};
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tokio::sync::Semaphore;
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt, service_fn};
 
 use crate::concurrency::{ConcurrencyLimitLayer, MemoryConcurrencyLimiter};
 use crate::key::GlobalKey;
 
 const KEY: &str = "global:all";
+
+type Response = http::Response<Full<Bytes>>;
 
 fn layer(store: &MemoryConcurrencyLimiter, limit: u32) -> ConcurrencyLimitLayer<GlobalKey> {
     ConcurrencyLimitLayer::global(limit).backend(store.clone())
@@ -24,35 +29,24 @@ fn request() -> http::Request<()> {
 }
 
 /// A handler that answers once `gate` is released.
-fn gated(
-    gate: std::sync::Arc<tokio::sync::Semaphore>,
-) -> impl Service<
-    http::Request<()>,
-    Response = http::Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
-    service_fn(move |_req: http::Request<()>| {
+fn gated(gate: Arc<Semaphore>) -> BoxCloneService<http::Request<()>, Response, Infallible> {
+    BoxCloneService::new(service_fn(move |_req: http::Request<()>| {
         let gate = gate.clone();
         async move {
             gate.acquire().await.expect("open").forget();
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"done"))))
         }
-    })
+    }))
 }
 
 #[tokio::test]
 async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
     let store = MemoryConcurrencyLimiter::new();
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let svc = layer(&store, 1).layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
-    assert!(
-        until(|| store.in_flight(KEY) == 1).await,
-        "the first request holds a permit"
-    );
+    let held = until(|| store.in_flight(KEY) == 1).await;
+    assert!(held, "the first request holds a permit");
     let over = svc.clone().oneshot(request()).await.unwrap();
     assert_eq!(over.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(over.headers()[RETRY_AFTER], "1");
@@ -76,19 +70,16 @@ async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
 async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
     let store = MemoryConcurrencyLimiter::new();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, Infallible>>(1);
-    let rx = std::sync::Arc::new(std::sync::Mutex::new(Some(rx)));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(move |_req: http::Request<()>| {
-            let rx = rx.lock().unwrap().take().expect("one request");
-            let stream = tokio_stream_from(rx);
-            async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(stream))) }
-        }));
+    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+    let svc = layer(&store, 1).layer(service_fn(move |_req: http::Request<()>| {
+        let mut rx = rx.lock().unwrap().take().expect("one request");
+        let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(stream))) }
+    }));
     let response = svc.oneshot(request()).await.unwrap();
     assert_eq!(store.in_flight(KEY), 1, "held while the body streams");
-    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"a"))))
-        .await
-        .unwrap();
+    let frame = http_body::Frame::data(Bytes::from_static(b"a"));
+    tx.send(Ok(frame)).await.unwrap();
     let mut body = response.into_body();
     let frame = body.frame().await.unwrap().unwrap();
     assert_eq!(frame.into_data().unwrap(), "a");
@@ -102,41 +93,32 @@ async fn a_streamed_body_holds_the_permit_until_it_ends_or_is_dropped() {
 #[tokio::test]
 async fn an_inner_error_and_a_dropped_future_release() {
     let store = MemoryConcurrencyLimiter::new();
-    let failing = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(|_req: http::Request<()>| async {
-            Err::<http::Response<Full<Bytes>>, _>("boom")
-        }));
+    let failing = layer(&store, 1).layer(service_fn(|_req: http::Request<()>| async {
+        Err::<http::Response<Full<Bytes>>, _>("boom")
+    }));
     assert!(failing.oneshot(request()).await.is_err());
     assert_eq!(store.in_flight(KEY), 0, "released on an inner error");
 
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let svc = layer(&store, 1).layer(gated(gate.clone()));
     let pending = tokio::spawn(svc.oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     // The connection is dropped (or the handler panics): the task ends without an answer.
     pending.abort();
     assert!(pending.await.unwrap_err().is_cancelled());
-    assert_eq!(
-        store.in_flight(KEY),
-        0,
-        "released when the future is dropped"
-    );
+    let in_flight = store.in_flight(KEY);
+    assert_eq!(in_flight, 0, "released when the future is dropped");
 }
 
 #[tokio::test]
 async fn a_panicking_handler_releases() {
     let store = MemoryConcurrencyLimiter::new();
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1))
-        .service(service_fn(|_req: http::Request<()>| async {
-            if true {
-                panic!("handler panic");
-            }
-            Ok::<http::Response<Full<Bytes>>, Infallible>(http::Response::new(Full::default()))
-        }));
+    let svc = layer(&store, 1).layer(service_fn(|_req: http::Request<()>| async {
+        if true {
+            panic!("handler panic");
+        }
+        Ok::<http::Response<Full<Bytes>>, Infallible>(http::Response::new(Full::default()))
+    }));
     let task = tokio::spawn(svc.oneshot(request()));
     assert!(task.await.unwrap_err().is_panic());
     assert_eq!(store.in_flight(KEY), 0);
@@ -145,10 +127,9 @@ async fn a_panicking_handler_releases() {
 #[tokio::test]
 async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
     let store = MemoryConcurrencyLimiter::new();
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1).max_wait(Duration::from_secs(30)))
-        .service(gated(gate.clone()));
+    let gate = Arc::new(Semaphore::new(0));
+    let patient = layer(&store, 1).max_wait(Duration::from_secs(30));
+    let svc = patient.layer(gated(gate.clone()));
     let first = tokio::spawn(svc.clone().oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     let second = tokio::spawn(svc.clone().oneshot(request()));
@@ -161,9 +142,7 @@ async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
 
     // A short wait gives up, with a 503, no earlier than its deadline.
     let wait = Duration::from_millis(120);
-    let svc = ServiceBuilder::new()
-        .layer(layer(&store, 1).max_wait(wait))
-        .service(gated(gate.clone()));
+    let svc = layer(&store, 1).max_wait(wait).layer(gated(gate.clone()));
     let held = tokio::spawn(svc.clone().oneshot(request()));
     assert!(until(|| store.in_flight(KEY) == 1).await);
     let start = tokio::time::Instant::now();
@@ -175,7 +154,7 @@ async fn max_wait_admits_once_a_permit_frees_and_gives_up_at_its_deadline() {
 }
 
 /// Waits (bounded) until `check` holds.
-pub(super) async fn until(mut check: impl FnMut() -> bool) -> bool {
+async fn until(mut check: impl FnMut() -> bool) -> bool {
     for _ in 0..500 {
         if check() {
             return true;
@@ -183,11 +162,4 @@ pub(super) async fn until(mut check: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     check()
-}
-
-/// A body stream from a channel.
-fn tokio_stream_from<T: Send + 'static>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures_util::Stream<Item = T> + Send {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

@@ -7,11 +7,8 @@ use sha2::{Digest, Sha256};
 use super::record::Fingerprint;
 
 /// The default fingerprint: SHA-256 over the method, the matched route (axum's
-/// `MatchedPath`; empty without one) and the request body, each
-/// length-prefixed so that no two requests share an input.
-///
-/// A retry of the same request has the same fingerprint; the same key sent with another
-/// method, route or body does not, and is answered 422 (the IETF draft "The
+/// `MatchedPath`; empty without one) and the request body, each length-prefixed. The same
+/// key with another method, route or body is answered 422 (the IETF draft "The
 /// Idempotency-Key HTTP Header Field", section 2.7).
 pub fn default_fingerprint(parts: &Parts, body: &Bytes) -> Fingerprint {
     let mut hash = Sha256::new();
@@ -33,13 +30,8 @@ mod tests {
     use super::*;
 
     fn parts(method: &str, uri: &str) -> Parts {
-        http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(())
-            .unwrap()
-            .into_parts()
-            .0
+        let request = http::Request::builder().method(method).uri(uri).body(());
+        request.unwrap().into_parts().0
     }
 
     #[test]
@@ -50,13 +42,8 @@ mod tests {
         assert_ne!(base, default_fingerprint(&parts("PUT", "/orders"), &body));
         // Without a matched route (no router here) the path is left out, as in the key.
         assert_eq!(base, default_fingerprint(&parts("POST", "/order"), &body));
-        assert_ne!(
-            base,
-            default_fingerprint(
-                &parts("POST", "/orders"),
-                &Bytes::from_static(b"{\"item\":2}")
-            )
-        );
+        let other = Bytes::from_static(b"{\"item\":2}");
+        assert_ne!(base, default_fingerprint(&parts("POST", "/orders"), &other));
         // Length prefixes: moving bytes between parts changes the fingerprint.
         assert_ne!(
             default_fingerprint(&parts("AB", "/"), &Bytes::from_static(b"c")),

@@ -12,9 +12,8 @@ use crate::key::{HeaderKey, KeyError, KeyExtractor, validate_value};
 
 pub(crate) type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
-/// The `Idempotency-Key` header's value, after the tenant when the layer has a tenant
-/// function (`tenant <length>:<tenant>:<value>`); the scope is the header's own (the header
-/// name, the method and the route), so that hold times are estimated per route.
+/// The `Idempotency-Key` header's value, after the tenant if the layer has a tenant function
+/// (`tenant <length>:<tenant>:<value>`); the scope is the header's (name, method, route).
 #[derive(Clone)]
 pub struct IdempotencyKey {
     header: HeaderKey,
@@ -53,9 +52,8 @@ impl KeyExtractor for IdempotencyKey {
         };
         let tenant = tenant(parts).ok_or(KeyError::MissingTenant)?;
         validate_value(&tenant)?;
-        // The tenant is part of the value, not of the scope, so that the hold times behind
-        // `Retry-After` are the route's; its length first, so that no tenant and key pair
-        // reads as another's.
+        // In the value, not the scope (hold times are per route); its length first, so that
+        // no tenant and key pair reads as another's.
         Ok(self
             .header
             .extract(parts)?

@@ -5,7 +5,6 @@ mod layer;
 mod policy;
 pub(crate) mod record;
 mod service;
-pub(crate) mod store;
 
 pub use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS};
 pub use fingerprint::default_fingerprint;

@@ -11,9 +11,8 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
-use super::store::Begin;
-use crate::backend::handle::LeaseGuard;
-use crate::backend::handle::Locks;
+use crate::backend::handle::{LeaseGuard, Locks};
+use crate::backend::records::Begin;
 use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
@@ -21,8 +20,8 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
 use crate::lease::Lease;
-use crate::lock::policy::LockPermit;
-use crate::observe::{self, IdempotencyResult};
+use crate::lock::policy::{LockPermit, refused};
+use crate::observe::IdempotencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
@@ -66,37 +65,18 @@ impl IdempotencyPolicy {
         fingerprint: Fingerprint,
     ) -> Verdict<IdempotencyPermit> {
         match &begun {
-            Ok(Begin::Acquired(_)) => observe::idempotency_request(IdempotencyResult::New),
-            // Counted by `replay`, which reads the record.
-            Ok(Begin::Found(_)) => {}
-            Err(LockError::Taken { .. }) => {
-                observe::idempotency_request(IdempotencyResult::InFlight);
-            }
-            Err(LockError::InvalidKey(_)) => {
-                observe::idempotency_request(IdempotencyResult::Invalid);
-            }
-            Err(_) => observe::idempotency_request(IdempotencyResult::Unavailable),
+            Ok(Begin::Acquired(_)) => IdempotencyResult::New.count(),
+            Ok(Begin::Found(_)) => {} // counted by `replay`, which reads the record
+            Err(LockError::Taken { .. }) => IdempotencyResult::InFlight.count(),
+            Err(LockError::InvalidKey(_)) => IdempotencyResult::Invalid.count(),
+            Err(_) => IdempotencyResult::Unavailable.count(),
         }
         match begun {
             Ok(Begin::Acquired(lease)) => {
                 Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
             }
             Ok(Begin::Found(raw)) => Verdict::answer(replay(&raw, &fingerprint)),
-            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                let answer =
-                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
-                        .into();
-                Verdict::unavailable(Box::new(e), answer, None)
-            }
-            Err(e) => {
-                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    crate::keyed::future::outage::<Self>(&e, false);
-                }
-                Verdict::answer(
-                    Rejection::of_lock_error(RejectedBy::Idempotency, &e, StatusCode::CONFLICT)
-                        .into(),
-                )
-            }
+            Err(e) => refused::<Self>(e, StatusCode::CONFLICT),
         }
     }
 }
@@ -115,17 +95,17 @@ impl Policy for IdempotencyPolicy {
     }
 
     fn bad_key(&self, missing: bool) {
-        observe::idempotency_request(if missing {
+        if missing {
             IdempotencyResult::Missing
         } else {
             IdempotencyResult::Invalid
-        });
+        }
+        .count();
     }
 
     fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
         let Some(RequestFingerprint(fingerprint)) = parts.extensions.get().copied() else {
-            // The layer reads the body before the core asks: only a service built by
-            // hand around the core could get here.
+            // Only a service built by hand around the core gets here.
             tracing::error!(
                 "IdempotencyLayer: a request reached the policy without its fingerprint"
             );
@@ -135,7 +115,6 @@ impl Policy for IdempotencyPolicy {
         };
         let key = Arc::<str>::from(key);
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            // In process: answered at once, no task, no boxed future.
             let begun = memory.begin_idempotent(key.clone());
             let begun = begun.map_err(|e| self.locks.estimated(&key, e));
             return Decision::Ready(self.verdict(begun, fingerprint));
@@ -156,14 +135,9 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
-/// The HTTP status a gRPC status code stands for, by `google.rpc.Code`'s mapping, so that
-/// the layer's `storable` judges a gRPC response as it judges an HTTP one: `OK` is 200,
-/// `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and `OUT_OF_RANGE` 400, `UNAUTHENTICATED`
-/// 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
-/// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
-/// `DEADLINE_EXCEEDED` 504, and `UNKNOWN`, `INTERNAL`, `DATA_LOSS` or a code that is not
-/// one 500.
-pub(crate) fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
+/// The HTTP status of a gRPC status code (`google.rpc.Code`'s mapping; 500 for others),
+/// so that `storable` judges gRPC responses as HTTP ones.
+fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
     let code = code.to_str().ok().and_then(|c| c.parse::<u16>().ok());
     let status = match code {
         Some(0) => 200,
@@ -182,40 +156,33 @@ pub(crate) fn http_status_of_grpc(code: &HeaderValue) -> StatusCode {
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+fn refusal(kind: RejectionKind, detail: &'static str) -> Response<Bytes> {
+    Rejection::new(RejectedBy::Idempotency, kind, detail).into()
+}
+
 /// The answer to a retry that found a record.
 fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
     let Some(record) = Record::decode(raw) else {
-        observe::idempotency_request(IdempotencyResult::Invalid);
+        IdempotencyResult::Invalid.count();
         tracing::error!(
             "an idempotency record could not be read (another program's value, or another format version); answering 500"
         );
-        return Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Misconfigured,
-            "The stored result of this idempotency key could not be read.",
-        )
-        .into();
+        let detail = "The stored result of this idempotency key could not be read.";
+        return refusal(RejectionKind::Misconfigured, detail);
     };
     if record.fingerprint() != fingerprint {
-        observe::idempotency_request(IdempotencyResult::Mismatch);
-        return Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Mismatch,
-            "This idempotency key was already used for another request.",
-        )
-        .into();
+        IdempotencyResult::Mismatch.count();
+        let detail = "This idempotency key was already used for another request.";
+        return refusal(RejectionKind::Mismatch, detail);
     }
-    observe::idempotency_request(match record {
-        Record::Unreplayable { .. } => IdempotencyResult::Invalid,
-        Record::Response { .. } => IdempotencyResult::Replayed,
-    });
     match record {
-        Record::Unreplayable { .. } => Rejection::new(
-            RejectedBy::Idempotency,
-            RejectionKind::Unreplayable,
-            "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
-        )
-        .into(),
+        Record::Unreplayable { .. } => {
+            IdempotencyResult::Invalid.count();
+            refusal(
+                RejectionKind::Unreplayable,
+                "A request with this idempotency key already completed, but its response could not be stored, so it cannot be replayed.",
+            )
+        }
         Record::Response {
             status,
             headers,
@@ -223,6 +190,7 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
             trailers,
             ..
         } => {
+            IdempotencyResult::Replayed.count();
             let mut response = Response::new(body);
             *response.status_mut() = status;
             for (name, value) in headers {
@@ -289,6 +257,16 @@ impl IdempotencyPermit {
         }
     }
 
+    /// Whether `more` bytes fit under the cap; if not, the result is unreplayable.
+    fn fits(&mut self, more: usize) -> bool {
+        if self.body.len().saturating_add(more) > self.max_body {
+            self.over = true;
+            self.body = BytesMut::new();
+            return false;
+        }
+        true
+    }
+
     /// What to store as the request ends.
     fn record(&mut self, end: End) -> Option<Bytes> {
         let (status, headers) = self.head.take()?;
@@ -341,19 +319,13 @@ impl Permit for IdempotencyPermit {
             return Hold::BodyEnd;
         }
         let mut kept = kept_headers(&head.headers, &self.stored_headers);
-        // A gRPC response (told by the content type, read from what is kept when it is
-        // kept) that is trailers-only has its status in the head: judged and kept too.
+        // A trailers-only gRPC response has its status in the head: judged and kept too.
         let content_type = match kept.iter().find(|(name, _)| name == header::CONTENT_TYPE) {
             Some((_, value)) => Some(value),
             None => head.headers.get(header::CONTENT_TYPE),
         };
         let grpc = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let grpc_status = if grpc {
-            head.headers.get(&GRPC_STATUS)
-        } else {
-            None
-        };
-        if let Some(code) = grpc_status {
+        if let Some(code) = grpc.then(|| head.headers.get(&GRPC_STATUS)).flatten() {
             if !(self.storable)(http_status_of_grpc(code)) {
                 return Hold::BodyEnd;
             }
@@ -371,35 +343,22 @@ impl Permit for IdempotencyPermit {
         if self.head.is_none() || self.over {
             return;
         }
-        if let Some(code) = trailers.get(&GRPC_STATUS) {
-            if !(self.storable)(http_status_of_grpc(code)) {
-                self.head = None;
-                return;
-            }
-        }
-        let size: usize = trailers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len())
-            .sum();
-        if self.body.len().saturating_add(size) > self.max_body {
-            self.over = true;
-            self.body = BytesMut::new();
+        let status = trailers.get(&GRPC_STATUS);
+        if status.is_some_and(|code| !(self.storable)(http_status_of_grpc(code))) {
+            self.head = None;
             return;
         }
-        self.trailers = trailers
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
+        let size = trailers.iter().map(|(n, v)| n.as_str().len() + v.len());
+        if self.fits(size.sum()) {
+            self.trailers = trailers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+        }
     }
 
     fn on_data(&mut self, data: &Bytes) {
-        if self.head.is_none() || self.over {
-            return;
-        }
-        if self.body.len().saturating_add(data.len()) > self.max_body {
-            self.over = true;
-            self.body = BytesMut::new();
-        } else {
+        if self.head.is_some() && !self.over && self.fits(data.len()) {
             self.body.extend_from_slice(data);
         }
     }
@@ -407,7 +366,6 @@ impl Permit for IdempotencyPermit {
     fn release(mut self, end: End) -> Release {
         let record = self.record(end);
         let ttl = self.record_ttl;
-        // The renewals stop as the lock permit goes.
         let (locks, lease) = self.lease.disarm();
         if let Some(memory) = locks.as_memory() {
             memory.finish_idempotent(lease, record, ttl);

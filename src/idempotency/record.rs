@@ -15,6 +15,11 @@
 //!
 //! A value that does not parse (another version, another program's data) is never
 //! overwritten: the layer answers 500 and logs it.
+//!
+//! Records live beside the lock: in process, in [`MemoryLocks`](crate::MemoryLocks); on
+//! Redis, as `{<lock key>}:record` on every node. A first request checks for a record and
+//! acquires in one script per node, then stores and releases in one, on a quorum. A retry
+//! takes the record if any node of a quorum has it: read and write quorums always meet.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -40,8 +45,8 @@ pub(crate) enum Record {
         /// After the body: a gRPC response's status.
         trailers: Vec<(HeaderName, HeaderValue)>,
     },
-    /// The request ran, but its response could not be kept (its body was over the cap or
-    /// did not end within the lease): retries get a problem, never a second run.
+    /// The request ran, but its response could not be kept (over the cap, or not ended
+    /// within the lease): retries get a problem, never a second run.
     Unreplayable { fingerprint: Fingerprint },
 }
 
@@ -142,9 +147,7 @@ fn put_fields(out: &mut BytesMut, fields: &[(HeaderName, HeaderValue)]) -> Optio
     Some(())
 }
 
-/// The headers of `headers` named in `keep`, in the order of `headers` (a repeated one
-/// with each of its values), for a record. One pass over the response's few headers,
-/// rather than a lookup per name kept.
+/// The headers of `headers` named in `keep`, in order, each value of a repeated one.
 pub(crate) fn kept_headers(
     headers: &HeaderMap,
     keep: &[HeaderName],
@@ -196,19 +199,20 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    fn field(name: &'static str, value: &'static str) -> (HeaderName, HeaderValue) {
+        (
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    }
+
     fn response() -> Record {
         Record::Response {
             fingerprint: [7; 32],
             status: StatusCode::CREATED,
             headers: vec![
-                (
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                ),
-                (
-                    http::header::LOCATION,
-                    HeaderValue::from_static("/orders/1"),
-                ),
+                field("content-type", "application/json"),
+                field("location", "/orders/1"),
             ],
             body: Bytes::from_static(b"{\"order_id\":\"1\"}"),
             trailers: Vec::new(),
@@ -220,32 +224,19 @@ mod tests {
         Record::Response {
             fingerprint: [8; 32],
             status: StatusCode::OK,
-            headers: vec![(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
-            )],
+            headers: vec![field("content-type", "application/grpc")],
             body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
-            trailers: vec![
-                (
-                    HeaderName::from_static("grpc-status"),
-                    HeaderValue::from_static("0"),
-                ),
-                (
-                    HeaderName::from_static("grpc-message"),
-                    HeaderValue::from_static(""),
-                ),
-            ],
+            trailers: vec![field("grpc-status", "0"), field("grpc-message", "")],
         }
     }
 
     #[test]
     fn records_round_trip() {
+        let fingerprint = [9; 32];
         for record in [
             response(),
             grpc_response(),
-            Record::Unreplayable {
-                fingerprint: [9; 32],
-            },
+            Record::Unreplayable { fingerprint },
         ] {
             let raw = record.encode().unwrap();
             assert_eq!(Record::decode(&raw), Some(record));
@@ -271,12 +262,11 @@ mod tests {
         for cut in 0..39 {
             assert_eq!(Record::decode(&raw[..cut]), None, "cut at {cut}");
         }
-        let mut trailing = Record::Unreplayable {
-            fingerprint: [1; 32],
-        }
-        .encode()
-        .unwrap()
-        .to_vec();
+        let fingerprint = [1; 32];
+        let mut trailing = Record::Unreplayable { fingerprint }
+            .encode()
+            .unwrap()
+            .to_vec();
         trailing.push(0);
         assert_eq!(Record::decode(&trailing), None);
     }
@@ -284,13 +274,14 @@ mod tests {
     #[test]
     fn kept_headers_follow_the_response_and_keep_repeats() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain"),
-        );
-        headers.append(http::header::SET_COOKIE, HeaderValue::from_static("a=1"));
-        headers.append(http::header::LINK, HeaderValue::from_static("</a>"));
-        headers.append(http::header::LINK, HeaderValue::from_static("</b>"));
+        for (name, value) in [
+            field("content-type", "text/plain"),
+            field("set-cookie", "a=1"),
+            field("link", "</a>"),
+            field("link", "</b>"),
+        ] {
+            headers.append(name, value);
+        }
         let kept = kept_headers(&headers, &[http::header::LINK, http::header::CONTENT_TYPE]);
         let names: Vec<_> = kept.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type", "link", "link"]);

@@ -1,6 +1,7 @@
 //! The service of [`IdempotencyLayer`](super::IdempotencyLayer): reads the request body
 //! to fingerprint it, then hands the request to the keyed core.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,10 +23,9 @@ use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 /// The service of [`IdempotencyLayer`](super::IdempotencyLayer) around `S`.
 pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
 
-/// Reads the request body (up to a bound, 413 beyond), puts its fingerprint in the
-/// request's extensions and hands the request on with the same bytes as a
-/// [`Full<Bytes>`] body, which axum's `Router` and `Route`, tonic's `Routes` and any
-/// service generic over its request body accept.
+/// Reads the request body (413 over the bound), puts its fingerprint in the extensions
+/// and hands the request on with the same bytes as a [`Full<Bytes>`] body.
+#[derive(Clone)]
 pub struct ReadBody<S> {
     inner: S,
     max: usize,
@@ -49,17 +49,6 @@ impl<S> ReadBody<S> {
     }
 
     crate::keyed::inner_service_accessors!();
-}
-
-impl<S: Clone> Clone for ReadBody<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            max: self.max,
-            fingerprint: self.fingerprint.clone(),
-            on_rejection: self.on_rejection.clone(),
-        }
-    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {
@@ -88,7 +77,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The service that was driven to readiness is the one called.
+        // Call the service that was driven to readiness.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (max, fingerprint) = (self.max, self.fingerprint.clone());
@@ -98,22 +87,17 @@ where
             let bytes = match Limited::new(body, max).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {
-                    let rejection = if e.is::<LengthLimitError>() {
-                        Rejection::new(
-                            RejectedBy::Idempotency,
-                            RejectionKind::TooLarge,
-                            format!(
-                                "The request body is over {max} bytes, the most this endpoint reads."
-                            ),
-                        )
+                    let (kind, detail): (_, Cow<'static, str>) = if e.is::<LengthLimitError>() {
+                        let detail = format!(
+                            "The request body is over {max} bytes, the most this endpoint reads."
+                        );
+                        (RejectionKind::TooLarge, detail.into())
                     } else {
                         // The client's body stream broke off: a request to send again.
-                        Rejection::new(
-                            RejectedBy::Idempotency,
-                            RejectionKind::InvalidKey,
-                            "The request body could not be read.",
-                        )
+                        let detail = "The request body could not be read.";
+                        (RejectionKind::InvalidKey, detail.into())
                     };
+                    let rejection = Rejection::new(RejectedBy::Idempotency, kind, detail);
                     let answers = Rendering::for_request(&parts.headers, on_rejection.as_ref());
                     return Ok(answers.render(rejection.into()).map(ResB::from));
                 }

@@ -8,18 +8,15 @@
 //! 2. acquires `{scope}:{value}` on its backend ([`Locks`]), one attempt
 //!    (or waits up to [`LockLayer::max_wait`]); with [`LockLayer::by_fn_all`], every
 //!    key the request names, with one lease, all or none;
-//! 3. runs the inner service with the lease's live [`LeaseStatus`] in
-//!    the request extensions (read it, or the [`Lease`], with their
-//!    extractors), renewing the lease while it runs ([`LockLayer::renewal`]) and never
-//!    polling it past the lease's validity ([`LockLayer::on_lock_loss`]);
-//! 4. keeps the lease while the response body streams, and releases it as the last frame
-//!    is handed on, before the client can see the end of the response
-//!    ([`LockLayer::release_at_head`] releases once the response head is ready instead);
-//!    when the future or the body is dropped early (the client went away), it releases in
-//!    the background, and the TTL is the backstop.
+//! 3. runs the inner service with the lease's live [`LeaseStatus`] in the request
+//!    extensions (read it, or the [`Lease`], with their extractors), renewing the lease
+//!    ([`LockLayer::renewal`]) and never polling it past its validity
+//!    ([`LockLayer::on_lock_loss`]);
+//! 4. releases the lease as the body's last frame is handed on, before the client sees the
+//!    end ([`LockLayer::release_at_head`]: once the head is ready); when the future or body
+//!    is dropped early (the client went away), in the background, the TTL the backstop.
 //!
-//! When the lock is not granted it answers itself, with `application/problem+json`
-//! (RFC 9457):
+//! When the lock is not granted it answers itself (`application/problem+json`, RFC 9457):
 //!
 //! | situation | status |
 //! | --- | --- |
@@ -35,36 +32,31 @@
 //! # Modes
 //!
 //! A layer, like a [`LockRequest`], takes a plain lock by default; [`LockMode`] lists
-//! the others: [`LockMode::Shared`] lets requests hold a key together (readers),
-//! [`LockMode::Exclusive`] makes a request wait for the readers and exclude them (a
-//! writer that keeps new readers out while it waits), and [`LockMode::Fair`] makes
-//! waiters ([`LockLayer::max_wait`]) acquire in arrival order across replicas. The
-//! guide's chapters [shared and exclusive](crate::guide::shared_exclusive) and
-//! [fair waiting](crate::guide::fair) give their guarantees and their costs in round trips.
+//! the others: [`LockMode::Shared`] (readers hold a key together), [`LockMode::Exclusive`]
+//! (a writer that waits for the readers and keeps new ones out), and [`LockMode::Fair`]
+//! (waiters acquire in arrival order across replicas). The guide's chapters
+//! [shared and exclusive](crate::guide::shared_exclusive) and [fair waiting](crate::guide::fair)
+//! give their guarantees and costs.
 //!
 //! # Waiting
 //!
 //! A waiter ([`LockRequest::wait`], [`LockLayer::max_wait`]) is woken when the holder
-//! releases: on Redis, waiters subscribe to the channel `{<key>}:released` on every node
-//! and set a short-lived mark `{<key>}:waiters` beside the lock (the holder's value is
-//! never touched); the release of a marked lock publishes on that channel. A waiter also
-//! tries again on a jittered fallback timer (the holder's remaining TTL, at most 1 s) in
-//! case a notification is missed, the holder is another client that does not publish, or
-//! the lease simply expires. Behind a holder of the same client, the waiter queues in
-//! process without touching Redis.
+//! releases: on Redis it subscribes to `{<key>}:released` on every node and sets a
+//! short-lived mark `{<key>}:waiters` beside the lock, and the release of a marked lock
+//! publishes there. It also retries on a jittered timer (the holder's remaining TTL, at
+//! most 1 s), for a missed notification, a holder that does not publish, or an expiry.
+//! Behind a holder of the same client, it queues in process without touching Redis.
 //!
 //! # Reentrancy
 //!
-//! A request holds its own lock: while a layer's inner service runs, an acquisition of the
-//! keys the layer holds, on the same backend, from the handler or its extractors
-//! ([`Locks::acquire`], [`Locks::try_lock`], [`Locks::with_lock`], ...), gets the layer's
-//! lease back at once, instead of a 409/423 or a wait on itself. Releasing or extending
-//! that copy does nothing: the layer, the outermost holder, renews the lease and releases
-//! it when the response is done. It reaches what runs in the inner service's future, on
-//! its task: a task the handler spawns is another request, and is refused as any other.
-//! A reader's lease ([`LockMode::Shared`]) is not reentered, and the innermost layer's
-//! lease is the one seen when layers nest. [`Locked`](crate::Locked) reuses a layer's
-//! lease on the same keys the same way.
+//! While a layer's inner service runs, an acquisition of the keys it holds, on the same
+//! backend, from the handler or its extractors ([`Locks::acquire`], [`Locks::try_lock`],
+//! [`Locks::with_lock`], ...), gets the layer's lease back at once instead of a 409/423 or
+//! a wait on itself. Releasing or extending that copy does nothing: the layer renews and
+//! releases it. This holds within the inner service's future, on its task (a task the
+//! handler spawns is another request); a reader's lease ([`LockMode::Shared`]) is not
+//! reentered, and with nested layers the innermost lease is seen.
+//! [`Locked`](crate::Locked) reuses a layer's lease on the same keys the same way.
 //!
 //! ```
 //! use axum::{Router, extract::State, routing::post};
@@ -84,15 +76,14 @@
 //!
 //! # Fencing tokens
 //!
-//! A holder can outlive its lease (a long pause, a slow network), and then write after
-//! another holder took the key. A fencing token stops that write at the storage: each
-//! lease carries a number greater than every earlier lease's on the same key
-//! ([`Lease::fencing_token`]), and the storage refuses a write with a number lower than
-//! the highest it has seen (Martin Kleppmann, "How to do distributed locking"). Turn them
-//! on with `fencing_tokens(true)` on either backend's builder
+//! A holder can outlive its lease (a long pause, a slow network) and write after another
+//! took the key. A fencing token stops that write at the storage: each lease carries a
+//! number greater than every earlier lease's on the same key ([`Lease::fencing_token`]),
+//! and the storage refuses a write with a number below the highest it has seen (Martin
+//! Kleppmann, "How to do distributed locking"). Turn them on with `fencing_tokens(true)`
+//! on either backend's builder
 //! ([`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens),
-//! [`MemoryLocksBuilder::fencing_tokens`]); both then issue them, and neither does
-//! without it. Shared leases carry none.
+//! [`MemoryLocksBuilder::fencing_tokens`]). Shared leases carry none.
 //!
 //! A handler reads its token from the lease ([`Locked::lease`](crate::Locked::lease), the
 //! [`Lease`] extractor, or [`LockLayer::fencing_header`]) and passes it with the write:
@@ -160,50 +151,31 @@
 //! return 1
 //! ```
 //!
-//! In process, one counter serves every key. On Redis, each lock key has its own counter
-//! on every node, `{<lock key>}:fence` (in the lock key's Redis Cluster slot; no lock key
-//! can take that name). An acquisition reads the counter on every node atomically with
-//! its `SET NX`, takes one above the highest value seen, and writes it back (raising, never
-//! lowering) on every node where it holds the key, requiring a quorum of those writes
-//! before it succeeds.
+//! In process, one counter serves every key. On Redis, each lock key has a counter
+//! `{<lock key>}:fence` on every node (in its Cluster slot): an acquisition reads it
+//! atomically with its `SET NX`, takes one above the highest seen, and writes it back
+//! (never lowering) on every node where it holds the key, needing a quorum of those
+//! writes. Tokens grow across quorums, not just per node: any two quorums share a node,
+//! where the later `SET NX` succeeded only after the earlier holder's write-back.
 //!
-//! Why the token is monotonic across quorums, not just per node: a later acquisition of
-//! the same key succeeds on a quorum, and any two quorums share a node. On that shared
-//! node the later `SET NX` succeeded only after the earlier holder's key was gone, hence
-//! after the earlier holder's write-back there (which ran while its key held its token).
-//! So the later acquisition reads at least the earlier token and issues a strictly
-//! greater one, even if its quorum misses the node that holds the highest counter.
-//!
-//! The counters' expiry: so that counters do not fill the keyspace, a counter expires
-//! `max(24 h, 100 × TTL)` after the last write-back or renewal ([`Locks::extend`]) of a
-//! fenced lease of its key on that node. The argument above needs the shared node's
-//! counter to still be there, so the order holds between two acquisitions of a key less
-//! than that apart, counting from the earlier lease's last renewal on the shared node.
-//! After a longer idle time the counter starts again from 1: storage that keeps the
-//! highest token of a key for longer than that will refuse the new, smaller tokens (forget
-//! its tokens sooner, or keep a key busy), and a holder paused for that long past its last
-//! renewal could write with a token above the new holder's.
-//!
-//! A counter that holds anything but a decimal integer below 2^53 was not written by this
-//! crate: it is left as it is, and that node counts as failed for fenced acquisitions of
-//! the key ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason),
-//! naming the key; [`LockError::NoQuorum`](crate::LockError::NoQuorum) when too few nodes
-//! are left).
-//!
-//! Assumptions: nodes keep their data. A node restarted empty forgets its counter; while
-//! every other node of a later quorum took part in the earlier write-back the order still
-//! holds, but a restart combined with another failure can issue a smaller token (A writes
-//! back on X and Z while Y is down; X restarts empty; B acquires on X and Y). Delayed
-//! restarts protect the lock, not the counter. Run the nodes with persistence
-//! (`appendonly yes`, `appendfsync always`) where fencing matters. Tokens are exact up to
-//! 2^53 (Lua numbers).
+//! Limits. A counter expires `max(24 h, 100 × TTL)` after the last write-back or renewal
+//! ([`Locks::extend`]) of a fenced lease of its key on that node; after a longer idle time
+//! tokens start again from 1 (storage that keeps tokens longer refuses them, and a holder
+//! paused that long could write with a higher token). A counter that is not a decimal
+//! integer below 2^53 was not written by this crate: it is left alone, and the node counts
+//! as failed for that key
+//! ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason);
+//! [`LockError::NoQuorum`](crate::LockError::NoQuorum) when too few nodes are left). A
+//! node restarted empty forgets its counter, and with another failure a smaller token can
+//! be issued: run the nodes with persistence (`appendonly yes`, `appendfsync always`)
+//! where fencing matters. Tokens are exact up to 2^53 (Lua numbers).
 //!
 //! # Failing open
 //!
 //! [`LockLayer::fail_open`]`(true)` runs the inner service without a lock when the
-//! backend has no quorum (Redis down), instead of answering 503. The default is `false`,
-//! fail closed, because a lock that is silently skipped protects nothing. The handler can
-//! tell: it has no lease (take `Option<Lease>` or `Option<LeaseStatus>`).
+//! backend has no quorum (Redis down), instead of answering 503. The default, `false`,
+//! fails closed: a lock silently skipped protects nothing. The handler then has no lease
+//! (take `Option<Lease>` or `Option<LeaseStatus>`).
 
 mod layer;
 pub(crate) mod policy;

@@ -24,7 +24,7 @@ use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The policy of [`LockLayer`](super::LockLayer): its backend and how it holds a lease.
 /// Set through the layer's builder methods.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct LockPolicy {
     pub(crate) locks: Locks,
     pub(crate) taken_status: StatusCode,
@@ -34,20 +34,6 @@ pub struct LockPolicy {
     pub(crate) release_at_head: bool,
     /// The mode and the wait of every acquisition.
     pub(crate) options: Options,
-}
-
-impl fmt::Debug for LockPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockPolicy")
-            .field("locks", &self.locks)
-            .field("taken_status", &self.taken_status)
-            .field("renewal", &self.renewal)
-            .field("on_loss", &self.on_loss)
-            .field("fencing_header", &self.fencing_header)
-            .field("release_at_head", &self.release_at_head)
-            .field("options", &self.options)
-            .finish()
-    }
 }
 
 impl LockPolicy {
@@ -64,10 +50,8 @@ impl LockPolicy {
         }
     }
 
-    /// The verdict on an acquisition of `key`. A `Retry-After` for contention is the
-    /// moving average of the hold times observed for the key's scope, bounded by the
-    /// holder's remaining TTL (see [`Locks`]' backends); the header rounds it up to
-    /// whole seconds, at least 1.
+    /// The verdict on an acquisition of `key`. Contention's `Retry-After` is the scope's
+    /// moving average hold time, bounded by the holder's remaining TTL.
     fn verdict(
         &self,
         key: &str,
@@ -75,21 +59,24 @@ impl LockPolicy {
         started: Instant,
     ) -> Verdict<LockPermit> {
         observe::lock_outcome(&acquired, started);
-        let acquired = acquired.map_err(|e| self.locks.estimated(key, e));
-        match acquired {
+        match acquired.map_err(|e| self.locks.estimated(key, e)) {
             Ok(lease) => Verdict::Admit(LockPermit::new(self, lease)),
-            Err(e @ (LockError::NoQuorum { .. } | LockError::TooSlow { .. })) => {
-                let answer = Rejection::from_lock_error(&e, self.taken_status).into();
-                Verdict::unavailable(Box::new(e), answer, None)
-            }
-            Err(e) => {
-                if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
-                    crate::keyed::future::outage::<Self>(&e, false);
-                }
-                Verdict::answer(Rejection::from_lock_error(&e, self.taken_status).into())
-            }
+            Err(e) => refused::<Self>(e, self.taken_status),
         }
     }
+}
+
+/// The verdict on a lock error for `P`: unavailable (503, or failing open) without a
+/// quorum or too slow, else `P`'s refusal; an outage is logged for errors not the client's.
+pub(crate) fn refused<P: Policy>(e: LockError, taken_status: StatusCode) -> Verdict<P::Permit> {
+    let answer = Rejection::of_lock_error(P::REJECTED_BY, &e, taken_status).into();
+    if let LockError::NoQuorum { .. } | LockError::TooSlow { .. } = e {
+        return Verdict::unavailable(Box::new(e), answer, None);
+    }
+    if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
+        crate::keyed::future::outage::<P>(&e, false);
+    }
+    Verdict::answer(answer)
 }
 
 impl Sealed for LockPolicy {}
@@ -107,8 +94,7 @@ impl Policy for LockPolicy {
 
     fn prepare(&self, parts: &mut Parts) {
         if let Some(name) = &self.fencing_header {
-            // Only the layer sets this header: a client's own value must never reach the
-            // inner service, whatever happens next (no key, fail open, no token).
+            // Only the layer sets this header, never the client.
             parts.headers.remove(name);
         }
     }
@@ -134,8 +120,7 @@ impl Policy for LockPolicy {
 }
 
 impl LockPolicy {
-    /// Runs the acquisition: at once on the in-process backend when it does not wait,
-    /// else as a future.
+    /// Acquires at once on the in-process backend when not waiting, else as a future.
     fn decide_claim(&self, claim: Claim, options: Options) -> Decision<LockPermit> {
         let started = Instant::now();
         if options.wait == Wait::Once {
@@ -153,11 +138,10 @@ impl LockPolicy {
     }
 }
 
-/// A held lease: released when the response is done, renewed until then; released in
-/// the background if dropped still held (the response future or body was dropped).
+/// A held lease, renewed until the response is done, then released (in the background
+/// if dropped still held).
 #[doc(hidden)]
 pub struct LockPermit {
-    /// The lease, its backend and its renewals.
     watchdog: Watchdog,
     /// Still to be released.
     armed: bool,
@@ -187,8 +171,8 @@ impl LockPermit {
         }
     }
 
-    /// A permit over `lease` for another keyed layer that holds a lease per request (the
-    /// idempotency layer): renewed, aborting on loss, held until the body ends.
+    /// A permit for the idempotency layer's lease: renewed, aborting on loss, held until
+    /// the body ends.
     #[cfg(feature = "idempotency")]
     pub(crate) fn for_lease(locks: Locks, lease: Lease, renewal: Renewal) -> Self {
         Self {
@@ -200,14 +184,12 @@ impl LockPermit {
         }
     }
 
-    /// Whether the lease is still valid.
     #[cfg(feature = "idempotency")]
     pub(crate) fn is_valid(&self) -> bool {
         self.watchdog.is_valid()
     }
 
-    /// Disarms the permit and hands back what to release; dropping the permit then
-    /// stops the renewals and tells the status the holder is done.
+    /// Disarms the permit and hands back what to release (dropping it stops the renewals).
     pub(crate) fn disarm(mut self) -> (Locks, Lease) {
         self.armed = false;
         (self.watchdog.locks().clone(), self.watchdog.lease().clone())
@@ -245,7 +227,6 @@ impl Permit for LockPermit {
                 .headers_mut()
                 .insert(name.clone(), HeaderValue::from(token));
         }
-        // One extension: the `Lease` extractor reads the lease from the status.
         request.extensions_mut().insert(status);
     }
 
@@ -276,14 +257,12 @@ impl Permit for LockPermit {
     }
 
     fn release(self, _end: End) -> Release {
-        // Dropped here: the renewals stop, and the status says the holder is done.
         let (locks, lease) = self.disarm();
         if let Some(memory) = locks.as_memory() {
             let _ = memory.unlock(lease);
             return Release::Done;
         }
-        // Released in place; should the future be dropped meanwhile, the guard (still
-        // armed) releases in the background.
+        // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks, lease);
         Release::Pending(Box::pin(async move {
             if let Some((locks, lease)) = guard.cloned() {

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::sync::{Notify, Semaphore};
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt, service_fn};
 
 use crate::{
     Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, RejectedBy, Rejection, RejectionKind,
@@ -30,43 +31,34 @@ impl Gate {
         }
     }
 
-    fn service(
-        &self,
-    ) -> impl Service<
-        Request<()>,
-        Response = Response<Full<Bytes>>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static {
+    fn service(&self) -> BoxCloneService<Request<()>, Response<Full<Bytes>>, Infallible> {
         let gate = self.clone();
-        service_fn(move |req: Request<()>| {
+        BoxCloneService::new(service_fn(move |req: Request<()>| {
             let gate = gate.clone();
             async move {
-                let lease = req
-                    .extensions()
-                    .get::<LeaseStatus>()
-                    .map(|s| s.lease().key().to_owned());
+                let status = req.extensions().get::<LeaseStatus>();
+                let lease = status.map(|s| s.lease().key().to_owned());
                 gate.entered.add_permits(1);
                 gate.release.notified().await;
                 Ok(Response::new(Full::new(Bytes::from(
                     lease.unwrap_or_default(),
                 ))))
             }
-        })
+        }))
     }
 
     async fn wait_entered(&self) {
-        let entered = tokio::time::timeout(Duration::from_secs(5), self.entered.acquire())
-            .await
-            .expect("the handler was entered");
-        entered.unwrap().forget();
+        let entered = tokio::time::timeout(Duration::from_secs(5), self.entered.acquire()).await;
+        entered.expect("the handler was entered").unwrap().forget();
     }
 }
 
+fn with_header(name: &str, value: &str) -> Request<()> {
+    Request::builder().header(name, value).body(()).unwrap()
+}
+
 fn keyed(key: &str) -> Request<()> {
-    Request::builder().header("job", key).body(()).unwrap()
+    with_header("job", key)
 }
 
 /// Reads the key from the `job` header.
@@ -119,12 +111,10 @@ async fn on_rejection_shapes_http_refusals_and_grpc_keeps_its_answer() {
     let body = http.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "Taken");
     // gRPC: the gRPC answer, which a gRPC client can read, hook or not.
-    let mut grpc = keyed("a");
-    grpc.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    let grpc = svc.clone().oneshot(grpc).await.unwrap();
+    let grpc = Request::builder()
+        .header("job", "a")
+        .header("content-type", "application/grpc");
+    let grpc = svc.clone().oneshot(grpc.body(()).unwrap()).await.unwrap();
     assert_eq!(grpc.status(), StatusCode::OK);
     assert_eq!(grpc.headers()["grpc-status"], "10");
     assert!(grpc.headers().contains_key("grpc-retry-pushback-ms"));
@@ -150,11 +140,8 @@ async fn max_wait_waits_for_the_holder_on_the_in_process_backend() {
     gate.wait_entered().await;
     let waiter = tokio::spawn(waiting.clone().oneshot(keyed("w")));
     // The waiter is not let in while the holder runs.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), gate.wait_entered())
-            .await
-            .is_err()
-    );
+    let entered = tokio::time::timeout(Duration::from_millis(100), gate.wait_entered()).await;
+    assert!(entered.is_err());
     let released = Instant::now();
     gate.release.notify_one();
     assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
@@ -200,24 +187,15 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
         LockLayer::by_header("IDEMPOTENCY-KEY"),
         LockLayer::by_header(http::HeaderName::from_static("idempotency-key")),
     ] {
-        let response = layer
+        let svc = layer
             .backend(locks.clone())
             .layer(service_fn(|req: Request<()>| async move {
-                let key = req
-                    .extensions()
-                    .get::<LeaseStatus>()
-                    .unwrap()
-                    .lease()
-                    .key()
-                    .to_owned();
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(key))))
-            }))
-            .oneshot(
-                Request::builder()
-                    .header("Idempotency-Key", "k")
-                    .body(())
-                    .unwrap(),
-            )
+                let status = req.extensions().get::<LeaseStatus>().unwrap();
+                let key = Bytes::from(status.lease().key().to_owned());
+                Ok::<_, Infallible>(Response::new(Full::new(key)))
+            }));
+        let response = svc
+            .oneshot(with_header("Idempotency-Key", "k"))
             .await
             .unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -228,21 +206,17 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
 #[tokio::test]
 async fn the_handler_gets_one_status_that_carries_the_lease() {
     let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
-    let response = by_job()
+    let svc = by_job()
         .backend(locks)
         .layer(service_fn(|req: Request<()>| async move {
             let status = req.extensions().get::<LeaseStatus>().cloned().unwrap();
-            assert!(
-                req.extensions().get::<Lease>().is_none(),
-                "one extension only"
-            );
+            let lease = req.extensions().get::<Lease>();
+            assert!(lease.is_none(), "one extension only");
             assert!(!status.is_lost());
             assert_eq!(status.lease().key(), "tower-redlock::j");
             assert!(status.lease().fencing_token().is_some());
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-        }))
-        .oneshot(keyed("j"))
-        .await
-        .unwrap();
+        }));
+    let response = svc.oneshot(keyed("j")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
 }

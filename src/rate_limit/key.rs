@@ -13,21 +13,18 @@ use crate::key::{
     validate_value,
 };
 
-/// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` in the request extensions
-/// (serve with `into_make_service_with_connect_info::<SocketAddr>()`), or else from a
-/// plain `SocketAddr` extension (for other servers). The scope is `"ip"`. IPv4-mapped
-/// IPv6 addresses count as their IPv4 address.
+/// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), else from a plain `SocketAddr`
+/// extension. The scope is `"ip"`; IPv4-mapped IPv6 addresses count as IPv4.
 ///
-/// This is the TCP peer: behind a reverse proxy or load balancer every request has the
-/// proxy's address, and all clients share one limit. Do **not** key on `X-Forwarded-For`
-/// or `Forwarded` as sent: any client can write any address there and get a fresh limit
-/// per request. If a proxy you trust overwrites or appends to it, write an
-/// [`FnKey`](crate::key::FnKey) that takes the entry that proxy added (the right-most
-/// one for a single proxy that appends). An IPv6 client usually controls a whole /64, so
-/// a limit per address is easy to spread; group addresses in an `FnKey` if that matters.
+/// This is the TCP peer: behind a proxy every client shares the proxy's limit. Do **not**
+/// key on `X-Forwarded-For` or `Forwarded` as sent (any client can write any address);
+/// behind a proxy you trust, write an [`FnKey`](crate::key::FnKey) that takes the entry it
+/// added (the right-most for a single appending proxy). An IPv6 client usually controls a
+/// whole /64: group addresses in an `FnKey` if that matters.
 ///
-/// A request without a peer address means the server was not set up to record peers: the
-/// layer answers **500** and logs the fix once ([`NoKey::Misconfigured`]).
+/// Without a peer address the layer answers **500** and logs the fix once
+/// ([`NoKey::Misconfigured`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIpKey;
 
@@ -68,18 +65,13 @@ impl KeyExtractor for PeerIpKey {
     }
 }
 
-/// A header's value when the request has the header (a client id or API key), else the
-/// peer IP ([`PeerIpKey`]).
+/// A header's value (a client id or API key) when present, else the peer IP ([`PeerIpKey`]).
 ///
-/// The scope is `"client"`, and the two kinds of value are kept apart: the key is
-/// `client:id:{header value}` or `client:ip:{address}`, so a client cannot spend someone
-/// else's IP budget by sending their address as its id. The header value may be a bare
-/// token or an RFC 8941 string, as for [`HeaderKey`], and at most
-/// [`MAX_KEY_LEN`]` - 3` bytes.
-///
-/// A header can be sent by anyone: unless it is checked (an API key your auth layer
-/// verified before this one runs), a client that changes it per request gets a fresh
-/// limit each time. The IP fallback is only as good as [`PeerIpKey`].
+/// The key is `client:id:{header value}` or `client:ip:{address}`, so a client cannot
+/// spend another's IP budget by sending that address as its id. The header value may be a
+/// bare token or an RFC 8941 string, as for [`HeaderKey`], of at most
+/// [`MAX_KEY_LEN`]` - 3` bytes. Unless the header is checked (an API key verified by an
+/// earlier layer), a client that changes it per request gets a fresh limit each time.
 #[derive(Debug, Clone)]
 pub struct HeaderOrPeerIp {
     header: HeaderKey,
@@ -99,7 +91,6 @@ impl HeaderOrPeerIp {
     }
 }
 
-/// Without a peer address, the server was not set up to record peers.
 fn no_peer_address() -> NoKey {
     NoKey::Misconfigured(Misconfiguration::new(
         "no peer address in the request extensions: serve with \
@@ -121,12 +112,10 @@ fn check_id(value: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// Appends `ip` as its `Display` writes it; an IPv4 address without the formatting
-/// machinery (it runs on every request of a layer keyed on the peer).
+/// Appends `ip` as `Display` does; IPv4 without the formatting machinery (per request).
 fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            // `255.255.255.255` at the longest, written in place and appended at once.
             let mut text = [0u8; 15];
             let mut len = 0;
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -150,7 +139,6 @@ fn push_ip(out: &mut String, ip: IpAddr) {
         }
         IpAddr::V6(v6) => {
             use std::fmt::Write;
-            // Writing to a `String` cannot fail.
             let _ = write!(out, "{v6}");
         }
     }
@@ -215,69 +203,64 @@ mod tests {
         Some(SocketAddr::new(ip.parse().unwrap(), 40000))
     }
 
+    /// The extracted value, unwrapped from its `Ok`.
+    fn value(key: &impl KeyExtractor, mut parts: Parts) -> Option<String> {
+        key.extract(&mut parts).unwrap().map(Cow::into_owned)
+    }
+
+    /// Whether a value was written, and what.
+    fn written(key: &impl KeyExtractor, mut parts: Parts) -> (bool, String) {
+        let mut out = String::new();
+        (key.write_value(&mut parts, &mut out).unwrap(), out)
+    }
+
+    fn client_id() -> HeaderOrPeerIp {
+        HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"))
+    }
+
     #[test]
     fn peer_ip_reads_connect_info_and_canonicalizes() {
+        let ip = |peer| value(&PeerIpKey, parts(None, peer));
+        assert_eq!(ip(peer("203.0.113.7")).as_deref(), Some("203.0.113.7"));
         assert_eq!(
-            PeerIpKey
-                .extract(&mut parts(None, peer("203.0.113.7")))
-                .unwrap()
-                .as_deref(),
+            ip(peer("::ffff:203.0.113.7")).as_deref(),
             Some("203.0.113.7")
         );
-        assert_eq!(
-            PeerIpKey
-                .extract(&mut parts(None, peer("::ffff:203.0.113.7")))
-                .unwrap()
-                .as_deref(),
-            Some("203.0.113.7")
-        );
-        assert_eq!(PeerIpKey.extract(&mut parts(None, None)).unwrap(), None);
+        assert_eq!(ip(None), None);
     }
 
     #[test]
     fn peer_ip_reads_a_plain_socket_addr() {
         let mut p = parts(None, None);
         p.extensions.insert(SocketAddr::from(([192, 0, 2, 1], 1)));
-        assert_eq!(
-            PeerIpKey.extract(&mut p).unwrap().as_deref(),
-            Some("192.0.2.1")
-        );
+        assert_eq!(value(&PeerIpKey, p).as_deref(), Some("192.0.2.1"));
     }
 
     #[test]
     fn header_or_peer_ip_prefers_the_header_and_tags_values() {
-        let key = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
-        let with_header = &mut parts(Some("abc"), peer("203.0.113.7"));
-        assert_eq!(key.extract(with_header).unwrap().as_deref(), Some("id:abc"));
-        let without = &mut parts(None, peer("203.0.113.7"));
-        assert_eq!(
-            key.extract(without).unwrap().as_deref(),
-            Some("ip:203.0.113.7")
-        );
+        let key = client_id();
+        let v = |header, ip| value(&key, parts(header, peer(ip)));
+        assert_eq!(v(Some("abc"), "203.0.113.7").as_deref(), Some("id:abc"));
+        assert_eq!(v(None, "203.0.113.7").as_deref(), Some("ip:203.0.113.7"));
         // An id that looks like an address does not share the address's budget.
-        let spoof = &mut parts(Some("203.0.113.7"), peer("198.51.100.1"));
-        assert_eq!(
-            key.extract(spoof).unwrap().as_deref(),
-            Some("id:203.0.113.7")
-        );
-        assert_eq!(key.extract(&mut parts(None, None)).unwrap(), None);
+        let spoof = v(Some("203.0.113.7"), "198.51.100.1");
+        assert_eq!(spoof.as_deref(), Some("id:203.0.113.7"));
+        assert_eq!(value(&key, parts(None, None)), None);
         let mut scope = String::new();
-        key.write_scope(without, &mut scope);
+        key.write_scope(&parts(None, peer("203.0.113.7")), &mut scope);
         assert_eq!(scope, "client");
     }
 
     #[test]
     fn written_values_are_the_extracted_ones() {
-        let header = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
+        let header = client_id();
         fn agree(key: &impl KeyExtractor, ip: &str) {
-            let mut written = String::new();
-            assert!(
-                key.write_value(&mut parts(None, peer(ip)), &mut written)
-                    .unwrap()
+            let extracted = value(key, parts(None, peer(ip))).unwrap();
+            assert_eq!(
+                written(key, parts(None, peer(ip))),
+                (true, extracted),
+                "{ip}"
             );
-            let mut request = parts(None, peer(ip));
-            let extracted = key.extract(&mut request).unwrap().unwrap();
-            assert_eq!(written, extracted, "{ip}");
         }
         for ip in [
             "203.0.113.7",
@@ -289,50 +272,35 @@ mod tests {
             agree(&PeerIpKey, ip);
             agree(&header, ip);
         }
-        let mut written = String::new();
-        assert!(
-            !PeerIpKey
-                .write_value(&mut parts(None, None), &mut written)
-                .unwrap()
+        assert_eq!(
+            written(&PeerIpKey, parts(None, None)),
+            (false, String::new())
         );
-        assert!(
-            header
-                .write_value(&mut parts(Some("a{b}"), None), &mut written)
-                .unwrap()
-        );
-        assert_eq!(written, "id:a%7Bb%7D");
+        let escaped = written(&header, parts(Some("a{b}"), None));
+        assert_eq!(escaped, (true, "id:a%7Bb%7D".to_owned()));
     }
 
     #[test]
     fn header_or_peer_ip_rejects_bad_headers_instead_of_falling_back() {
-        let key = HeaderOrPeerIp::new(HeaderName::from_static("x-client-id"));
-        assert_eq!(
-            key.extract(&mut parts(Some(""), peer("203.0.113.7"))),
-            Err(KeyError::Empty)
-        );
-        let long = "a".repeat(MAX_KEY_LEN - 2);
-        assert_eq!(
-            key.extract(&mut parts(Some(&long), peer("203.0.113.7"))),
-            Err(KeyError::TooLong {
-                len: MAX_KEY_LEN - 2,
-                max: MAX_KEY_LEN - 3
-            })
-        );
+        let key = client_id();
+        let extract = |header: &str| {
+            let mut parts = parts(Some(header), peer("203.0.113.7"));
+            key.extract(&mut parts).map(|v| v.map(Cow::into_owned))
+        };
+        assert_eq!(extract(""), Err(KeyError::Empty));
+        let too_long = KeyError::TooLong {
+            len: MAX_KEY_LEN - 2,
+            max: MAX_KEY_LEN - 3,
+        };
+        assert_eq!(extract(&"a".repeat(MAX_KEY_LEN - 2)), Err(too_long));
         let longest = "a".repeat(MAX_KEY_LEN - 3);
-        let mut longest_parts = parts(Some(&longest), None);
-        let value = key.extract(&mut longest_parts).unwrap().unwrap();
+        let value = value(&key, parts(Some(&longest), None)).unwrap();
         assert!(validate_value(&value).is_ok());
     }
 
     #[test]
     fn global_key_is_one_key() {
-        assert_eq!(
-            GlobalKey
-                .extract(&mut parts(None, None))
-                .unwrap()
-                .as_deref(),
-            Some("all")
-        );
+        assert_eq!(value(&GlobalKey, parts(None, None)).as_deref(), Some("all"));
         let mut scope = String::new();
         GlobalKey.write_scope(&parts(None, None), &mut scope);
         assert_eq!(scope, "global");

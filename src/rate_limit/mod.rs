@@ -8,8 +8,7 @@
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
 //! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step, by the
 //!    [`Quota`]'s algorithm: a [fixed window](#fixed-window) or [GCRA](#gcra);
-//! 3. runs the inner service with the [`Usage`] in the request extensions, or answers
-//!    itself.
+//! 3. runs the inner service with the [`Usage`] in its extensions, or answers itself.
 //!
 //! | situation | status | headers |
 //! | --- | --- | --- |
@@ -20,21 +19,19 @@
 //! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
 //! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
 //!
-//! Every answer of the layer's own has an `application/problem+json` body (RFC 9457). The
-//! service's error type stays the inner service's: no `HandleErrorLayer` is needed.
+//! The layer's own answers have an `application/problem+json` body (RFC 9457); the
+//! service's error type stays the inner service's (no `HandleErrorLayer` needed).
 //!
 //! # Failing open
 //!
 //! When the store cannot count (Redis down or slower than its timeout),
 //! [`RateLimitLayer::fail_open`]`(true)`, the default, runs the inner service uncounted
-//! (with `RateLimit-Policy` but no `RateLimit` header, and no [`Usage`] on the request);
-//! `false` answers **503 Service Unavailable** with `Retry-After: 1` and no internal
-//! details. Either way the request is counted (`tower_redlock_store_unavailable_total`)
-//! and a warning logged, at most once per 10 s for each kind of layer. A rate limit
-//! protects capacity; it does not make a request correct, as a lock does, and failing
-//! closed would turn an outage of the limit's Redis into an outage of every limited
-//! route. Choose `false` where the limit is a security control, such as login attempts
-//! or a paid quota.
+//! (`RateLimit-Policy` but no `RateLimit` header, no [`Usage`] on the request); `false`
+//! answers **503** with `Retry-After: 1`. Either way the request is counted
+//! (`tower_redlock_store_unavailable_total`) and a warning logged, at most once per 10 s
+//! per kind of layer. A rate limit protects capacity, not correctness: failing closed
+//! would turn an outage of its Redis into one of every limited route. Choose `false`
+//! where the limit is a security control, such as login attempts or a paid quota.
 //!
 //! # Headers
 //!
@@ -42,25 +39,22 @@
 //! (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>):
 //!
 //! - `RateLimit-Policy: "default";q=100;w=60`: the quota `q` per window of `w` seconds
-//!   (rounded up). Built once per layer.
+//!   (rounded up).
 //! - `RateLimit: "default";r=42;t=17`: `r` requests left in this window, `t` seconds until
-//!   it resets (rounded up, at least 1).
-//! - On 429, `Retry-After` (RFC 9110, section 10.2.3) is the same `t`: whole seconds,
-//!   rounded up, so a client that waits that long finds the window reset.
+//!   it resets (rounded up, at least 1). On 429, `Retry-After` (RFC 9110, section 10.2.3)
+//!   is the same `t`.
 //! - [`RateLimitLayer::legacy_headers`] adds `X-RateLimit-Limit`, `X-RateLimit-Remaining`
 //!   and `X-RateLimit-Reset` (seconds, a delay).
 //!
 //! # Fixed window
 //!
-//! [`Quota::new`]: a key's window starts with its first request and lasts the quota's
-//! window; requests over the limit are counted too and do not move it. On Redis, one Lua
-//! script `INCR`s the key, sets its expiry (`PEXPIRE`, the window in ms) on the first hit
-//! of the window only, and returns the count and the time left (`PTTL`), atomically: the
-//! Redis `INCR` documentation's "Pattern: Rate limiter"
-//! (<https://redis.io/docs/latest/commands/incr/>) without its race between `INCR` and
-//! `EXPIRE`. One round trip per request, and one small key per client. The price: a
-//! client can send `limit` requests at the end of one window and `limit` more at the
-//! start of the next, so bursts of up to twice the limit pass within a short time.
+//! [`Quota::new`]: a key's window starts with its first request; requests over the limit
+//! are counted too and do not move it. On Redis, one Lua script `INCR`s the key, sets its
+//! expiry (`PEXPIRE`) on the window's first hit only, and returns the count and `PTTL`,
+//! atomically: the "Pattern: Rate limiter" of <https://redis.io/docs/latest/commands/incr/>
+//! without its race between `INCR` and `EXPIRE`. One round trip per request, one small key
+//! per client. The price: `limit` requests at the end of one window and `limit` more at
+//! the start of the next pass within a short time.
 //!
 //! # GCRA
 //!
@@ -68,11 +62,10 @@
 //! as in redis-cell and tower_governor). Each key holds its theoretical arrival time; on
 //! Redis one script reads the server's clock (`TIME`), so replicas with skewed clocks
 //! share one limit, and writes the key only when the request is allowed. In any interval
-//! of length `t`, at most `burst + t × limit / window` requests pass. tower_governor runs
-//! the same algorithm in one process's memory, so N replicas allow N times its limit;
-//! here every replica on the same Redis shares it. The in-process store
-//! ([`MemoryRateLimiter`]) is the per-process form, at about tower_governor's cost per
-//! request (BENCHMARKS.md has the figures).
+//! of length `t`, at most `burst + t × limit / window` requests pass. Unlike
+//! tower_governor (one process's memory: N replicas allow N times its limit), every
+//! replica on the same Redis shares the limit; [`MemoryRateLimiter`] is the per-process
+//! form.
 //!
 //! # Example
 //!

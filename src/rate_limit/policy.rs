@@ -16,14 +16,13 @@ use crate::backend::rate_limit::{RateLimitError, RateLimiter};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
 };
-use crate::observe::{self, RateLimitResult};
+use crate::observe::RateLimitResult;
 use crate::problem::retry_after_secs;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
-/// `RateLimit-Policy` (IETF draft "RateLimit header fields for HTTP").
+// The IETF draft "RateLimit header fields for HTTP", and the legacy headers.
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (IETF draft "RateLimit header fields for HTTP").
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -49,8 +48,7 @@ impl fmt::Debug for RateLimitPolicy {
 }
 
 impl RateLimitPolicy {
-    /// The defaults: the process-wide in-process store, fail open, policy name
-    /// `"default"`, no legacy headers.
+    /// The defaults: the process-wide store, fail open, policy `"default"`, no legacy headers.
     pub(crate) fn new(quota: Quota) -> Self {
         Self {
             limiter: RateLimiter::default(),
@@ -63,45 +61,35 @@ impl RateLimitPolicy {
     }
 
     fn verdict(&self, counted: Result<Usage, RateLimitError>) -> Verdict<RatePermit> {
-        observe::rate_limit_request(match &counted {
+        match &counted {
             Ok(usage) if usage.is_exceeded() => RateLimitResult::Limited,
             Ok(_) => RateLimitResult::Allowed,
             Err(RateLimitError::InvalidKey(_)) => RateLimitResult::Invalid,
             Err(RateLimitError::Unavailable(_) | RateLimitError::StoreFull { .. }) => {
                 RateLimitResult::Unavailable
             }
-        });
-        let usage = match counted {
-            Ok(usage) if usage.is_exceeded() => {
-                return Verdict::answer(self.headers.too_many(&usage));
-            }
-            Ok(usage) => Some(usage),
-            Err(RateLimitError::InvalidKey(e)) => {
-                return Verdict::answer(
-                    Rejection::new(
-                        RejectedBy::RateLimit,
-                        RejectionKind::InvalidKey,
-                        format!("Invalid rate limit key: {e}."),
-                    )
-                    .into(),
-                );
-            }
-            Err(e) => {
-                // Failing open, the request runs uncounted, with the policy header.
-                return Verdict::unavailable(
-                    Box::new(e),
-                    self.headers.unavailable(),
-                    Some(RatePermit {
-                        headers: self.headers.clone(),
-                        usage: None,
-                    }),
-                );
-            }
-        };
-        Verdict::Admit(RatePermit {
+        }
+        .count();
+        let permit = |usage| RatePermit {
             headers: self.headers.clone(),
             usage,
-        })
+        };
+        match counted {
+            Ok(usage) if usage.is_exceeded() => Verdict::answer(self.headers.too_many(&usage)),
+            Ok(usage) => Verdict::Admit(permit(Some(usage))),
+            Err(RateLimitError::InvalidKey(e)) => Verdict::answer(
+                Rejection::new(
+                    RejectedBy::RateLimit,
+                    RejectionKind::InvalidKey,
+                    format!("Invalid rate limit key: {e}."),
+                )
+                .into(),
+            ),
+            // Failing open, the request runs uncounted, with the policy header.
+            Err(e) => {
+                Verdict::unavailable(Box::new(e), self.headers.unavailable(), Some(permit(None)))
+            }
+        }
     }
 }
 
@@ -120,7 +108,7 @@ impl Policy for RateLimitPolicy {
     }
 
     fn bad_key(&self, _missing: bool) {
-        observe::rate_limit_request(RateLimitResult::Invalid);
+        RateLimitResult::Invalid.count();
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {
@@ -137,8 +125,8 @@ impl Policy for RateLimitPolicy {
     }
 }
 
-/// A counted request (or an uncounted one, when the store failed open): its usage goes on
-/// the request, its headers on the response.
+/// A counted request (uncounted when failing open): its usage goes on the request, its
+/// headers on the response.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct RatePermit {
@@ -164,7 +152,6 @@ impl Permit for RatePermit {
         }
     }
 
-    /// Never lost, so never stopping the work.
     fn abort_on_loss(&self) -> bool {
         false
     }
@@ -193,9 +180,8 @@ impl Permit for RatePermit {
 pub(crate) struct Headers {
     pub(crate) quota: Quota,
     pub(crate) legacy: bool,
-    /// The policy name, as given.
     pub(crate) name: String,
-    /// The policy name as an RFC 8941 string, quotes included: `"default"`.
+    /// The name as an RFC 8941 string, quotes included: `"default"`.
     name_item: Arc<str>,
     /// `"default";q=100;w=60`.
     pub(crate) policy_value: HeaderValue,
@@ -205,9 +191,7 @@ pub(crate) struct Headers {
 }
 
 impl Headers {
-    /// # Panics
-    ///
-    /// When `name` is not printable ASCII; the layer's builder checks it first.
+    /// Panics when `name` is not printable ASCII (the layer's builder checks it first).
     pub(crate) fn new(quota: Quota, name: &str, legacy: bool) -> Self {
         let name_item = sf_string(name);
         let (q, w) = quota.policy();
@@ -220,18 +204,15 @@ impl Headers {
                 .expect("the policy name is printable ASCII, checked by policy_name"),
             limit_value: HeaderValue::from(q),
             name_item: Arc::from(name_item),
-            exceeded_detail: match quota.burst() {
-                None => format!(
-                    "Too many requests: at most {} per {}; retry after the Retry-After delay.",
-                    quota.limit(),
-                    describe_window(quota.window())
-                ),
-                Some(burst) => format!(
-                    "Too many requests: at most {} per {}, in bursts of up to {burst}; retry after the Retry-After delay.",
-                    quota.limit(),
-                    describe_window(quota.window())
-                ),
-            },
+            exceeded_detail: format!(
+                "Too many requests: at most {} per {}{}; retry after the Retry-After delay.",
+                quota.limit(),
+                describe_window(quota.window()),
+                match quota.burst() {
+                    Some(burst) => format!(", in bursts of up to {burst}"),
+                    None => String::new(),
+                }
+            ),
         }
     }
 
@@ -244,9 +225,8 @@ impl Headers {
         };
         let remaining = usage.remaining();
         let reset = retry_after_secs(usage.reset_after());
-        // `"name";r=42;t=17`, written without the formatting machinery: it runs on every
-        // counted request. The buffer is exactly as long as the value, so that it becomes
-        // the header's bytes without another allocation.
+        // `"name";r=42;t=17`, without the formatting machinery (per request), in a buffer
+        // exactly as long as the value, which becomes the header's bytes.
         let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
         let (r, t) = (r.format(remaining), t.format(reset));
         let mut value = Vec::with_capacity(self.name_item.len() + 6 + r.len() + t.len());
@@ -325,6 +305,12 @@ mod tests {
         Headers::new(quota.parse().unwrap(), "default", false)
     }
 
+    fn decorated(headers: &Headers, usage: Option<Usage>) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        headers.decorate(&mut map, usage.as_ref());
+        map
+    }
+
     #[test]
     fn policy_header_is_precomputed_with_window_in_seconds_rounded_up() {
         assert_eq!(headers("100/60").policy_value, "\"default\";q=100;w=60");
@@ -334,21 +320,18 @@ mod tests {
     #[test]
     fn ratelimit_header_counts_down_and_rounds_reset_up() {
         let c = headers("3/2");
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(1, 3, 1200)));
+        let map = decorated(&c, Some(usage(1, 3, 1200)));
         assert_eq!(map[&RATELIMIT], "\"default\";r=2;t=2");
         assert_eq!(map[&RATELIMIT_POLICY], "\"default\";q=3;w=2");
         assert!(!map.contains_key(&X_RATELIMIT_LIMIT));
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(7, 3, 1)));
+        let map = decorated(&c, Some(usage(7, 3, 1)));
         assert_eq!(map[&RATELIMIT], "\"default\";r=0;t=1");
     }
 
     #[test]
     fn legacy_headers_when_enabled() {
         let c = Headers::new("10/60".parse().unwrap(), "default", true);
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, Some(&usage(4, 10, 30_001)));
+        let map = decorated(&c, Some(usage(4, 10, 30_001)));
         assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
         assert_eq!(map[&X_RATELIMIT_REMAINING], "6");
         assert_eq!(map[&X_RATELIMIT_RESET], "31");
@@ -356,9 +339,7 @@ mod tests {
 
     #[test]
     fn no_count_means_policy_only() {
-        let c = headers("3/2");
-        let mut map = HeaderMap::new();
-        c.decorate(&mut map, None);
+        let map = decorated(&headers("3/2"), None);
         assert!(map.contains_key(&RATELIMIT_POLICY));
         assert!(!map.contains_key(&RATELIMIT));
     }
@@ -370,9 +351,7 @@ mod tests {
         assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=3");
-        assert_eq!(
-            r.headers()[http::header::CONTENT_TYPE],
-            crate::problem::PROBLEM_JSON
-        );
+        let content_type = &r.headers()[http::header::CONTENT_TYPE];
+        assert_eq!(content_type, crate::problem::PROBLEM_JSON);
     }
 }

@@ -2,43 +2,40 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 use super::policy::{RATELIMIT, RATELIMIT_POLICY};
+use crate::key::HeaderKey;
 use crate::rate_limit::{MemoryRateLimiter, Quota, RateLimitLayer, Usage};
 
 type Body = Bytes;
+type Svc = BoxCloneService<http::Request<()>, http::Response<Body>, Infallible>;
 
 /// The layer around a handler that answers with the count it saw; the response body is
 /// collected, so that tests read it as bytes.
-fn svc<K: crate::key::KeyExtractor>(
-    layer: RateLimitLayer<K>,
-) -> impl tower::Service<http::Request<()>, Response = http::Response<Body>, Error = Infallible> + Clone
-{
+fn svc<K: crate::key::KeyExtractor>(layer: RateLimitLayer<K>) -> Svc {
     let layered = ServiceBuilder::new().layer(layer).service(service_fn(
         |req: http::Request<()>| async move {
-            let seen = req
-                .extensions()
-                .get::<Usage>()
-                .map(|u| u.count().to_string());
-            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
-                seen.unwrap_or_else(|| "uncounted".into()),
-            ))))
+            let usage = req.extensions().get::<Usage>();
+            let seen = usage.map_or_else(|| "uncounted".into(), |u| u.count().to_string());
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(seen))))
         },
     ));
-    service_fn(move |req| {
+    BoxCloneService::new(service_fn(move |req| {
         let layered = layered.clone();
         async move {
             let (head, body) = layered.oneshot(req).await?.into_parts();
             let body = body.collect().await.expect("a body").to_bytes();
             Ok::<_, Infallible>(http::Response::from_parts(head, body))
         }
-    })
+    }))
 }
 
 fn request(client: Option<&str>) -> http::Request<()> {
@@ -46,63 +43,59 @@ fn request(client: Option<&str>) -> http::Request<()> {
     if let Some(client) = client {
         builder = builder.header("x-client-id", client);
     }
-    let mut req = builder.body(()).unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from((
-            [203, 0, 113, 7],
-            5555,
-        ))));
-    req
+    let peer = SocketAddr::from(([203, 0, 113, 7], 5555));
+    builder
+        .extension(axum::extract::ConnectInfo(peer))
+        .body(())
+        .unwrap()
 }
 
 fn quota(text: &str) -> Quota {
     text.parse().unwrap()
 }
 
+/// A layer keyed on `x-client-id`, at `quota` on `limiter`.
+fn by_client(quota_text: &str, limiter: &MemoryRateLimiter) -> RateLimitLayer<HeaderKey> {
+    RateLimitLayer::by_header("x-client-id", quota(quota_text)).backend(limiter.clone())
+}
+
+/// Sends a request from `client` through a clone of `svc`.
+async fn send(svc: &Svc, client: Option<&str>) -> http::Response<Body> {
+    svc.clone().oneshot(request(client)).await.unwrap()
+}
+
 #[tokio::test]
 async fn passes_limit_then_answers_429_with_headers() {
-    let layer =
-        RateLimitLayer::by_header("x-client-id", quota("2/60")).backend(MemoryRateLimiter::new());
-    let svc = svc(layer);
+    let svc = svc(by_client("2/60", &MemoryRateLimiter::new()));
     for (count, remaining) in [(1, 1), (2, 0)] {
-        let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+        let r = send(&svc, Some("a")).await;
         assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(
-            r.body(),
-            count.to_string().as_bytes(),
-            "the handler sees the Usage"
-        );
-        assert_eq!(
-            r.headers()[&RATELIMIT],
-            format!("\"default\";r={remaining};t=60")
-        );
+        let (count, ratelimit) = (count.to_string(), format!("\"default\";r={remaining};t=60"));
+        assert_eq!(r.body(), count.as_bytes(), "the handler sees the Usage");
+        assert_eq!(r.headers()[&RATELIMIT], ratelimit);
         assert_eq!(r.headers()[&RATELIMIT_POLICY], "\"default\";q=2;w=60");
     }
-    let r = svc.clone().oneshot(request(Some("a"))).await.unwrap();
+    let r = send(&svc, Some("a")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
     assert_eq!(r.headers()[RETRY_AFTER], "60");
     assert_eq!(r.headers()[&RATELIMIT], "\"default\";r=0;t=60");
     // Another key has its own count.
-    let r = svc.clone().oneshot(request(Some("b"))).await.unwrap();
+    let r = send(&svc, Some("b")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn missing_key_is_400_when_required_and_passes_when_optional() {
     let limiter = MemoryRateLimiter::new();
-    let required =
-        svc(RateLimitLayer::by_header("x-client-id", quota("1/60")).backend(limiter.clone()));
-    let r = required.oneshot(request(None)).await.unwrap();
+    let r = send(&svc(by_client("1/60", &limiter)), None).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
     assert!(!r.headers().contains_key(&RATELIMIT_POLICY));
 
-    let optional = svc(RateLimitLayer::by_header("x-client-id", quota("1/60"))
-        .backend(limiter)
-        .optional(true));
+    let optional = svc(by_client("1/60", &limiter).optional(true));
     for _ in 0..3 {
-        let r = optional.clone().oneshot(request(None)).await.unwrap();
+        let r = send(&optional, None).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.body(), "uncounted".as_bytes());
         assert!(!r.headers().contains_key(&RATELIMIT));
@@ -111,12 +104,9 @@ async fn missing_key_is_400_when_required_and_passes_when_optional() {
 
 #[tokio::test]
 async fn invalid_key_is_400_even_when_optional() {
-    let layer = RateLimitLayer::by_header("x-client-id", quota("1/60"))
-        .backend(MemoryRateLimiter::new())
-        .optional(true);
-    let svc = svc(layer);
+    let svc = svc(by_client("1/60", &MemoryRateLimiter::new()).optional(true));
     for bad in ["\"unterminated", &"k".repeat(crate::key::MAX_KEY_LEN + 1)] {
-        let r = svc.clone().oneshot(request(Some(bad))).await.unwrap();
+        let r = send(&svc, Some(bad)).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 }
@@ -127,47 +117,27 @@ async fn header_or_peer_ip_counts_ids_and_addresses_apart() {
         .backend(MemoryRateLimiter::new());
     let svc = svc(layer);
     let ok = |r: http::Response<Body>| r.status() == StatusCode::OK;
-    assert!(ok(svc.clone().oneshot(request(None)).await.unwrap()));
-    assert!(
-        !ok(svc.clone().oneshot(request(None)).await.unwrap()),
-        "same IP, second hit"
-    );
-    assert!(
-        ok(svc
-            .clone()
-            .oneshot(request(Some("203.0.113.7")))
-            .await
-            .unwrap()),
-        "an id is not an address"
-    );
-    assert!(ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
-    assert!(!ok(svc.clone().oneshot(request(Some("c"))).await.unwrap()));
+    assert!(ok(send(&svc, None).await));
+    assert!(!ok(send(&svc, None).await), "same IP, second hit");
+    let id = send(&svc, Some("203.0.113.7")).await;
+    assert!(ok(id), "an id is not an address");
+    assert!(ok(send(&svc, Some("c")).await));
+    assert!(!ok(send(&svc, Some("c")).await));
 }
 
 #[tokio::test]
 async fn scope_separates_layers_and_shared_scope_shares_counts() {
     let limiter = MemoryRateLimiter::new();
-    let a = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter.clone())
-        .scope("a"));
-    let b = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter.clone())
-        .scope("b"));
-    let a2 = svc(RateLimitLayer::global(quota("1/60"))
-        .backend(limiter)
-        .scope("a"));
-    assert_eq!(
-        a.oneshot(request(None)).await.unwrap().status(),
-        StatusCode::OK
+    let global = || RateLimitLayer::global(quota("1/60")).backend(limiter.clone());
+    let (a, b, a2) = (
+        global().scope("a"),
+        global().scope("b"),
+        global().scope("a"),
     );
-    assert_eq!(
-        b.oneshot(request(None)).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        a2.oneshot(request(None)).await.unwrap().status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(send(&svc(a), None).await.status(), StatusCode::OK);
+    assert_eq!(send(&svc(b), None).await.status(), StatusCode::OK);
+    let limited = send(&svc(a2), None).await.status();
+    assert_eq!(limited, StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
@@ -183,12 +153,9 @@ async fn the_readied_service_is_the_one_called() {
         type Response = http::Response<Full<Body>>;
         type Error = Infallible;
         type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-        fn poll_ready(
-            &mut self,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Infallible>> {
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
             self.0 = true;
-            std::task::Poll::Ready(Ok(()))
+            Poll::Ready(Ok(()))
         }
         fn call(&mut self, _: http::Request<()>) -> Self::Future {
             assert!(self.0, "called without poll_ready");
