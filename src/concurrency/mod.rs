@@ -11,7 +11,7 @@
 //!    the expired, count, add ours under the limit), as Redisson's
 //!    `RPermitExpirableSemaphore`; in process, a count under a short mutex;
 //! 3. runs the inner service, renewing a Redis permit (every TTL/3 by default, see
-//!    [`Renewal`]);
+//!    [`Renewal`](crate::Renewal));
 //! 4. releases the permit when the response body has ended or the inner service failed
 //!    (one `ZREM` on Redis), and in the background when the future or body is dropped. A
 //!    replica that dies frees its permits as they expire
@@ -92,14 +92,5 @@ pub use crate::backend::concurrency::{
     DEFAULT_CONCURRENCY_PREFIX, DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_PERMIT_TTL,
     RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
 };
-pub use crate::backend::renewal::Renewal;
-pub use crate::key::GlobalKey;
-use crate::keyed;
 pub use layer::{ConcurrencyLimit, ConcurrencyLimitLayer};
 pub use policy::ConcurrencyPolicy;
-
-/// The response future of [`ConcurrencyLimit`].
-pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, ConcurrencyPolicy>;
-
-/// The response body of [`ConcurrencyLimit`].
-pub type ResponseBody<B> = keyed::ResponseBody<B, ConcurrencyPolicy>;

@@ -182,7 +182,6 @@ pub(crate) mod policy;
 #[cfg(test)]
 mod tests;
 
-use crate::keyed;
 pub use layer::{Lock, LockLayer};
 pub use policy::LockPolicy;
 
@@ -196,9 +195,3 @@ pub use crate::backend::request::{LockMode, LockRequest};
 pub use crate::backend::status::LeaseStatus;
 pub use crate::backend::watchdog::{OnLockLoss, Renewal};
 pub use crate::lease::{Lease, Token};
-
-/// The response future of [`Lock`].
-pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, LockPolicy>;
-
-/// The response body of [`Lock`]: the inner body, holding the lease until it ends.
-pub type ResponseBody<B> = keyed::ResponseBody<B, LockPolicy>;

@@ -7,7 +7,6 @@ use http::request::Parts;
 
 use std::borrow::Cow;
 
-pub use crate::key::GlobalKey;
 use crate::key::{
     HeaderKey, KeyError, KeyExtractor, MAX_KEY_LEN, Misconfiguration, NoKey, push_escaped,
     validate_value,
@@ -183,6 +182,7 @@ impl KeyExtractor for HeaderOrPeerIp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::GlobalKey;
 
     fn parts(header: Option<&str>, peer: Option<SocketAddr>) -> Parts {
         let mut builder = http::Request::builder().uri("/items/1/buy");

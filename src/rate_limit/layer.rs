@@ -4,10 +4,11 @@ use std::sync::Arc;
 #[cfg(doc)]
 use http::HeaderName;
 
-use super::key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
+use super::key::{HeaderOrPeerIp, PeerIpKey};
 use super::policy::{Headers, RateLimitPolicy};
 use crate::backend::rate_limit::RateLimiter;
 use crate::backend::rate_limit::quota::Quota;
+use crate::key::GlobalKey;
 use crate::key::{FnKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 

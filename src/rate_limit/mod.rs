@@ -105,13 +105,6 @@ pub use crate::backend::rate_limit::{
     DEFAULT_RATE_PREFIX, DEFAULT_RATE_TIMEOUT, RedisRateLimiter, RedisRateLimiterBuilder,
 };
 pub use crate::backend::rate_limit::{MemoryRateLimiter, RateLimitError, RateLimiter};
-use crate::keyed;
-pub use key::{GlobalKey, HeaderOrPeerIp, PeerIpKey};
+pub use key::{HeaderOrPeerIp, PeerIpKey};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use policy::RateLimitPolicy;
-
-/// The response future of [`RateLimit`].
-pub type ResponseFuture<S, ReqB> = keyed::ResponseFuture<S, ReqB, RateLimitPolicy>;
-
-/// The response body of [`RateLimit`].
-pub type ResponseBody<B> = keyed::ResponseBody<B, RateLimitPolicy>;
