@@ -63,6 +63,10 @@ async fn a_burst_passes_then_the_next_waits_one_emission_on_redis() {
 /// Requests as fast as the limiter answers, from `limiters` in turn, for `run`: in every
 /// interval between two allowed requests, at most `burst + t / emission` pass (one more
 /// for the clock readings around each call), and the steady rate is reached.
+///
+/// The rate is reached only while requests keep coming: a pause between two calls (the
+/// test descheduled on a loaded machine) longer than the burst's worth of emissions loses
+/// the allowance earned beyond the burst, and the lower bound leaves that out.
 async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
     let emission = Duration::from_millis(20);
     let burst = 5;
@@ -71,13 +75,20 @@ async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
     // For each allowed request: the time before it was sent and after it was answered.
     let mut allowed: Vec<(Instant, Instant)> = Vec::new();
     let mut calls = 0usize;
+    // Allowance lost to pauses between calls, in requests.
+    let mut lost = 0.0;
+    let mut answered = start;
     while start.elapsed() < run {
         let limiter = &limiters[calls % limiters.len()];
         calls += 1;
         let sent = Instant::now();
+        let pause = (sent - answered).as_secs_f64() / emission.as_secs_f64();
+        // Less than one request's allowance was left when the pause began.
+        lost += (pause + 1.0 - burst as f64).max(0.0);
         let usage = limiter.hit("steady", quota).await.unwrap();
+        answered = Instant::now();
         if !usage.is_exceeded() {
-            allowed.push((sent, Instant::now()));
+            allowed.push((sent, answered));
         }
     }
     let elapsed = start.elapsed();
@@ -97,10 +108,10 @@ async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
             );
         }
     }
-    let expected = burst as f64 + elapsed.as_secs_f64() / emission.as_secs_f64();
+    let expected = burst as f64 + elapsed.as_secs_f64() / emission.as_secs_f64() - lost;
     assert!(
         allowed.len() as f64 >= expected - 3.0,
-        "{} allowed in {elapsed:?}, the rate allows {expected}",
+        "{} allowed in {elapsed:?}, the rate allows {expected} ({lost:.1} lost to pauses)",
         allowed.len()
     );
 }
