@@ -27,11 +27,9 @@ pub(crate) use conn::Conn;
 ///   service, found by asking the sentinels.
 ///
 /// Whatever the topology, the node's connection is replaced after any failure (see
-/// [`RedlockBuilder::node_timeout`] for the bounds), and the new one is made the same way:
-/// a cluster's slot map is read again from its seed nodes, a Sentinel service's primary is
-/// asked of its sentinels again. So after a failover, requests reach the new primary once
-/// the cluster or the sentinels have promoted it, plus at most about 100 ms and one
-/// connection.
+/// [`RedlockBuilder::node_timeout`]), made anew from the seed nodes or the sentinels: after
+/// a failover, requests reach the new primary about 100 ms and one connection after its
+/// promotion.
 ///
 /// An invalid URL is reported by the `build` of the builder that takes the node, as
 /// [`ConfigError::InvalidUrl`](crate::ConfigError::InvalidUrl).
@@ -111,12 +109,7 @@ impl Node {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        use redis::IntoConnectionInfo;
-        let infos = urls
-            .into_iter()
-            .map(|url| url.as_ref().into_connection_info())
-            .collect::<Result<Vec<_>, _>>();
-        Self::of(infos.map(Topology::Cluster))
+        Self::of(infos(urls).map(Topology::Cluster))
     }
 
     /// One Redis Cluster, from a ready redis-rs cluster client, with its own settings
@@ -135,11 +128,8 @@ impl Node {
     /// first sentinel URL is `rediss://`; for other settings, use
     /// [`Node::sentinel_client`].
     ///
-    /// After a failover, the connection to the old primary fails (or answers
-    /// `READONLY` once it is demoted) and is replaced by one to the primary the
-    /// sentinels name then. Requests reach the new primary within the sentinels'
-    /// failover time (their `down-after-milliseconds` plus the election and promotion,
-    /// a few seconds at most when tuned) plus about 100 ms and one connection.
+    /// After a failover, the connection to the old primary fails (or answers `READONLY`)
+    /// and is replaced by one to the primary the sentinels name then.
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel<I>(sentinel_urls: I, service_name: impl Into<String>) -> Self
@@ -147,13 +137,8 @@ impl Node {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        use redis::IntoConnectionInfo;
-        let infos = sentinel_urls
-            .into_iter()
-            .map(|url| url.as_ref().into_connection_info())
-            .collect::<Result<Vec<_>, _>>();
         let service = service_name.into();
-        Self::of(infos.map(|sentinels| Topology::Sentinel { sentinels, service }))
+        Self::of(infos(sentinel_urls).map(|sentinels| Topology::Sentinel { sentinels, service }))
     }
 
     /// The primary of a Sentinel service, from a ready redis-rs Sentinel client (built
@@ -188,8 +173,7 @@ impl Node {
         }
     }
 
-    /// Makes the node's connector, whose connection attempts are bounded by
-    /// `connect_timeout`.
+    /// The node's connector, its connection attempts bounded by `connect_timeout`.
     pub(crate) fn connector(self, connect_timeout: Duration) -> Result<Connector, RedisError> {
         let kind = self.kind?;
         let label = kind.label();
@@ -214,9 +198,8 @@ impl Node {
             Topology::Cluster(infos) => {
                 let builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
                     .connection_timeout(connect_timeout)
-                    // Each command is bounded by its caller; a failed shard's connection
-                    // is retried quickly, and the whole connection replaced if it stays
-                    // failed (see `connection.rs`).
+                    // Commands are bounded by their callers; a shard that stays failed
+                    // has the whole connection replaced (see `connection.rs`).
                     .retries(2)
                     .min_retry_wait(10)
                     .max_retry_wait(100);
@@ -300,7 +283,10 @@ impl Topology {
         match self {
             Topology::Single(client) => client.get_connection_info().addr().to_string(),
             #[cfg(feature = "cluster-async")]
-            Topology::Cluster(infos) => list("cluster", infos.iter().map(|i| i.addr().to_string())),
+            Topology::Cluster(infos) => {
+                let addrs: Vec<_> = infos.iter().map(|i| i.addr().to_string()).collect();
+                format!("cluster [{}]", addrs.join(", "))
+            }
             #[cfg(feature = "cluster-async")]
             Topology::ClusterClient(_) => "cluster".to_owned(),
             #[cfg(feature = "sentinel")]
@@ -311,9 +297,17 @@ impl Topology {
     }
 }
 
-#[cfg(feature = "cluster-async")]
-fn list(what: &str, items: impl Iterator<Item = String>) -> String {
-    format!("{what} [{}]", items.collect::<Vec<_>>().join(", "))
+/// Parses seed or sentinel URLs.
+#[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+fn infos<I>(urls: I) -> Result<Vec<redis::ConnectionInfo>, RedisError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    use redis::IntoConnectionInfo;
+    urls.into_iter()
+        .map(|url| url.as_ref().into_connection_info())
+        .collect()
 }
 
 /// Makes connections (and subscriber connections) to one [`Node`].
@@ -355,11 +349,19 @@ impl fmt::Debug for Connector {
     }
 }
 
-fn timed_out(what: &str, after: Duration) -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("{what}: no connection within {after:?}"),
-    ))
+/// `connect` bounded by `timeout`; `what` names it in the error.
+async fn bounded<T>(
+    what: &str,
+    timeout: Duration,
+    connect: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    let result = tokio::time::timeout(timeout, connect).await;
+    result.unwrap_or_else(|_| {
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what}: no connection within {timeout:?}"),
+        )))
+    })
 }
 
 impl Connector {
@@ -387,14 +389,11 @@ impl Connector {
     ) -> BoxFuture<'static, Result<Conn, RedisError>> {
         match &self.target {
             Endpoint::Single(client) => {
-                let (client, config) = (client.clone(), config.clone());
-                let timeout = self.connect_timeout;
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
                 async move {
                     let connect = client.get_multiplexed_async_connection_with_config(&config);
-                    match tokio::time::timeout(timeout, connect).await {
-                        Ok(conn) => conn.map(Conn::Single),
-                        Err(_) => Err(timed_out("connection", timeout)),
-                    }
+                    Ok(Conn::Single(bounded("connection", timeout, connect).await?))
                 }
                 .boxed()
             }
@@ -402,17 +401,15 @@ impl Connector {
             Endpoint::Cluster { client, .. } => {
                 let (client, timeout) = (client.clone(), self.connect_timeout);
                 async move {
-                    match tokio::time::timeout(timeout, client.get_async_connection()).await {
-                        Ok(conn) => conn.map(Conn::Cluster),
-                        Err(_) => Err(timed_out("cluster", timeout)),
-                    }
+                    let connect = client.get_async_connection();
+                    Ok(Conn::Cluster(bounded("cluster", timeout, connect).await?))
                 }
                 .boxed()
             }
             #[cfg(feature = "sentinel")]
             Endpoint::Sentinel(client) => {
-                let (client, config) = (client.clone(), config.clone());
-                let timeout = self.connect_timeout;
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
                 async move {
                     let connect = async {
                         let primary = client.lock().await.async_get_client().await?;
@@ -420,18 +417,15 @@ impl Connector {
                             .get_multiplexed_async_connection_with_config(&config)
                             .await
                     };
-                    match tokio::time::timeout(timeout, connect).await {
-                        Ok(conn) => conn.map(Conn::Single),
-                        Err(_) => Err(timed_out("sentinel", timeout)),
-                    }
+                    Ok(Conn::Single(bounded("sentinel", timeout, connect).await?))
                 }
                 .boxed()
             }
         }
     }
 
-    /// A subscriber connection: to the server; on a cluster to the first seed node that
-    /// answers; through Sentinel to the current primary.
+    /// A subscriber connection: to the server, the first seed node that answers, or the
+    /// Sentinel service's current primary.
     #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         match &self.target {
@@ -442,15 +436,14 @@ impl Connector {
                     redis::ErrorKind::InvalidClientConfig,
                     "no seed node known for release notifications",
                 ));
-                // Each seed gets its share of the connect timeout, so that one that is down
-                // without a reset does not keep the others from being tried.
+                // Each seed gets its share of the connect timeout: a silent one does not
+                // keep the others from being tried.
                 let share = u32::try_from(seeds.len()).unwrap_or(u32::MAX).max(1);
                 let each = (self.connect_timeout / share).max(Duration::from_millis(50));
                 for seed in seeds {
-                    match tokio::time::timeout(each, seed.get_async_pubsub()).await {
-                        Ok(Ok(pubsub)) => return Ok(pubsub),
-                        Ok(Err(e)) => last = e,
-                        Err(_) => last = timed_out("subscriber", each),
+                    match bounded("subscriber", each, seed.get_async_pubsub()).await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = e,
                     }
                 }
                 Err(last)

@@ -120,6 +120,7 @@ pub(super) enum Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use QuorumVerdict::{Lost, NoQuorum};
 
     /// A tally of `won`, `against` and `failed` answers, `pending` nodes not heard from.
     fn tally(won: usize, against: usize, failed: usize, pending: usize) -> Tally {
@@ -142,81 +143,56 @@ mod tests {
         }
     }
 
+    /// Checks each `((won, against, failed, pending), quorum, expected)` under `rule`.
+    fn check(rule: Rule, cases: &[((usize, usize, usize, usize), usize, Option<QuorumVerdict>)]) {
+        for &((w, a, f, p), quorum, expected) in cases {
+            let got = tally(w, a, f, p).verdict(quorum, rule);
+            assert_eq!(got, expected, "{w}/{a}/{f}/{p}, quorum {quorum}, {rule:?}");
+        }
+    }
+
     #[test]
     fn taken_needs_a_quorum_of_answers() {
-        // 5 nodes, 3 killed: two "held" answers decide nothing.
-        assert_eq!(
-            tally(0, 2, 3, 0).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        // Two held and one failed, two to come: a quorum of OKs is out of reach, but
-        // whether a quorum answers is not known yet.
-        assert_eq!(tally(0, 2, 1, 2).verdict(3, Rule::Contest), None);
-        assert_eq!(
-            tally(0, 3, 1, 1).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        // 3 nodes, one hung: two held answers are a quorum of answers.
-        assert_eq!(
-            tally(0, 2, 0, 1).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        // One OK, one held, the third could still be an OK.
-        assert_eq!(tally(1, 1, 0, 1).verdict(2, Rule::Contest), None);
-        // A quorum answered, with the failed node's OK it still would not be a quorum.
-        assert_eq!(
-            tally(1, 2, 1, 0).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 1, 1, 0).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 0, 2, 0).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::NoQuorum)
+        check(
+            Rule::Contest,
+            &[
+                // 5 nodes, 3 killed: two "held" answers decide nothing.
+                ((0, 2, 3, 0), 3, Some(NoQuorum)),
+                // Two held, one failed, two to come: whether a quorum answers is unknown.
+                ((0, 2, 1, 2), 3, None),
+                ((0, 3, 1, 1), 3, Some(Lost)),
+                // 3 nodes, one hung: two held answers are a quorum of answers.
+                ((0, 2, 0, 1), 2, Some(Lost)),
+                // One OK, one held, the third could still be an OK.
+                ((1, 1, 0, 1), 2, None),
+                // A quorum answered; with the failed node's OK it still would not win.
+                ((1, 2, 1, 0), 3, Some(Lost)),
+                ((1, 1, 1, 0), 2, Some(Lost)),
+                ((1, 0, 2, 0), 2, Some(NoQuorum)),
+            ],
         );
     }
 
     #[test]
     fn expired_needs_n_minus_quorum_plus_one_answers_against() {
-        // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
-        assert_eq!(
-            tally(2, 2, 1, 0).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        assert_eq!(tally(2, 2, 0, 1).verdict(3, Rule::Proof), None);
-        // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
-        assert_eq!(
-            tally(0, 3, 0, 2).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 3, 1, 0).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(0, 2, 0, 1).verdict(2, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        // 3 nodes: gone on 1, one failed, one holds: no proof either way.
-        assert_eq!(
-            tally(1, 1, 1, 0).verdict(2, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        // 4 nodes, quorum 3: gone on 2 leaves at most 2.
-        assert_eq!(
-            tally(1, 2, 0, 1).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        // 1 node.
-        assert_eq!(
-            tally(0, 1, 0, 0).verdict(1, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(0, 0, 1, 0).verdict(1, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
+        check(
+            Rule::Proof,
+            &[
+                // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
+                ((2, 2, 1, 0), 3, Some(NoQuorum)),
+                ((2, 2, 0, 1), 3, None),
+                // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
+                ((0, 3, 0, 2), 3, Some(Lost)),
+                ((1, 3, 1, 0), 3, Some(Lost)),
+                ((0, 2, 0, 1), 2, Some(Lost)),
+                // 3 nodes: gone on 1, one failed, one holds: no proof either way.
+                ((1, 1, 1, 0), 2, Some(NoQuorum)),
+                // 4 nodes, quorum 3: gone on 2 leaves at most 2.
+                ((1, 2, 0, 1), 3, Some(Lost)),
+                // 1 node.
+                ((0, 1, 0, 0), 1, Some(Lost)),
+                ((0, 0, 1, 0), 1, Some(NoQuorum)),
+            ],
         );
     }
 
