@@ -1,28 +1,18 @@
 //! One Redis node's connection, replaced after every kind of failure.
 //!
-//! redis-rs's `ConnectionManager` reconnects only after an I/O error (redis 1.x,
-//! `reconnect_if_io_error`): an attempt that fails another way (a port answering
-//! something that is not Redis, a refused handshake) stays stored, and every later command
-//! gets its error until the process restarts; no setting changes it. And a connection
-//! whose peer vanished without a reset never fails: its commands wait for ever.
+//! redis-rs's `ConnectionManager` reconnects only after an I/O error: an attempt that
+//! fails another way (a port answering something that is not Redis, a refused handshake)
+//! stays stored until the process restarts, and a connection whose peer vanished without
+//! a reset makes its commands wait for ever.
 //!
-//! [`Connection`] keeps redis-rs's multiplexed connection
-//! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
-//! - when a connection attempt fails, whatever the error;
-//! - when a command fails with anything but the server's reply (an I/O or parse error),
-//!   or with `READONLY` (the server became a replica: a primary demoted by a failover;
-//!   Redis 6 wraps it in `ERR Error running script` for a script's write);
-//! - when a command is given up by its caller (a timeout) with nothing answered on the
-//!   connection since it was sent, and then a `PING` probe gets no answer within
-//!   [`PROBE_TIMEOUT`] while nothing else is answered either.
+//! [`Connection`] keeps redis-rs's multiplexed connection and replaces it when an attempt
+//! fails; when a command fails with anything but the server's reply, or with `READONLY`
+//! (a demoted primary); and when a command given up by its caller with nothing answered
+//! since is followed by a `PING` probe that gets no answer within [`PROBE_TIMEOUT`].
 //!
-//! A new attempt starts at most once per [`RETRY_INTERVAL`] (a failure sooner after the
-//! last attempt replaces the connection once the interval is over); in between, commands
-//! get the last attempt's error at once. While attempts fail (the node is down), new ones
-//! start in the background, the pause between them doubling from [`RETRY_INTERVAL`] to
-//! [`RECONNECT_MAX_PAUSE`], so that a node that serves again is connected within that
-//! pause plus one connection, before any command has to notice. Replaced connections
-//! close when their last command ends.
+//! Attempts start at most once per [`RETRY_INTERVAL`] (commands get the last attempt's
+//! error meanwhile); while they fail, new ones start in the background, pauses doubling up
+//! to [`RECONNECT_MAX_PAUSE`]. Replaced connections close when their last command ends.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

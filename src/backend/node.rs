@@ -19,12 +19,9 @@ pub(crate) use conn::Conn;
 ///
 /// - [`Node::url`], [`Node::client`]: one Redis server (`redis://`, or `rediss://` with
 ///   the `tls` feature), as [`Redlock::builder`] takes.
-/// - [`Node::cluster`] (feature `cluster-async`): one Redis Cluster, given by some of its
-///   nodes' URLs; keys are spread over its shards. Every script of this crate keeps its
-///   keys in one hash slot (the lock key and its `{<lock key>}:<role>` keys; one counter
-///   per rate-limit script), so each runs on the shard that owns it.
-/// - [`Node::sentinel`] (feature `sentinel`): the primary of a Sentinel-monitored
-///   service, found by asking the sentinels.
+/// - [`Node::cluster`] (feature `cluster-async`): one Redis Cluster; every script keeps
+///   its keys in one hash slot, so each runs on the shard that owns it.
+/// - [`Node::sentinel`] (feature `sentinel`): the primary of a Sentinel service.
 ///
 /// Whatever the topology, the node's connection is replaced after any failure (see
 /// [`RedlockBuilder::node_timeout`]), made anew from the seed nodes or the sentinels: after
@@ -46,9 +43,7 @@ pub struct Node {
     ack: Option<ReplicaAck>,
 }
 
-// Made once per node and consumed by the builder: the size of the variants does not
-// matter.
-#[allow(clippy::large_enum_variant)]
+#[allow(clippy::large_enum_variant)] // Made once per node.
 enum Topology {
     Single(Client),
     #[cfg(feature = "cluster-async")]
@@ -88,20 +83,14 @@ impl Node {
         Self::of(Ok(Topology::Single(client)))
     }
 
-    /// One Redis Cluster, given by the URLs of some of its nodes (seeds; any one that
-    /// answers is enough to find the others). Credentials and TLS come from the first
-    /// URL. Commands go to the primary that owns each key's slot, following `MOVED` and
-    /// `ASK` redirections; never to replicas.
+    /// One Redis Cluster, given by the URLs of some of its nodes (seeds; one that answers
+    /// is enough). Credentials and TLS come from the first URL. Commands go to the primary
+    /// that owns each key's slot; release notifications subscribe on the first seed that
+    /// answers.
     ///
-    /// As one Redlock node, a cluster is one vote, and it replicates asynchronously: a
-    /// primary that fails before its replica received a lock hands over a shard without
-    /// it, so another client may take the lock while the first holds it (the Redis docs'
-    /// "Distributed Locks with Redis", on replication). Use N independent clusters (or
-    /// servers) for Redlock's guarantee; one cluster as the only node is the
-    /// single-instance algorithm with that failover caveat.
-    ///
-    /// Release notifications for waiters subscribe on one seed node (a `PUBLISH` on a
-    /// cluster reaches every node's subscribers), trying the seeds in order.
+    /// A cluster is one Redlock vote, and replicates asynchronously: a primary that fails
+    /// before its replica got a lock hands over a shard without it (the Redis docs,
+    /// "Distributed Locks with Redis"). Use N independent clusters for Redlock's guarantee.
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster<I>(urls: I) -> Self
@@ -112,21 +101,19 @@ impl Node {
         Self::of(infos(urls).map(Topology::Cluster))
     }
 
-    /// One Redis Cluster, from a ready redis-rs cluster client, with its own settings
-    /// (timeouts, retries, TLS). Waiters of a Redlock over such a node are not notified
-    /// of releases (redis-rs does not tell its seed nodes): they re-try on their
-    /// fallback timer (the holder's remaining TTL, at most 1 s).
+    /// One Redis Cluster, from a ready redis-rs cluster client with its own settings.
+    /// Waiters are not notified of releases on it (its seed nodes are unknown): they
+    /// re-try on their fallback timer (the holder's remaining TTL, at most 1 s).
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster_client(client: redis::cluster::ClusterClient) -> Self {
         Self::of(Ok(Topology::ClusterClient(client)))
     }
 
-    /// The primary of the Sentinel service `service_name`, found by asking the sentinels
-    /// at `sentinel_urls` (`redis://host:26379`, credentials for the sentinels in the
-    /// URL). The primary is reached with database 0, no credentials, and TLS when the
-    /// first sentinel URL is `rediss://`; for other settings, use
-    /// [`Node::sentinel_client`].
+    /// The primary of the Sentinel service `service_name`, asked of the sentinels at
+    /// `sentinel_urls` (`redis://host:26379`, with the sentinels' credentials). The primary
+    /// is reached with database 0, no credentials, and TLS when the first URL is
+    /// `rediss://`; for other settings, use [`Node::sentinel_client`].
     ///
     /// After a failover, the connection to the old primary fails (or answers `READONLY`)
     /// and is replaced by one to the primary the sentinels name then.
@@ -149,14 +136,11 @@ impl Node {
         Self::of(Ok(Topology::SentinelClient(client)))
     }
 
-    /// Trust this root certificate (PEM) for the node's `rediss://` connections, instead
-    /// of the system's roots: for servers whose certificate a private CA signed. Applies
-    /// to [`Node::url`], [`Node::cluster`] and [`Node::sentinel`] (both to the sentinels
-    /// and to the primary); ready clients keep their own settings. Default: the system's
-    /// roots (rustls-native-certs).
-    ///
-    /// rustls uses its `ring` crypto provider; should the application also enable
-    /// another provider, install one as the process default before building.
+    /// Trust this root certificate (PEM) for the node's `rediss://` connections instead of
+    /// the system's roots (the default): for a private CA. Applies to [`Node::url`],
+    /// [`Node::cluster`] and [`Node::sentinel`]; ready clients keep their own settings.
+    /// rustls uses its `ring` provider; with another provider enabled too, install one as
+    /// the process default before building.
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -321,9 +305,7 @@ pub(crate) struct Connector {
     pub(crate) ack: Option<ReplicaAck>,
 }
 
-// Made once per node and cloned only into its connection and its subscriber: the size
-// of the variants does not matter.
-#[allow(clippy::large_enum_variant)]
+#[allow(clippy::large_enum_variant)] // Made once per node.
 #[derive(Clone)]
 enum Endpoint {
     Single(Client),
