@@ -48,15 +48,14 @@ enum Topology {
     Single(Client),
     #[cfg(feature = "cluster-async")]
     Cluster(Vec<redis::ConnectionInfo>),
-    #[cfg(feature = "cluster-async")]
-    ClusterClient(redis::cluster::ClusterClient),
     #[cfg(feature = "sentinel")]
     Sentinel {
         sentinels: Vec<redis::ConnectionInfo>,
         service: String,
     },
-    #[cfg(feature = "sentinel")]
-    SentinelClient(redis::sentinel::SentinelClient),
+    /// A ready cluster or Sentinel client, used as it is, and its label.
+    #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+    Ready(Endpoint, &'static str),
 }
 
 impl fmt::Debug for Node {
@@ -107,7 +106,11 @@ impl Node {
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster_client(client: redis::cluster::ClusterClient) -> Self {
-        Self::of(Ok(Topology::ClusterClient(client)))
+        let seeds = Vec::new();
+        Self::of(Ok(Topology::Ready(
+            Endpoint::Cluster { client, seeds },
+            "cluster",
+        )))
     }
 
     /// The primary of the Sentinel service `service_name`, asked of the sentinels at
@@ -133,7 +136,11 @@ impl Node {
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
-        Self::of(Ok(Topology::SentinelClient(client)))
+        let client = std::sync::Arc::new(tokio::sync::Mutex::new(client));
+        Self::of(Ok(Topology::Ready(
+            Endpoint::Sentinel(client),
+            "sentinel service",
+        )))
     }
 
     /// Trust this root certificate (PEM) for the node's `rediss://` connections instead of
@@ -162,18 +169,17 @@ impl Node {
         let kind = self.kind?;
         let label = kind.label();
         #[cfg(feature = "tls")]
-        let certs = |root: &Option<Vec<u8>>| redis::TlsCertificates {
+        let certs = self.root_ca.map(|root| redis::TlsCertificates {
             client_tls: None,
-            root_cert: root.clone(),
-        };
+            root_cert: Some(root),
+        });
         let target = match kind {
             Topology::Single(client) => {
                 #[cfg(feature = "tls")]
-                let client = match &self.root_ca {
-                    Some(_) => Client::build_with_tls(
-                        client.get_connection_info().clone(),
-                        certs(&self.root_ca),
-                    )?,
+                let client = match certs {
+                    Some(certs) => {
+                        Client::build_with_tls(client.get_connection_info().clone(), certs)?
+                    }
                     None => client,
                 };
                 Endpoint::Single(client)
@@ -188,16 +194,16 @@ impl Node {
                     .min_retry_wait(10)
                     .max_retry_wait(100);
                 #[cfg(feature = "tls")]
-                let builder = match &self.root_ca {
-                    Some(_) => builder.certs(certs(&self.root_ca)),
+                let builder = match &certs {
+                    Some(certs) => builder.certs(certs.clone()),
                     None => builder,
                 };
                 let seeds = infos
                     .into_iter()
                     .map(|info| {
                         #[cfg(feature = "tls")]
-                        if self.root_ca.is_some() {
-                            return Client::build_with_tls(info, certs(&self.root_ca));
+                        if let Some(certs) = &certs {
+                            return Client::build_with_tls(info, certs.clone());
                         }
                         Client::open(info)
                     })
@@ -207,11 +213,6 @@ impl Node {
                     seeds,
                 }
             }
-            #[cfg(feature = "cluster-async")]
-            Topology::ClusterClient(client) => Endpoint::Cluster {
-                client,
-                seeds: Vec::new(),
-            },
             #[cfg(feature = "sentinel")]
             Topology::Sentinel { sentinels, service } => {
                 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -238,19 +239,17 @@ impl Node {
                     }
                 }
                 #[cfg(feature = "tls")]
-                if self.root_ca.is_some() {
+                if let Some(certs) = certs {
                     builder = builder
-                        .set_client_to_redis_certificates(certs(&self.root_ca))
-                        .set_client_to_sentinel_certificates(certs(&self.root_ca));
+                        .set_client_to_redis_certificates(certs.clone())
+                        .set_client_to_sentinel_certificates(certs);
                 }
                 Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(
                     builder.build()?,
                 )))
             }
-            #[cfg(feature = "sentinel")]
-            Topology::SentinelClient(client) => {
-                Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client)))
-            }
+            #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+            Topology::Ready(endpoint, _) => endpoint,
         };
         Ok(Connector {
             target,
@@ -271,12 +270,10 @@ impl Topology {
                 let addrs: Vec<_> = infos.iter().map(|i| i.addr().to_string()).collect();
                 format!("cluster [{}]", addrs.join(", "))
             }
-            #[cfg(feature = "cluster-async")]
-            Topology::ClusterClient(_) => "cluster".to_owned(),
             #[cfg(feature = "sentinel")]
             Topology::Sentinel { service, .. } => format!("sentinel service {service}"),
-            #[cfg(feature = "sentinel")]
-            Topology::SentinelClient(_) => "sentinel service".to_owned(),
+            #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+            Topology::Ready(_, label) => (*label).to_owned(),
         }
     }
 }

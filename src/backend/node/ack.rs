@@ -168,9 +168,8 @@ mod tests {
     #[test]
     fn the_default_is_half_the_node_timeout_and_must_be_shorter() {
         let mut a = ReplicaAck {
-            replicas: 1,
-            fsync: false,
             timeout: None,
+            ..ack(1, false, 0)
         };
         assert_eq!(a.resolve(Duration::from_millis(500)), Ok(()));
         assert_eq!(a.timeout, Some(Duration::from_millis(250)));

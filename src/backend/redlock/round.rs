@@ -289,6 +289,14 @@ mod tests {
 
     type Op = Pin<Box<dyn Future<Output = Result<bool, NodeFailureReason>> + Send>>;
 
+    fn ok(value: bool) -> Op {
+        Box::pin(answer(value))
+    }
+
+    fn hung() -> Op {
+        Box::pin(std::future::pending())
+    }
+
     /// A round over `ops` from now, a quorum of 2, each voting its answer.
     async fn run_now(ops: Vec<Op>, timeout: Duration, stragglers: Stragglers) -> Answers<bool> {
         let started = std::time::Instant::now();
@@ -307,11 +315,7 @@ mod tests {
     #[tokio::test]
     async fn run_returns_at_the_verdict_without_the_hung_node() {
         let timeout = Duration::from_secs(30);
-        let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(std::future::pending()),
-            Box::pin(answer(true)),
-        ];
+        let ops = vec![ok(true), hung(), ok(true)];
         let started = std::time::Instant::now();
         let answers = run_now(ops, timeout, Stragglers::Drop).await;
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -326,11 +330,7 @@ mod tests {
     #[tokio::test]
     async fn run_times_out_the_nodes_it_needs() {
         let timeout = Duration::from_millis(50);
-        let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(std::future::pending()),
-            Box::pin(std::future::pending()),
-        ];
+        let ops = vec![ok(true), hung(), hung()];
         let answers = run_now(ops, timeout, Stragglers::Finish).await;
         assert_eq!(answers.verdict, QuorumVerdict::NoQuorum);
         assert!(matches!(
@@ -342,8 +342,8 @@ mod tests {
     #[tokio::test]
     async fn await_waits_for_every_node() {
         let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(answer(true)),
+            ok(true),
+            ok(true),
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 Ok(false)

@@ -281,27 +281,24 @@ pub(super) async fn acquire(
     if !attempt.fenced && attempt.mark_ms.is_none() {
         return acquire_plain(conn, &key, token, attempt.ttl_ms).await;
     }
-    let mark_ms = attempt.mark_ms.unwrap_or(0);
-    let keys = std::slice::from_ref(&key);
-    if attempt.fenced {
-        let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
-        cmd.arg(&*key)
-            .arg(Aux::fence(&key))
-            .arg(Aux::waiters(&key))
-            .arg(token.as_bytes())
-            .arg(attempt.ttl_ms)
-            .arg(mark_ms)
-            .arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
-        run_attempt(&mut conn, &ACQUIRE_FENCED, &cmd, keys).await
+    let (script, numkeys) = if attempt.fenced {
+        (&*ACQUIRE_FENCED, 3)
     } else {
-        let mut cmd = evalsha(&ACQUIRE, 2);
-        cmd.arg(&*key)
-            .arg(Aux::waiters(&key))
-            .arg(token.as_bytes())
-            .arg(attempt.ttl_ms)
-            .arg(mark_ms);
-        run_attempt(&mut conn, &ACQUIRE, &cmd, keys).await
+        (&*ACQUIRE, 2)
+    };
+    let mut cmd = evalsha(script, numkeys);
+    cmd.arg(&*key);
+    if attempt.fenced {
+        cmd.arg(Aux::fence(&key));
     }
+    cmd.arg(Aux::waiters(&key))
+        .arg(token.as_bytes())
+        .arg(attempt.ttl_ms)
+        .arg(attempt.mark_ms.unwrap_or(0));
+    if attempt.fenced {
+        cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
+    }
+    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
 }
 
 /// A plain attempt on one node: the native `SET key token NX PX ttl` (cheaper for the node
