@@ -24,8 +24,7 @@ pub(super) enum Keys {
     Lock(Arc<str>),
     /// A reader of `lock`: its token in the readers' set `set`, `{<lock key>}:readers`.
     Readers { set: Arc<str>, lock: Arc<str> },
-    /// Several lock keys, sorted and distinct, held together
-    /// (`LockRequest::all`).
+    /// Several lock keys, sorted and distinct, held together (`LockRequest::all`).
     Set(Arc<[Arc<str>]>),
 }
 
@@ -59,9 +58,8 @@ impl Keys {
         }
     }
 
-    /// Extends the keys' TTL to `ttl_ms` on one node where they hold `token` (a set only
-    /// where every key does), and with `fence_ms` the expiry of their fencing counters: 1
-    /// when done, 0 when gone, -1 when something else holds them.
+    /// Extends the keys on one node where they hold `token`: 1 done, 0 gone, -1 held by
+    /// something else.
     pub(super) async fn extend(
         self,
         conn: Connection,
@@ -93,9 +91,8 @@ impl Keys {
         }
     }
 
-    /// Raises the keys' fencing counters to `fencing_token` on one node where they hold
-    /// `token`, with the expiry `fence_ms`: 1 when done, 0 when they do not hold the
-    /// token. (A shared lease is never fenced.)
+    /// Raises the keys' fencing counters on one node where they hold `token`: 1 when done,
+    /// 0 when they do not hold it. (A shared lease is never fenced.)
     pub(super) async fn raise_fence(
         self,
         conn: Connection,
@@ -113,10 +110,8 @@ impl Keys {
 }
 
 impl Redlock {
-    /// Deletes `keys` on every node where they hold `token`, with the answers counted by
-    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked them: a
-    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
-    /// (see the RELEASE script).
+    /// Deletes `keys` on every node where they hold `token`, counted by `vote` under
+    /// [`Rule::Proof`]; `publish` wakes the marked waiters (not for a failed attempt).
     pub(super) fn release_keys(
         &self,
         keys: Keys,

@@ -114,21 +114,15 @@ struct NodeConn {
 
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        let nodes: Vec<_> = inner.nodes.iter().map(|n| &n.label).collect();
         f.debug_struct("Redlock")
-            .field(
-                "nodes",
-                &self
-                    .inner
-                    .nodes
-                    .iter()
-                    .map(|n| &n.label)
-                    .collect::<Vec<_>>(),
-            )
-            .field("quorum", &self.inner.quorum)
-            .field("ttl", &self.inner.policy.ttl)
-            .field("node_timeout", &self.inner.node_timeout)
-            .field("drift", &self.inner.drift)
-            .field("prefix", &self.inner.policy.prefix)
+            .field("nodes", &nodes)
+            .field("quorum", &inner.quorum)
+            .field("ttl", &inner.policy.ttl)
+            .field("node_timeout", &inner.node_timeout)
+            .field("drift", &inner.drift)
+            .field("prefix", &inner.policy.prefix)
             .finish()
     }
 }

@@ -9,8 +9,7 @@
 pub(super) enum Vote {
     /// The node did what was asked (`SET NX` took, the token was there).
     For,
-    /// The node answered, and the answer is against (the key is held by another, or our
-    /// token is gone).
+    /// The node answered against (the key is held by another, or our token is gone).
     Against,
 }
 
@@ -68,9 +67,8 @@ impl Tally {
         self.won + self.against + self.failed + self.pending
     }
 
-    /// The verdict under `rule`, once the answers so far decide it (whatever the pending
-    /// nodes say); `None` while they could still change it. Always `Some` once nothing
-    /// is pending.
+    /// The verdict under `rule` once the answers so far decide it; `None` while pending
+    /// nodes could still change it (never once nothing is pending).
     pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<QuorumVerdict> {
         if self.won >= quorum {
             return Some(QuorumVerdict::Won);
@@ -107,13 +105,11 @@ impl Tally {
 /// What it takes for a round to be lost rather than without a quorum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Rule {
-    /// An acquisition: lost (the lock is taken) once at least a quorum of nodes answered
-    /// and the votes for can no longer reach a quorum. With fewer answers, whatever they
-    /// said, nothing is known about the lock: no quorum.
+    /// An acquisition: lost once a quorum of nodes answered and the votes for can no
+    /// longer reach a quorum; with fewer answers, no quorum.
     Contest,
-    /// An operation on a held lease (extend, release, the fencing write): lost (the lease
-    /// is gone) only once N - quorum + 1 nodes voted against, so that the token cannot
-    /// be on a quorum; when the nodes that failed could still hold it, no quorum.
+    /// An operation on a held lease: lost only once N - quorum + 1 nodes voted against
+    /// (the token cannot be on a quorum); else, with failed nodes, no quorum.
     Proof,
 }
 
