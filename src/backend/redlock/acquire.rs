@@ -52,7 +52,9 @@ impl LockBackend for Redlock {
         access: Access,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_access_within(key, access, max_wait)
+        self.wait_with(key.clone(), max_wait, move |waiting| {
+            self.acquire_access(key.clone(), access, waiting)
+        })
     }
 
     fn wait_fair(

@@ -193,7 +193,8 @@ impl HotKeys {
         self.state().holds.retry_after(key, prefix, holder_left)
     }
 
-    /// The lease is being released: it leaves the table, its hold time recorded.
+    /// The lease is being released: it leaves the table, its hold time recorded. Returns
+    /// whether it was there (its local waiters are then to be woken).
     pub(super) fn released(&self, key: &str, token: Token, prefix: &str) -> bool {
         self.remove(key, token, Some(prefix))
     }

@@ -283,7 +283,10 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<(), LockError> {
         let ttl_ms = super::builder::millis(ttl).max(1);
-        let local = self.forget(&lease.key, lease.token);
+        let local = self
+            .inner
+            .hot
+            .released(&lease.key, lease.token, self.prefix());
         let round = self
             .on_nodes(
                 Instant::now(),

@@ -250,7 +250,10 @@ impl Redlock {
     }
 
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
-        let local = self.forget(&lease.key, lease.token);
+        let local = self
+            .inner
+            .hot
+            .released(&lease.key, lease.token, self.prefix());
         let keys = Keys::of(&lease);
         let round = self
             .release_keys(keys, lease.token, true, deleted, Stragglers::Finish)
@@ -334,12 +337,6 @@ impl Redlock {
         })
     }
 
-    /// Takes a lease being released out of this process's holders, recording its hold
-    /// time; returns whether it was there (its local waiters are then to be woken).
-    fn forget(&self, key: &str, token: Token) -> bool {
-        self.inner.hot.released(key, token, self.prefix())
-    }
-
     /// How long a request that found `key` held should wait before trying again (see
     /// [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
@@ -354,7 +351,7 @@ impl Redlock {
     /// Releases `keys` in the background.
     fn release_detached(&self, keys: Keys, token: Token, publish: bool) {
         let key = keys.lease_key();
-        let local = self.forget(&key, token);
+        let local = self.inner.hot.released(&key, token, self.prefix());
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();

@@ -12,7 +12,6 @@
 //! reader's release wakes the waiters that marked `K`.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use redis::Script;
 
@@ -191,20 +190,8 @@ pub(super) async fn release_reader(
 }
 
 impl Redlock {
-    /// Shared or exclusive access to a prefixed key, waiting up to `max_wait`.
-    pub(crate) async fn lock_access_within(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        self.wait_with(key.clone(), max_wait, |waiting| {
-            self.acquire_access(key.clone(), access, waiting)
-        })
-        .await
-    }
-
-    async fn acquire_access(
+    /// One attempt at shared or exclusive access to a prefixed key.
+    pub(super) async fn acquire_access(
         &self,
         key: Arc<str>,
         access: Access,
