@@ -130,6 +130,11 @@ mod tests {
 
     const RULES: [Rule; 2] = [Rule::Contest, Rule::Proof];
 
+    /// Every `(a, b, c)` with `a + b + c == n`.
+    fn splits(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..=n).flat_map(move |a| (0..=n - a).map(move |b| (a, b, n - a - b)))
+    }
+
     #[test]
     fn a_quorum_of_votes_wins_whatever_is_pending() {
         for rule in RULES {
@@ -205,28 +210,22 @@ mod tests {
     fn every_tally_has_one_verdict_once_nothing_is_pending() {
         for nodes in 1..=7 {
             let quorum = nodes / 2 + 1;
-            for won in 0..=nodes {
-                for against in 0..=nodes - won {
-                    let failed = nodes - won - against;
-                    for rule in RULES {
-                        let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
-                        let lost = match rule {
-                            Rule::Contest => won + against >= quorum,
-                            Rule::Proof => against > nodes - quorum,
-                        };
-                        let expected = if won >= quorum {
-                            QuorumVerdict::Won
-                        } else if lost {
-                            QuorumVerdict::Lost
-                        } else {
-                            QuorumVerdict::NoQuorum
-                        };
-                        assert_eq!(
-                            verdict,
-                            Some(expected),
-                            "{won}/{against}/{failed} of {nodes}, {rule:?}"
-                        );
-                    }
+            for (won, against, failed) in splits(nodes) {
+                for rule in RULES {
+                    let lost = match rule {
+                        Rule::Contest => won + against >= quorum,
+                        Rule::Proof => against > nodes - quorum,
+                    };
+                    let expected = if won >= quorum {
+                        QuorumVerdict::Won
+                    } else if lost {
+                        Lost
+                    } else {
+                        NoQuorum
+                    };
+                    let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
+                    let case = format!("{won}/{against}/{failed} of {nodes}, {rule:?}");
+                    assert_eq!(verdict, Some(expected), "{case}");
                 }
             }
         }
@@ -234,28 +233,17 @@ mod tests {
 
     #[test]
     fn an_early_verdict_is_the_one_the_pending_nodes_cannot_change() {
-        // Whatever the pending nodes answer, the final verdict is the early one.
         for nodes in 1..=5 {
             let quorum = nodes / 2 + 1;
-            for known in 0..=nodes {
-                for won in 0..=known {
-                    for against in 0..=known - won {
-                        let failed = known - won - against;
-                        let pending = nodes - known;
-                        for rule in RULES {
-                            let Some(early) =
-                                tally(won, against, failed, pending).verdict(quorum, rule)
-                            else {
-                                continue;
-                            };
-                            for w in 0..=pending {
-                                for a in 0..=pending - w {
-                                    let f = pending - w - a;
-                                    let last = tally(won + w, against + a, failed + f, 0)
-                                        .verdict(quorum, rule);
-                                    assert_eq!(last, Some(early), "{rule:?}");
-                                }
-                            }
+            for pending in 0..=nodes {
+                for (won, against, failed) in splits(nodes - pending) {
+                    for rule in RULES {
+                        let early = tally(won, against, failed, pending).verdict(quorum, rule);
+                        let Some(early) = early else { continue };
+                        // Whatever the pending nodes answer, the verdict stays.
+                        for (w, a, f) in splits(pending) {
+                            let last = tally(won + w, against + a, failed + f, 0);
+                            assert_eq!(last.verdict(quorum, rule), Some(early), "{rule:?}");
                         }
                     }
                 }
