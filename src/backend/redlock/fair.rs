@@ -230,8 +230,7 @@ impl Redlock {
             let left = waiter
                 .deadline
                 .map_or(Duration::MAX, |d| d.saturating_duration_since(start));
-            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            ms.clamp(1, self.inner.mark_ms)
+            super::builder::millis(left).clamp(1, self.inner.mark_ms)
         } else {
             0
         };
