@@ -87,7 +87,7 @@ struct ConnectionCore {
     config: AsyncConnectionConfig,
     scripts: Scripts,
     connect_timeout: Duration,
-    label: String,
+    label: Arc<str>,
     db: i64,
     state: Mutex<Link>,
     /// Replies received (any reply, errors of the server included), for telling a silent
@@ -173,7 +173,7 @@ impl Connection {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
-        let label = connector.label.clone();
+        let label = connector.label.as_str().into();
         let db = connector.db();
         #[cfg(feature = "lock")]
         let acked = connector.ack.map(|_| {
@@ -215,6 +215,12 @@ impl Connection {
             .run(|mut conn| async move { conn.send(cmd).await })
             .await?;
         Ok(redis::from_redis_value(reply.extract_error()?)?)
+    }
+
+    /// The node's label (host:port), for logs, errors and the node-error metric.
+    #[cfg(feature = "lock")]
+    pub(crate) fn label(&self) -> &Arc<str> {
+        &self.shared.label
     }
 
     /// The acknowledgements this node's granting writes wait for, if any

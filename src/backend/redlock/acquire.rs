@@ -132,7 +132,7 @@ impl Redlock {
             .iter()
             .zip(&round.answers)
             .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempted::Held { .. }))))
-            .map(|(node, _)| node.conn.clone())
+            .map(|(node, _)| node.clone())
             .collect();
         if nodes.is_empty() {
             return;

@@ -9,7 +9,7 @@ use crate::backend::node::Node;
 use super::hot::HotKeys;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
-use super::{NodeConn, Redlock, RedlockCore, scripts};
+use super::{Redlock, RedlockCore, failure, scripts};
 use crate::backend::notify::Notifier;
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
@@ -141,15 +141,10 @@ impl RedlockBuilder {
                 })?;
             }
             connectors.push(connector.clone());
-            let label = connector.label.clone();
-            let conn = Connection::new(connector, connect_timeout, scripts::ALL);
-            nodes.push(NodeConn {
-                label: label.into(),
-                conn,
-            });
+            nodes.push(Connection::new(connector, connect_timeout, scripts::ALL));
         }
         let quorum = nodes.len() / 2 + 1;
-        let conns = nodes.iter().map(|node| node.conn.clone()).collect();
+        let conns = nodes.clone();
         let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
             inner: Arc::new(RedlockCore {
@@ -182,7 +177,7 @@ impl RedlockBuilder {
                     .inner
                     .nodes
                     .iter()
-                    .map(|node| scripts::connect(node.conn.clone())),
+                    .map(|node| scripts::connect(node.clone())),
             ),
             std::time::Instant::now(),
             node_timeout,
@@ -194,7 +189,7 @@ impl RedlockBuilder {
         .await;
         for (node, load) in redlock.inner.nodes.iter().zip(loads.answers) {
             if let Some(Err(reason)) = load {
-                tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
+                tracing::warn!(failure = %failure(node, reason), "Redis node not reachable yet; it will be retried");
             }
         }
         if let Some(notifier) = &redlock.inner.notifier {

@@ -90,7 +90,7 @@ pub struct Redlock {
 
 struct RedlockCore {
     id: u64,
-    nodes: Vec<NodeConn>,
+    nodes: Vec<Connection>,
     /// This process's waiters, woken by release notifications and this client's releases.
     waiters: Arc<Waiters>,
     notifier: Option<Arc<Notifier>>,
@@ -106,16 +106,10 @@ struct RedlockCore {
     policy: Settings,
 }
 
-struct NodeConn {
-    /// `host:port`, for logs, errors and the node-error metric.
-    label: Arc<str>,
-    conn: Connection,
-}
-
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &self.inner;
-        let nodes: Vec<_> = inner.nodes.iter().map(|n| &n.label).collect();
+        let nodes: Vec<_> = inner.nodes.iter().map(Connection::label).collect();
         f.debug_struct("Redlock")
             .field("nodes", &nodes)
             .field("quorum", &inner.quorum)
@@ -280,7 +274,7 @@ impl Redlock {
             .iter()
             .zip(round.answers)
             .filter_map(|(node, answer)| match answer {
-                Some(Err(reason)) => Some(node.failure(reason)),
+                Some(Err(reason)) => Some(failure(node, reason)),
                 _ => None,
             })
             .collect();
@@ -321,7 +315,7 @@ impl Redlock {
             .inner
             .nodes
             .iter()
-            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
+            .map(|node| round::counted(op(node.clone()), node.label().clone(), deadline));
         let round = round::run(
             round::Ops::new(ops),
             started,
@@ -387,11 +381,10 @@ fn deleted(release: &ReleaseReply) -> Vote {
     Vote::of(matches!(release, ReleaseReply::Deleted))
 }
 
-impl NodeConn {
-    fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
-        NodeFailure {
-            node: self.label.to_string(),
-            reason,
-        }
+/// The failure of `node` for `reason`.
+fn failure(node: &Connection, reason: NodeFailureReason) -> NodeFailure {
+    NodeFailure {
+        node: node.label().to_string(),
+        reason,
     }
 }
