@@ -199,18 +199,14 @@ impl Notifier {
     /// Opens a subscriber connection to node `index` and the task that reads it (see
     /// [`read`]).
     async fn connect(self: &Arc<Self>, index: usize) -> redis::RedisResult<Subscriber> {
-        let (sink, stream, waited) = self.open(index).await?;
-        // Only now: a future dropped or failed before closes both halves.
-        let (subscriber, reading) = Reading::start(sink, stream, waited);
+        let (subscriber, reading) = self.open(index).await?;
         tokio::spawn(read(Arc::downgrade(self), index, reading));
         Ok(subscriber)
     }
 
-    /// A subscriber connection to node `index`, subscribed to the keys waited on now.
-    async fn open(
-        &self,
-        index: usize,
-    ) -> redis::RedisResult<(PubSubSink, PubSubStream, Vec<Arc<str>>)> {
+    /// A subscriber connection to node `index`, subscribed to the keys waited on now: the
+    /// node's half, and the reader's.
+    async fn open(&self, index: usize) -> redis::RedisResult<(Subscriber, Reading)> {
         let pubsub = self.nodes[index].connector.pubsub().await?;
         let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
@@ -218,7 +214,22 @@ impl Notifier {
             let channels: Vec<_> = waited.iter().map(|key| channel(key)).collect();
             sink.subscribe(channels).await?;
         }
-        Ok((sink, stream, waited))
+        let alive = Arc::new(AtomicBool::new(true));
+        let (close, closed) = oneshot::channel::<()>();
+        let subscriber = Subscriber {
+            sink,
+            alive: alive.clone(),
+            channels: waited.into_iter().collect(),
+            _close: close,
+        };
+        Ok((
+            subscriber,
+            Reading {
+                stream,
+                alive,
+                closed,
+            },
+        ))
     }
 }
 
@@ -232,28 +243,6 @@ struct Reading {
     stream: PubSubStream,
     alive: Arc<AtomicBool>,
     closed: oneshot::Receiver<()>,
-}
-
-impl Reading {
-    /// The two halves of a new connection: the node's subscriber, and the reader's part.
-    fn start(sink: PubSubSink, stream: PubSubStream, waited: Vec<Arc<str>>) -> (Subscriber, Self) {
-        let alive = Arc::new(AtomicBool::new(true));
-        let (close, closed) = oneshot::channel::<()>();
-        let subscriber = Subscriber {
-            sink,
-            alive: alive.clone(),
-            channels: waited.into_iter().collect(),
-            _close: close,
-        };
-        (
-            subscriber,
-            Reading {
-                stream,
-                alive,
-                closed,
-            },
-        )
-    }
 }
 
 /// Reads node `index`'s release messages and wakes their waiters. When the node drops the
@@ -310,10 +299,9 @@ async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
             if alive(&sink) {
                 return None;
             }
-            if let Ok(Ok((new_sink, stream, waited))) =
+            if let Ok(Ok((subscriber, reading))) =
                 tokio::time::timeout(this.timeout, this.open(index)).await
             {
-                let (subscriber, reading) = Reading::start(new_sink, stream, waited);
                 *sink = Some(subscriber);
                 drop(sink);
                 this.waiters.wake_all();
