@@ -94,11 +94,10 @@ impl RedlockBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`]: no nodes, an invalid URL, a zero or too long TTL, a TTL too short
-    /// to leave validity after the drift allowance, a node timeout not shorter than the
-    /// TTL, a drift factor out of range, an empty retry delay range, a bad prefix, or a
-    /// node's replica timeout not shorter than the node timeout
-    /// ([`ConfigError::InvalidReplicaTimeout`]).
+    /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
+    /// validity after the drift allowance, a node timeout not shorter than the TTL, a
+    /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
+    /// timeout not shorter than the node timeout.
     pub async fn build(self) -> Result<Redlock, ConfigError> {
         self.policy.validate()?;
         if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {

@@ -232,12 +232,8 @@ impl Attempted {
         }
     }
 
-    /// Decodes the reply of every acquisition script: `{1, counter}` is [`Set`], `{0,
-    /// pttl}` is [`Held`], `{-1, i}` says the fencing counter of `keys[i - 1]` is not an
-    /// integer below 2^53 (nothing set).
-    ///
-    /// [`Set`]: Attempted::Set
-    /// [`Held`]: Attempted::Held
+    /// Decodes the reply of every acquisition script: `{1, counter}` set, `{0, pttl}` held,
+    /// `{-1, i}` the fencing counter of `keys[i - 1]` is not an integer below 2^53.
     pub(super) fn decode(
         (status, value): (i64, i64),
         keys: &[Arc<str>],
