@@ -144,8 +144,10 @@ mod tests {
         }
     }
 
-    /// Checks each `((won, against, failed, pending), quorum, expected)` under `rule`.
-    fn check(rule: Rule, cases: &[((usize, usize, usize, usize), usize, Option<QuorumVerdict>)]) {
+    /// `((won, against, failed, pending), quorum, expected verdict)`.
+    type Case = ((usize, usize, usize, usize), usize, Option<QuorumVerdict>);
+
+    fn check(rule: Rule, cases: &[Case]) {
         for &((w, a, f, p), quorum, expected) in cases {
             let got = tally(w, a, f, p).verdict(quorum, rule);
             assert_eq!(got, expected, "{w}/{a}/{f}/{p}, quorum {quorum}, {rule:?}");
