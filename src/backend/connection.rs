@@ -1,28 +1,18 @@
 //! One Redis node's connection, replaced after every kind of failure.
 //!
-//! redis-rs's `ConnectionManager` reconnects only after an I/O error (redis 1.x,
-//! `reconnect_if_io_error`): an attempt that fails another way (a port answering
-//! something that is not Redis, a refused handshake) stays stored, and every later command
-//! gets its error until the process restarts; no setting changes it. And a connection
-//! whose peer vanished without a reset never fails: its commands wait for ever.
+//! redis-rs's `ConnectionManager` reconnects only after an I/O error: an attempt that
+//! fails another way (a port answering something that is not Redis, a refused handshake)
+//! stays stored until the process restarts, and a connection whose peer vanished without
+//! a reset makes its commands wait for ever.
 //!
-//! [`Connection`] keeps redis-rs's multiplexed connection
-//! (`Client::get_multiplexed_async_connection_with_config`) and replaces it:
-//! - when a connection attempt fails, whatever the error;
-//! - when a command fails with anything but the server's reply (an I/O or parse error),
-//!   or with `READONLY` (the server became a replica: a primary demoted by a failover;
-//!   Redis 6 wraps it in `ERR Error running script` for a script's write);
-//! - when a command is given up by its caller (a timeout) with nothing answered on the
-//!   connection since it was sent, and then a `PING` probe gets no answer within
-//!   [`PROBE_TIMEOUT`] while nothing else is answered either.
+//! [`Connection`] keeps redis-rs's multiplexed connection and replaces it when an attempt
+//! fails; when a command fails with anything but the server's reply, or with `READONLY`
+//! (a demoted primary); and when a command given up by its caller with nothing answered
+//! since is followed by a `PING` probe that gets no answer within [`PROBE_TIMEOUT`].
 //!
-//! A new attempt starts at most once per [`RETRY_INTERVAL`] (a failure sooner after the
-//! last attempt replaces the connection once the interval is over); in between, commands
-//! get the last attempt's error at once. While attempts fail (the node is down), new ones
-//! start in the background, the pause between them doubling from [`RETRY_INTERVAL`] to
-//! [`RECONNECT_MAX_PAUSE`], so that a node that serves again is connected within that
-//! pause plus one connection, before any command has to notice. Replaced connections
-//! close when their last command ends.
+//! Attempts start at most once per [`RETRY_INTERVAL`] (commands get the last attempt's
+//! error meanwhile); while they fail, new ones start in the background, pauses doubling up
+//! to [`RECONNECT_MAX_PAUSE`]. Replaced connections close when their last command ends.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,8 +30,7 @@ use crate::backend::node::{Conn, Connector};
 /// The shortest time between two connection attempts to one node: 100 ms.
 pub(crate) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// The longest pause between two background connection attempts to a node that stays
-/// down: 1 s. A node that serves again is connected within this, plus one connection,
-/// without waiting for a command to notice.
+/// down: 1 s.
 pub(crate) const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Drives the connection attempt `connecting` of `generation`, and while attempts fail,
@@ -73,21 +62,13 @@ async fn reconnect(
         if state.generation != generation || state.ready.is_some() {
             return;
         }
-        state.generation += 1;
-        state.retry_scheduled = false;
-        state.started = Instant::now();
-        state.connecting = connect(
-            &inner.connector,
-            &inner.config,
-            inner.scripts,
-            inner.connect_timeout,
-        );
+        inner.restart(&mut state);
         generation = state.generation;
         connecting = state.connecting.clone();
     }
 }
-/// How long a probe of a silent connection waits for `PONG`: 1 s. Probes of one
-/// connection start at most once per this interval.
+/// How long a probe of a silent connection waits for `PONG`: 1 s; also the least time
+/// between two probes of one connection.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type Connecting = Shared<BoxFuture<'static, RedisResult<Conn>>>;
@@ -104,10 +85,9 @@ pub(crate) struct Connection {
 struct ConnectionCore {
     connector: Connector,
     config: AsyncConnectionConfig,
-    /// Loaded on every new connection.
     scripts: Scripts,
     connect_timeout: Duration,
-    label: String,
+    label: Arc<str>,
     db: i64,
     state: Mutex<Link>,
     /// Replies received (any reply, errors of the server included), for telling a silent
@@ -115,17 +95,15 @@ struct ConnectionCore {
     replies: AtomicU64,
     /// Whether the last outcome was a failure (for logging the recovery once).
     failing: AtomicBool,
-    /// For a node whose granting writes wait for acknowledgements: a connection of their
-    /// own, so that a `WAIT` never holds up the other commands (a blocked client's later
-    /// commands wait behind it).
+    /// For a node whose granting writes wait for acknowledgements: their own connection,
+    /// so that a blocking `WAIT` holds up no other command.
     #[cfg(feature = "lock")]
     acked: Option<Connection>,
 }
 
 struct Link {
     connecting: Connecting,
-    /// The connection `connecting` made, once it made one: commands take it from here
-    /// without polling the shared future.
+    /// The connection `connecting` made, once made (no polling of the shared future).
     ready: Option<Conn>,
     /// Counts replacements, so that a late failure of an old connection replaces nothing.
     generation: u64,
@@ -133,8 +111,7 @@ struct Link {
     started: Instant,
     probing: bool,
     probed: Option<Instant>,
-    /// Whether a failure came too soon after the attempt started, and the replacement is
-    /// scheduled for the end of [`RETRY_INTERVAL`].
+    /// Whether a replacement is scheduled for the end of [`RETRY_INTERVAL`].
     retry_scheduled: bool,
 }
 
@@ -158,10 +135,8 @@ fn connect(
     }
     async move {
         let mut conn = attempt.await?;
-        // A node restarted empty has none of them, and an acquisition that stops
-        // listening once its quorum is decided would never load them there: load them
-        // with the connection. A failure here is left to the commands that follow (a
-        // `NOSCRIPT` loads the script again); the loads share the connection's bound.
+        // A node restarted empty lacks them, and a round that stops listening at its
+        // verdict might never load them there. A failure is left to `NOSCRIPT` fallbacks.
         let loads = async {
             for script in scripts {
                 if conn.load(script).await.is_err() {
@@ -177,9 +152,8 @@ fn connect(
 }
 
 impl Connection {
-    /// The connection of a store on one node (the rate limiter's, the concurrency
-    /// limiter's) whose calls are bounded by `timeout`: connecting is bounded by
-    /// `timeout`, at least 500 ms. Returns the node's label (host:port) with it.
+    /// The connection of a limiter's store whose calls are bounded by `timeout`
+    /// (connecting: by `timeout`, at least 500 ms), with the node's label.
     #[cfg(any(feature = "rate-limit", feature = "concurrency-limit"))]
     pub(crate) fn for_store(
         node: crate::backend::node::Node,
@@ -193,15 +167,13 @@ impl Connection {
         Ok((label, Self::new(connector, connect_timeout, &[])))
     }
 
-    /// A connection to `connector`'s node, opened by the first command (not here). Each
-    /// attempt, handshake included, is bounded by `connect_timeout` (the connector's
-    /// own), and then loads `scripts` within the same bound; commands have no bound of
-    /// their own (the callers bound them).
+    /// A connection to `connector`'s node. Each attempt, handshake and loading `scripts`
+    /// included, is bounded by `connect_timeout`; commands are bounded by their callers.
     pub(crate) fn new(connector: Connector, connect_timeout: Duration, scripts: Scripts) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
-        let label = connector.label.clone();
+        let label = connector.label.as_str().into();
         let db = connector.db();
         #[cfg(feature = "lock")]
         let acked = connector.ack.map(|_| {
@@ -235,22 +207,20 @@ impl Connection {
         }
     }
 
-    /// Sends `cmd` and converts its reply, as `Cmd::query_async` does, but with the
-    /// command's future held in the caller's future rather than boxed (which the
-    /// [`ConnectionLike`] methods must do): one allocation less per command on a single
-    /// server or a Sentinel service's primary. (Cluster connections are redis-rs's own and
-    /// still box; so do pipelines and script loads, which go through `ConnectionLike`.)
-    ///
-    /// # Errors
-    ///
-    /// The connection's, the server's error reply, and a reply that does not convert to
-    /// `T`.
+    /// `Cmd::query_async` without the box of [`ConnectionLike`]: the command's future is
+    /// held in the caller's. Errors: the connection's, an error reply, a wrong type.
     #[cfg_attr(not(feature = "lock"), allow(dead_code))]
     pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         let reply = self
             .run(|mut conn| async move { conn.send(cmd).await })
             .await?;
         Ok(redis::from_redis_value(reply.extract_error()?)?)
+    }
+
+    /// The node's label (host:port), for logs, errors and the node-error metric.
+    #[cfg(feature = "lock")]
+    pub(crate) fn label(&self) -> &Arc<str> {
+        &self.shared.label
     }
 
     /// The acknowledgements this node's granting writes wait for, if any
@@ -275,8 +245,7 @@ impl Connection {
         &self.shared.connector
     }
 
-    /// The node closed another connection of this process (the release subscriber's):
-    /// replaces this one in the background too, before a command finds it broken.
+    /// The node closed the release subscriber's connection: replaces this one too.
     #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) fn node_dropped(&self) {
         let generation = self.shared.state().generation;
@@ -368,6 +337,19 @@ impl ConnectionCore {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Starts the next generation's connection attempt.
+    fn restart(&self, state: &mut Link) {
+        state.generation += 1;
+        state.retry_scheduled = false;
+        state.started = Instant::now();
+        state.connecting = connect(
+            &self.connector,
+            &self.config,
+            self.scripts,
+            self.connect_timeout,
+        );
+    }
+
     /// The attempt of `generation` made `conn`: later commands take it as it is.
     fn connected(&self, generation: u64, conn: &Conn) {
         let mut state = self.state();
@@ -383,9 +365,8 @@ impl ConnectionCore {
         }
     }
 
-    /// The connection of `generation` failed: start a new attempt, unless one started
-    /// since; less than [`RETRY_INTERVAL`] after the last attempt started, once the
-    /// interval is over.
+    /// The connection of `generation` failed: start a new attempt (unless one started
+    /// since), at the earliest [`RETRY_INTERVAL`] after the last one.
     fn failed(self: &Arc<Self>, generation: u64, error: &dyn std::fmt::Display) {
         let mut state = self.state();
         if state.generation != generation {
@@ -413,19 +394,10 @@ impl ConnectionCore {
         } else {
             tracing::warn!(node = %self.label, %error, "Redis node failed; reconnecting");
         }
-        state.generation += 1;
-        state.retry_scheduled = false;
-        state.started = Instant::now();
+        self.restart(&mut state);
         state.ready = None;
-        state.connecting = connect(
-            &self.connector,
-            &self.config,
-            self.scripts,
-            self.connect_timeout,
-        );
-        // Connect now, so that the next command finds the connection ready; and while the
-        // node stays down, try again in the background, so that the first command after
-        // it is back finds a connection rather than the last attempt's error.
+        // Connect now, and while the node stays down, again in the background, so that
+        // the first command after it is back finds a connection.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(reconnect(
                 Arc::downgrade(self),
@@ -436,8 +408,7 @@ impl ConnectionCore {
     }
 
     /// A command of `generation` was given up with nothing answered since it was sent:
-    /// probe the connection with `PING`, unless a probe runs or ran less than
-    /// [`PROBE_TIMEOUT`] ago.
+    /// probe with `PING`, unless a probe ran less than [`PROBE_TIMEOUT`] ago.
     fn suspect(self: &Arc<Self>, generation: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -474,8 +445,7 @@ impl ConnectionCore {
     }
 }
 
-/// A command in flight; when its caller gives it up (drops it) with nothing answered on
-/// the connection since it was sent, the connection is probed.
+/// A command in flight; dropped with nothing answered since it was sent, it probes.
 struct Pending<'a> {
     shared: &'a Arc<ConnectionCore>,
     generation: u64,

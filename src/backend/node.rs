@@ -19,19 +19,14 @@ pub(crate) use conn::Conn;
 ///
 /// - [`Node::url`], [`Node::client`]: one Redis server (`redis://`, or `rediss://` with
 ///   the `tls` feature), as [`Redlock::builder`] takes.
-/// - [`Node::cluster`] (feature `cluster-async`): one Redis Cluster, given by some of its
-///   nodes' URLs; keys are spread over its shards. Every script of this crate keeps its
-///   keys in one hash slot (the lock key and its `{<lock key>}:<role>` keys; one counter
-///   per rate-limit script), so each runs on the shard that owns it.
-/// - [`Node::sentinel`] (feature `sentinel`): the primary of a Sentinel-monitored
-///   service, found by asking the sentinels.
+/// - [`Node::cluster`] (feature `cluster-async`): one Redis Cluster; every script keeps
+///   its keys in one hash slot, so each runs on the shard that owns it.
+/// - [`Node::sentinel`] (feature `sentinel`): the primary of a Sentinel service.
 ///
 /// Whatever the topology, the node's connection is replaced after any failure (see
-/// [`RedlockBuilder::node_timeout`] for the bounds), and the new one is made the same way:
-/// a cluster's slot map is read again from its seed nodes, a Sentinel service's primary is
-/// asked of its sentinels again. So after a failover, requests reach the new primary once
-/// the cluster or the sentinels have promoted it, plus at most about 100 ms and one
-/// connection.
+/// [`RedlockBuilder::node_timeout`]), made anew from the seed nodes or the sentinels: after
+/// a failover, requests reach the new primary about 100 ms and one connection after its
+/// promotion.
 ///
 /// An invalid URL is reported by the `build` of the builder that takes the node, as
 /// [`ConfigError::InvalidUrl`](crate::ConfigError::InvalidUrl).
@@ -48,22 +43,19 @@ pub struct Node {
     ack: Option<ReplicaAck>,
 }
 
-// Made once per node and consumed by the builder: the size of the variants does not
-// matter.
-#[allow(clippy::large_enum_variant)]
+#[allow(clippy::large_enum_variant)] // Made once per node.
 enum Topology {
     Single(Client),
     #[cfg(feature = "cluster-async")]
     Cluster(Vec<redis::ConnectionInfo>),
-    #[cfg(feature = "cluster-async")]
-    ClusterClient(redis::cluster::ClusterClient),
     #[cfg(feature = "sentinel")]
     Sentinel {
         sentinels: Vec<redis::ConnectionInfo>,
         service: String,
     },
-    #[cfg(feature = "sentinel")]
-    SentinelClient(redis::sentinel::SentinelClient),
+    /// A ready cluster or Sentinel client, used as it is, and its label.
+    #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+    Ready(Endpoint, &'static str),
 }
 
 impl fmt::Debug for Node {
@@ -90,20 +82,14 @@ impl Node {
         Self::of(Ok(Topology::Single(client)))
     }
 
-    /// One Redis Cluster, given by the URLs of some of its nodes (seeds; any one that
-    /// answers is enough to find the others). Credentials and TLS come from the first
-    /// URL. Commands go to the primary that owns each key's slot, following `MOVED` and
-    /// `ASK` redirections; never to replicas.
+    /// One Redis Cluster, given by the URLs of some of its nodes (seeds; one that answers
+    /// is enough). Credentials and TLS come from the first URL. Commands go to the primary
+    /// that owns each key's slot; release notifications subscribe on the first seed that
+    /// answers.
     ///
-    /// As one Redlock node, a cluster is one vote, and it replicates asynchronously: a
-    /// primary that fails before its replica received a lock hands over a shard without
-    /// it, so another client may take the lock while the first holds it (the Redis docs'
-    /// "Distributed Locks with Redis", on replication). Use N independent clusters (or
-    /// servers) for Redlock's guarantee; one cluster as the only node is the
-    /// single-instance algorithm with that failover caveat.
-    ///
-    /// Release notifications for waiters subscribe on one seed node (a `PUBLISH` on a
-    /// cluster reaches every node's subscribers), trying the seeds in order.
+    /// A cluster is one Redlock vote, and replicates asynchronously: a primary that fails
+    /// before its replica got a lock hands over a shard without it (the Redis docs,
+    /// "Distributed Locks with Redis"). Use N independent clusters for Redlock's guarantee.
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster<I>(urls: I) -> Self
@@ -111,35 +97,29 @@ impl Node {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        use redis::IntoConnectionInfo;
-        let infos = urls
-            .into_iter()
-            .map(|url| url.as_ref().into_connection_info())
-            .collect::<Result<Vec<_>, _>>();
-        Self::of(infos.map(Topology::Cluster))
+        Self::of(infos(urls).map(Topology::Cluster))
     }
 
-    /// One Redis Cluster, from a ready redis-rs cluster client, with its own settings
-    /// (timeouts, retries, TLS). Waiters of a Redlock over such a node are not notified
-    /// of releases (redis-rs does not tell its seed nodes): they re-try on their
-    /// fallback timer (the holder's remaining TTL, at most 1 s).
+    /// One Redis Cluster, from a ready redis-rs cluster client with its own settings.
+    /// Waiters are not notified of releases on it (its seed nodes are unknown): they
+    /// re-try on their fallback timer (the holder's remaining TTL, at most 1 s).
     #[cfg(feature = "cluster-async")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster-async")))]
     pub fn cluster_client(client: redis::cluster::ClusterClient) -> Self {
-        Self::of(Ok(Topology::ClusterClient(client)))
+        let seeds = Vec::new();
+        Self::of(Ok(Topology::Ready(
+            Endpoint::Cluster { client, seeds },
+            "cluster",
+        )))
     }
 
-    /// The primary of the Sentinel service `service_name`, found by asking the sentinels
-    /// at `sentinel_urls` (`redis://host:26379`, credentials for the sentinels in the
-    /// URL). The primary is reached with database 0, no credentials, and TLS when the
-    /// first sentinel URL is `rediss://`; for other settings, use
-    /// [`Node::sentinel_client`].
+    /// The primary of the Sentinel service `service_name`, asked of the sentinels at
+    /// `sentinel_urls` (`redis://host:26379`, with the sentinels' credentials). The primary
+    /// is reached with database 0, no credentials, and TLS when the first URL is
+    /// `rediss://`; for other settings, use [`Node::sentinel_client`].
     ///
-    /// After a failover, the connection to the old primary fails (or answers
-    /// `READONLY` once it is demoted) and is replaced by one to the primary the
-    /// sentinels name then. Requests reach the new primary within the sentinels'
-    /// failover time (their `down-after-milliseconds` plus the election and promotion,
-    /// a few seconds at most when tuned) plus about 100 ms and one connection.
+    /// After a failover, the connection to the old primary fails (or answers `READONLY`)
+    /// and is replaced by one to the primary the sentinels name then.
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel<I>(sentinel_urls: I, service_name: impl Into<String>) -> Self
@@ -147,13 +127,8 @@ impl Node {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        use redis::IntoConnectionInfo;
-        let infos = sentinel_urls
-            .into_iter()
-            .map(|url| url.as_ref().into_connection_info())
-            .collect::<Result<Vec<_>, _>>();
         let service = service_name.into();
-        Self::of(infos.map(|sentinels| Topology::Sentinel { sentinels, service }))
+        Self::of(infos(sentinel_urls).map(|sentinels| Topology::Sentinel { sentinels, service }))
     }
 
     /// The primary of a Sentinel service, from a ready redis-rs Sentinel client (built
@@ -161,17 +136,18 @@ impl Node {
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
-        Self::of(Ok(Topology::SentinelClient(client)))
+        let client = std::sync::Arc::new(tokio::sync::Mutex::new(client));
+        Self::of(Ok(Topology::Ready(
+            Endpoint::Sentinel(client),
+            "sentinel service",
+        )))
     }
 
-    /// Trust this root certificate (PEM) for the node's `rediss://` connections, instead
-    /// of the system's roots: for servers whose certificate a private CA signed. Applies
-    /// to [`Node::url`], [`Node::cluster`] and [`Node::sentinel`] (both to the sentinels
-    /// and to the primary); ready clients keep their own settings. Default: the system's
-    /// roots (rustls-native-certs).
-    ///
-    /// rustls uses its `ring` crypto provider; should the application also enable
-    /// another provider, install one as the process default before building.
+    /// Trust this root certificate (PEM) for the node's `rediss://` connections instead of
+    /// the system's roots (the default): for a private CA. Applies to [`Node::url`],
+    /// [`Node::cluster`] and [`Node::sentinel`]; ready clients keep their own settings.
+    /// rustls uses its `ring` provider; with another provider enabled too, install one as
+    /// the process default before building.
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -188,24 +164,22 @@ impl Node {
         }
     }
 
-    /// Makes the node's connector, whose connection attempts are bounded by
-    /// `connect_timeout`.
+    /// The node's connector, its connection attempts bounded by `connect_timeout`.
     pub(crate) fn connector(self, connect_timeout: Duration) -> Result<Connector, RedisError> {
         let kind = self.kind?;
         let label = kind.label();
         #[cfg(feature = "tls")]
-        let certs = |root: &Option<Vec<u8>>| redis::TlsCertificates {
+        let certs = self.root_ca.map(|root| redis::TlsCertificates {
             client_tls: None,
-            root_cert: root.clone(),
-        };
+            root_cert: Some(root),
+        });
         let target = match kind {
             Topology::Single(client) => {
                 #[cfg(feature = "tls")]
-                let client = match &self.root_ca {
-                    Some(_) => Client::build_with_tls(
-                        client.get_connection_info().clone(),
-                        certs(&self.root_ca),
-                    )?,
+                let client = match certs {
+                    Some(certs) => {
+                        Client::build_with_tls(client.get_connection_info().clone(), certs)?
+                    }
                     None => client,
                 };
                 Endpoint::Single(client)
@@ -214,23 +188,22 @@ impl Node {
             Topology::Cluster(infos) => {
                 let builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
                     .connection_timeout(connect_timeout)
-                    // Each command is bounded by its caller; a failed shard's connection
-                    // is retried quickly, and the whole connection replaced if it stays
-                    // failed (see `connection.rs`).
+                    // Commands are bounded by their callers; a shard that stays failed
+                    // has the whole connection replaced (see `connection.rs`).
                     .retries(2)
                     .min_retry_wait(10)
                     .max_retry_wait(100);
                 #[cfg(feature = "tls")]
-                let builder = match &self.root_ca {
-                    Some(_) => builder.certs(certs(&self.root_ca)),
+                let builder = match &certs {
+                    Some(certs) => builder.certs(certs.clone()),
                     None => builder,
                 };
                 let seeds = infos
                     .into_iter()
                     .map(|info| {
                         #[cfg(feature = "tls")]
-                        if self.root_ca.is_some() {
-                            return Client::build_with_tls(info, certs(&self.root_ca));
+                        if let Some(certs) = &certs {
+                            return Client::build_with_tls(info, certs.clone());
                         }
                         Client::open(info)
                     })
@@ -240,11 +213,6 @@ impl Node {
                     seeds,
                 }
             }
-            #[cfg(feature = "cluster-async")]
-            Topology::ClusterClient(client) => Endpoint::Cluster {
-                client,
-                seeds: Vec::new(),
-            },
             #[cfg(feature = "sentinel")]
             Topology::Sentinel { sentinels, service } => {
                 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -271,19 +239,17 @@ impl Node {
                     }
                 }
                 #[cfg(feature = "tls")]
-                if self.root_ca.is_some() {
+                if let Some(certs) = certs {
                     builder = builder
-                        .set_client_to_redis_certificates(certs(&self.root_ca))
-                        .set_client_to_sentinel_certificates(certs(&self.root_ca));
+                        .set_client_to_redis_certificates(certs.clone())
+                        .set_client_to_sentinel_certificates(certs);
                 }
                 Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(
                     builder.build()?,
                 )))
             }
-            #[cfg(feature = "sentinel")]
-            Topology::SentinelClient(client) => {
-                Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client)))
-            }
+            #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+            Topology::Ready(endpoint, _) => endpoint,
         };
         Ok(Connector {
             target,
@@ -300,20 +266,29 @@ impl Topology {
         match self {
             Topology::Single(client) => client.get_connection_info().addr().to_string(),
             #[cfg(feature = "cluster-async")]
-            Topology::Cluster(infos) => list("cluster", infos.iter().map(|i| i.addr().to_string())),
-            #[cfg(feature = "cluster-async")]
-            Topology::ClusterClient(_) => "cluster".to_owned(),
+            Topology::Cluster(infos) => {
+                let addrs: Vec<_> = infos.iter().map(|i| i.addr().to_string()).collect();
+                format!("cluster [{}]", addrs.join(", "))
+            }
             #[cfg(feature = "sentinel")]
             Topology::Sentinel { service, .. } => format!("sentinel service {service}"),
-            #[cfg(feature = "sentinel")]
-            Topology::SentinelClient(_) => "sentinel service".to_owned(),
+            #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+            Topology::Ready(_, label) => (*label).to_owned(),
         }
     }
 }
 
-#[cfg(feature = "cluster-async")]
-fn list(what: &str, items: impl Iterator<Item = String>) -> String {
-    format!("{what} [{}]", items.collect::<Vec<_>>().join(", "))
+/// Parses seed or sentinel URLs.
+#[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+fn infos<I>(urls: I) -> Result<Vec<redis::ConnectionInfo>, RedisError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    use redis::IntoConnectionInfo;
+    urls.into_iter()
+        .map(|url| url.as_ref().into_connection_info())
+        .collect()
 }
 
 /// Makes connections (and subscriber connections) to one [`Node`].
@@ -327,9 +302,7 @@ pub(crate) struct Connector {
     pub(crate) ack: Option<ReplicaAck>,
 }
 
-// Made once per node and cloned only into its connection and its subscriber: the size
-// of the variants does not matter.
-#[allow(clippy::large_enum_variant)]
+#[allow(clippy::large_enum_variant)] // Made once per node.
 #[derive(Clone)]
 enum Endpoint {
     Single(Client),
@@ -355,11 +328,19 @@ impl fmt::Debug for Connector {
     }
 }
 
-fn timed_out(what: &str, after: Duration) -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("{what}: no connection within {after:?}"),
-    ))
+/// `connect` bounded by `timeout`; `what` names it in the error.
+async fn bounded<T>(
+    what: &str,
+    timeout: Duration,
+    connect: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    let result = tokio::time::timeout(timeout, connect).await;
+    result.unwrap_or_else(|_| {
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what}: no connection within {timeout:?}"),
+        )))
+    })
 }
 
 impl Connector {
@@ -387,14 +368,11 @@ impl Connector {
     ) -> BoxFuture<'static, Result<Conn, RedisError>> {
         match &self.target {
             Endpoint::Single(client) => {
-                let (client, config) = (client.clone(), config.clone());
-                let timeout = self.connect_timeout;
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
                 async move {
                     let connect = client.get_multiplexed_async_connection_with_config(&config);
-                    match tokio::time::timeout(timeout, connect).await {
-                        Ok(conn) => conn.map(Conn::Single),
-                        Err(_) => Err(timed_out("connection", timeout)),
-                    }
+                    Ok(Conn::Single(bounded("connection", timeout, connect).await?))
                 }
                 .boxed()
             }
@@ -402,17 +380,15 @@ impl Connector {
             Endpoint::Cluster { client, .. } => {
                 let (client, timeout) = (client.clone(), self.connect_timeout);
                 async move {
-                    match tokio::time::timeout(timeout, client.get_async_connection()).await {
-                        Ok(conn) => conn.map(Conn::Cluster),
-                        Err(_) => Err(timed_out("cluster", timeout)),
-                    }
+                    let connect = client.get_async_connection();
+                    Ok(Conn::Cluster(bounded("cluster", timeout, connect).await?))
                 }
                 .boxed()
             }
             #[cfg(feature = "sentinel")]
             Endpoint::Sentinel(client) => {
-                let (client, config) = (client.clone(), config.clone());
-                let timeout = self.connect_timeout;
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
                 async move {
                     let connect = async {
                         let primary = client.lock().await.async_get_client().await?;
@@ -420,18 +396,15 @@ impl Connector {
                             .get_multiplexed_async_connection_with_config(&config)
                             .await
                     };
-                    match tokio::time::timeout(timeout, connect).await {
-                        Ok(conn) => conn.map(Conn::Single),
-                        Err(_) => Err(timed_out("sentinel", timeout)),
-                    }
+                    Ok(Conn::Single(bounded("sentinel", timeout, connect).await?))
                 }
                 .boxed()
             }
         }
     }
 
-    /// A subscriber connection: to the server; on a cluster to the first seed node that
-    /// answers; through Sentinel to the current primary.
+    /// A subscriber connection: to the server, the first seed node that answers, or the
+    /// Sentinel service's current primary.
     #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         match &self.target {
@@ -442,15 +415,14 @@ impl Connector {
                     redis::ErrorKind::InvalidClientConfig,
                     "no seed node known for release notifications",
                 ));
-                // Each seed gets its share of the connect timeout, so that one that is down
-                // without a reset does not keep the others from being tried.
+                // Each seed gets its share of the connect timeout: a silent one does not
+                // keep the others from being tried.
                 let share = u32::try_from(seeds.len()).unwrap_or(u32::MAX).max(1);
                 let each = (self.connect_timeout / share).max(Duration::from_millis(50));
                 for seed in seeds {
-                    match tokio::time::timeout(each, seed.get_async_pubsub()).await {
-                        Ok(Ok(pubsub)) => return Ok(pubsub),
-                        Ok(Err(e)) => last = e,
-                        Err(_) => last = timed_out("subscriber", each),
+                    match bounded("subscriber", each, seed.get_async_pubsub()).await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = e,
                     }
                 }
                 Err(last)

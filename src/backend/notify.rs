@@ -1,19 +1,12 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per node, waking
-//! this process's waiters (see [`Waiters`]) when a holder releases, for the lock backend's
-//! waiters and the Redis concurrency limiter's.
+//! this process's waiters (see [`Waiters`]) when a holder releases, for the lock backend
+//! and the Redis concurrency limiter. A key's release channel is `{<key>}:released`.
 //!
-//! A key's release channel is `{<key>}:released` ([`channel`]): a lock key's, or a
-//! permit set's. The subscriber
-//! connections open when the client is built, and watch their nodes: a node that drops
-//! one has the node's command connection replaced at once too, so that the first command
-//! after a restart finds a new connection rather than the broken one. A subscriber
-//! connection lives as long as the client (every handle of the [`Redlock`]) or until it
-//! is replaced, whichever comes first: dropping it ends its reader task, which closes the
-//! connection. A connection that the node drops (a restart, a failover, a broken link) is
-//! replaced in the background, as the command connections are: the first attempt at once,
-//! then after pauses that double from 100 ms to 1 s, resubscribing the keys waited on; so
-//! a node that serves again has its subscriber back within about a second, before the next
-//! waiter needs it.
+//! The subscriber connections open when the client is built and live as long as it (every
+//! handle of the [`Redlock`]). They watch their nodes: one that the node drops (a restart,
+//! a failover) has the node's command connection replaced at once, and is itself replaced
+//! in the background (at once, then pauses doubling from 100 ms to 1 s), resubscribing the
+//! keys waited on.
 //!
 //! [`Redlock`]: crate::Redlock
 
@@ -30,8 +23,7 @@ use crate::backend::connection::{Connection, RECONNECT_MAX_PAUSE, RETRY_INTERVAL
 use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
 
-/// The release channel of `key`: `{<key>}:released`. The scripts that publish on it build
-/// the same name (`'{' .. KEYS[1] .. '}:released'`).
+/// The release channel of `key`: `{<key>}:released`, as the scripts that publish name it.
 pub(crate) fn channel(key: &str) -> String {
     released(key).to_string()
 }
@@ -41,8 +33,7 @@ pub(crate) fn released(key: &str) -> Joined<'_, 3> {
     Joined(["{", key, "}:released"])
 }
 
-/// Pieces written as one Redis argument in place, with no string built for it (a
-/// channel's or a key's name made of a key and a suffix), or shown joined.
+/// Pieces written in place as one Redis argument (no string built), or shown joined.
 pub(crate) struct Joined<'a, const N: usize>(pub(crate) [&'a str; N]);
 
 impl<const N: usize> redis::ToRedisArgs for Joined<'_, N> {
@@ -67,8 +58,7 @@ fn key_of_channel(channel: &str) -> Option<&str> {
     channel.strip_prefix('{')?.strip_suffix("}:released")
 }
 
-/// Unsubscribes from a key's channel when dropped (a wait that ends or is cancelled),
-/// unless someone in the process waits on it again.
+/// Unsubscribes from a key's channel when dropped, unless someone waits on it again.
 pub(crate) struct UnsubscribeOnDrop {
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) key: Arc<str>,
@@ -80,14 +70,12 @@ impl Drop for UnsubscribeOnDrop {
     }
 }
 
-/// The pub/sub side for Redis: one subscriber connection per node, opened by
-/// [`watch`](Notifier::watch) (or by the first wait, if that comes first), reading
-/// release messages and waking this process's waiters.
+/// One subscriber connection per node, opened by [`watch`](Notifier::watch) (or the first
+/// wait), waking this process's waiters on release messages.
 pub(crate) struct Notifier {
     pub(crate) waiters: Arc<Waiters>,
     nodes: Vec<NodeSubscriber>,
-    /// The nodes' command connections, in node order: replaced as soon as the node drops
-    /// its subscriber connection, before a command runs into the broken one.
+    /// The nodes' command connections, replaced when the node drops its subscriber.
     conns: Vec<Connection>,
     timeout: Duration,
 }
@@ -97,15 +85,13 @@ struct NodeSubscriber {
     sink: tokio::sync::Mutex<Option<Subscriber>>,
 }
 
-/// An open subscriber connection; `alive` turns false when its reader task ends (the
-/// connection dropped), so that the next subscription reconnects.
+/// An open subscriber connection; `alive` turns false when its reader task ends.
 struct Subscriber {
     sink: PubSubSink,
     alive: Arc<AtomicBool>,
-    /// The lock keys whose release channel this connection's subscription to is confirmed.
+    /// The keys whose channel subscription is confirmed on this connection.
     channels: HashSet<Arc<str>>,
-    /// Dropped with the subscriber (replaced, or the client gone): the reader task then
-    /// ends and drops its half, and the connection closes.
+    /// Dropped with the subscriber: the reader task ends, and the connection closes.
     _close: oneshot::Sender<()>,
 }
 
@@ -131,8 +117,7 @@ impl Notifier {
     }
 
     /// Opens every node's subscriber connection in the background, retried as after a
-    /// drop (see [`read`]): it then watches the node, so that a node that restarts or
-    /// drops this process's connections has them replaced before the next command.
+    /// drop (see [`read`]).
     pub(crate) fn watch(self: &Arc<Self>) {
         for index in 0..self.nodes.len() {
             let notifier = Arc::downgrade(self);
@@ -145,11 +130,8 @@ impl Notifier {
     }
 
     /// Subscribes to `key`'s release channel on every node that answers in time, and
-    /// returns once each subscription is confirmed: only then may a waiter mark the key.
-    /// Cheap when the channel is already subscribed (by another waiter of this process);
-    /// a waiter arriving while another's subscription is in flight waits for it under the
-    /// node's lock, and subscribes itself if that one gave up. Failures are left to the
-    /// fallback timer.
+    /// returns once confirmed: only then may a waiter mark the key. Failures are left to
+    /// the fallback timer.
     pub(crate) async fn subscribe(self: &Arc<Self>, key: &Arc<str>) {
         futures_util::future::join_all(
             (0..self.nodes.len()).map(|node| self.subscribe_on(node, key)),
@@ -161,10 +143,7 @@ impl Notifier {
         let node = &self.nodes[index];
         let attempt = async {
             let mut sink = node.sink.lock().await;
-            if !sink
-                .as_ref()
-                .is_some_and(|s| s.alive.load(Ordering::Acquire))
-            {
+            if !alive(&sink) {
                 *sink = None;
                 *sink = Some(self.connect(index).await?);
             }
@@ -217,23 +196,17 @@ impl Notifier {
         });
     }
 
-    /// Opens a subscriber connection to node `index` and the task that reads it;
-    /// resubscribes the keys currently waited on. Should the node drop the connection,
-    /// the task replaces it in the background (see [`read`]).
+    /// Opens a subscriber connection to node `index` and the task that reads it (see
+    /// [`read`]).
     async fn connect(self: &Arc<Self>, index: usize) -> redis::RedisResult<Subscriber> {
-        let (sink, stream, waited) = self.open(index).await?;
-        // Only now: should this future be dropped (the subscribe timed out) or fail before,
-        // both halves go with it and the connection is closed, not left to a reader task.
-        let (subscriber, reading) = Reading::start(sink, stream, waited);
+        let (subscriber, reading) = self.open(index).await?;
         tokio::spawn(read(Arc::downgrade(self), index, reading));
         Ok(subscriber)
     }
 
-    /// A subscriber connection to node `index`, subscribed to the keys waited on now.
-    async fn open(
-        &self,
-        index: usize,
-    ) -> redis::RedisResult<(PubSubSink, PubSubStream, Vec<Arc<str>>)> {
+    /// A subscriber connection to node `index`, subscribed to the keys waited on now: the
+    /// node's half, and the reader's.
+    async fn open(&self, index: usize) -> redis::RedisResult<(Subscriber, Reading)> {
         let pubsub = self.nodes[index].connector.pubsub().await?;
         let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
@@ -241,8 +214,28 @@ impl Notifier {
             let channels: Vec<_> = waited.iter().map(|key| channel(key)).collect();
             sink.subscribe(channels).await?;
         }
-        Ok((sink, stream, waited))
+        let alive = Arc::new(AtomicBool::new(true));
+        let (close, closed) = oneshot::channel::<()>();
+        let subscriber = Subscriber {
+            sink,
+            alive: alive.clone(),
+            channels: waited.into_iter().collect(),
+            _close: close,
+        };
+        Ok((
+            subscriber,
+            Reading {
+                stream,
+                alive,
+                closed,
+            },
+        ))
     }
+}
+
+fn alive(sink: &Option<Subscriber>) -> bool {
+    sink.as_ref()
+        .is_some_and(|s| s.alive.load(Ordering::Acquire))
 }
 
 /// What a reader task holds of its connection.
@@ -252,35 +245,9 @@ struct Reading {
     closed: oneshot::Receiver<()>,
 }
 
-impl Reading {
-    /// The two halves of a new connection: the subscriber kept by the node, and the
-    /// reader's part.
-    fn start(sink: PubSubSink, stream: PubSubStream, waited: Vec<Arc<str>>) -> (Subscriber, Self) {
-        let alive = Arc::new(AtomicBool::new(true));
-        let (close, closed) = oneshot::channel::<()>();
-        let subscriber = Subscriber {
-            sink,
-            alive: alive.clone(),
-            channels: waited.into_iter().collect(),
-            _close: close,
-        };
-        (
-            subscriber,
-            Reading {
-                stream,
-                alive,
-                closed,
-            },
-        )
-    }
-}
-
 /// Reads node `index`'s release messages and wakes their waiters. When the node drops the
-/// connection, replaces it: at once, then after pauses that double from
-/// [`RETRY_INTERVAL`] to [`RECONNECT_MAX_PAUSE`] (the command connections' bounds), each
-/// attempt bounded by the notifier's timeout, and reads the new one; its waiters are woken
-/// to re-try then, since a release may have gone unheard. Ends when the subscriber is
-/// dropped (replaced by a subscription, or the client gone).
+/// connection, replaces it ([`reconnect`]) and wakes every waiter to re-try (a release may
+/// have gone unheard). Ends when the subscriber is dropped.
 async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
     loop {
         let dropped_by_node = loop {
@@ -320,24 +287,21 @@ async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
     }
 }
 
-/// A new connection for node `index` after the node dropped the last one, with the
-/// backoff of [`read`]; `None` when a subscription reconnected first or the client is gone.
+/// A new connection for node `index`: at once, then after pauses doubling from
+/// [`RETRY_INTERVAL`] to [`RECONNECT_MAX_PAUSE`]; `None` when a subscription reconnected
+/// first or the client is gone.
 async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
     let mut pause = RETRY_INTERVAL;
     loop {
         let this = notifier.upgrade()?;
         {
             let mut sink = this.nodes[index].sink.lock().await;
-            if sink
-                .as_ref()
-                .is_some_and(|s| s.alive.load(Ordering::Acquire))
-            {
+            if alive(&sink) {
                 return None;
             }
-            if let Ok(Ok((new_sink, stream, waited))) =
+            if let Ok(Ok((subscriber, reading))) =
                 tokio::time::timeout(this.timeout, this.open(index)).await
             {
-                let (subscriber, reading) = Reading::start(new_sink, stream, waited);
                 *sink = Some(subscriber);
                 drop(sink);
                 this.waiters.wake_all();

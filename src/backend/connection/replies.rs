@@ -2,9 +2,8 @@
 
 use redis::{ErrorKind, RedisError, ServerError, ServerErrorKind, Value};
 
-/// Whether `error` is the server's reply to a command, which says nothing against the
-/// connection. Except `READONLY`: the server is (now) a replica, as a primary demoted by
-/// a failover, and a new connection finds the new primary.
+/// Whether `error` is the server's reply, which says nothing against the connection;
+/// except `READONLY` (a demoted primary: a new connection finds the new one).
 pub(super) fn is_reply(error: &RedisError) -> bool {
     match error.kind() {
         ErrorKind::Server(kind) => !is_read_only(kind, error.detail()),
@@ -13,10 +12,8 @@ pub(super) fn is_reply(error: &RedisError) -> bool {
     }
 }
 
-/// Whether an error reply of `kind` with `detail` says the server is a replica:
-/// `-READONLY ...`, or on Redis before 7 a script's write refused that way, which comes
-/// back wrapped as `-ERR Error running script (...): ... -READONLY You can't write against
-/// a read only replica.`
+/// Whether an error reply says the server is a replica: `-READONLY ...`, or before Redis 7
+/// a script's write refused that way, wrapped in `-ERR Error running script (...): ...`.
 fn is_read_only(kind: ServerErrorKind, detail: Option<&str>) -> bool {
     match kind {
         ServerErrorKind::ReadOnly => true,
@@ -26,9 +23,7 @@ fn is_read_only(kind: ServerErrorKind, detail: Option<&str>) -> bool {
     }
 }
 
-/// What a command got back, which may hold the server's error replies as values (redis-rs
-/// hands a single command's `-ERR` back as [`Value::ServerError`], and `query_async`
-/// turns it into an error only later).
+/// What a command got back, which may hold error replies as [`Value::ServerError`].
 pub(super) trait Replies {
     /// The `READONLY` error among the replies, if any.
     fn read_only(&self) -> Option<&ServerError>;

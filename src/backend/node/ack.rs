@@ -1,6 +1,4 @@
-//! Replica acknowledgement: a node that grants only once its replicas (and, optionally,
-//! its own append-only file) have the write, by `WAIT` and `WAITAOF` in the write's
-//! pipeline.
+//! Replica acknowledgement: `WAIT` and `WAITAOF` in a granting write's pipeline.
 
 use std::time::Duration;
 
@@ -10,33 +8,19 @@ use super::Node;
 
 impl Node {
     /// Makes this node grant a lock only once `replicas` of its replicas have the write:
-    /// after each write that takes or extends a lock, raises a fencing counter or stores
-    /// an idempotency record, the node is sent `WAIT replicas timeout` in the same round
-    /// trip (one pipeline, on a connection of its own, so that a blocking `WAIT` holds up
-    /// no other command). Fewer acknowledgements within [`replica_timeout`] mean the node
-    /// did not grant it: the operation counts as that node's failure
-    /// ([`NodeFailureReason::NotAcknowledged`]) and the verdict follows the quorum rule as
-    /// usual. When the attempt as a whole fails, what it wrote is deleted, as for any
-    /// attempt that fell short; when the other nodes still make a quorum, the key stays
-    /// under the lease until its release. For a primary with replicas, a Sentinel-managed
-    /// primary, or a Redis Cluster (each shard's primary waits for its own replicas; a set
-    /// of keys waits once per slot). Default: off (0). Nothing checks `replicas` against
-    /// the replicas the node has: more than it has refuses every lock.
+    /// each write that takes or extends a lock, raises a fencing counter or stores an
+    /// idempotency record is followed by `WAIT replicas timeout` in the same pipeline, on
+    /// a connection of its own. Fewer acknowledgements within [`replica_timeout`] make it
+    /// the node's failure ([`NodeFailureReason::NotAcknowledged`]), counted by the quorum
+    /// rule as usual. Works on a primary with replicas, a Sentinel primary or a Redis
+    /// Cluster (each shard waits for its own). Default: off (0). More replicas than the
+    /// node has refuses every lock.
     ///
-    /// What it buys: a primary that fails right after granting a lock, before the write
-    /// reached its replicas, no longer hands the lock to a second client once a replica is
-    /// promoted, as long as the promoted replica is one that acknowledged. What it does
-    /// not: replication stays asynchronous, and a failover may still promote a replica
-    /// that had not acknowledged (Redis docs, `WAIT`: "it does not make Redis a strongly
-    /// consistent store"); a primary restarted without persistence (and no failover)
-    /// forgets, and its replicas with it. Acknowledged writes queue behind each other on
-    /// their connection, each for the replicas' round trip (usually under a millisecond
-    /// on a LAN). While the replicas are down, every acquisition and renewal on the node
-    /// waits the replica timeout and is refused, so running leases end at their validity.
-    ///
-    /// The Redis docs: <https://redis.io/docs/latest/commands/wait/>. Applies to Redlock
-    /// nodes; the limiters' stores (`RedisRateLimiter`, `RedisConcurrencyLimiter`) ignore
-    /// it.
+    /// A failover then keeps the lock if it promotes a replica that acknowledged; it may
+    /// still promote one that did not (replication stays asynchronous: the Redis docs,
+    /// <https://redis.io/docs/latest/commands/wait/>). While the replicas are down, every
+    /// acquisition and renewal on the node waits the replica timeout and is refused.
+    /// Applies to Redlock nodes; the limiters' stores ignore it.
     ///
     /// [`replica_timeout`]: Node::replica_timeout
     /// [`NodeFailureReason::NotAcknowledged`]: crate::NodeFailureReason::NotAcknowledged
@@ -45,22 +29,19 @@ impl Node {
         self
     }
 
-    /// Also waits for the primary to write each such write to its append-only file and
-    /// fsync it (`WAITAOF 1 0 timeout`, Redis 7.2 and later, Valkey 8): a primary that
-    /// restarts from its AOF then still has the lock. The primary must run with
-    /// `appendonly yes` (the node answers an error otherwise, and refuses every
-    /// acquisition). The Redis docs: <https://redis.io/docs/latest/commands/waitaof/>.
-    /// Default: off.
+    /// Also waits for the primary to fsync each such write to its append-only file
+    /// (`WAITAOF 1 0 timeout`, Redis 7.2+, Valkey 8), so that a restart from the AOF keeps
+    /// the lock. Needs `appendonly yes`, or every acquisition is refused. Default: off.
+    /// The Redis docs: <https://redis.io/docs/latest/commands/waitaof/>.
     pub fn wait_for_fsync(mut self) -> Self {
         self.ack_mut().fsync = true;
         self
     }
 
-    /// How long [`wait_for_replicas`] and [`wait_for_fsync`] wait, in all, for the
-    /// acknowledgements (with both, each command gets half): it must be shorter than the
-    /// Redlock's node timeout (checked by [`RedlockBuilder::build`],
-    /// [`ConfigError::InvalidReplicaTimeout`]). Default: half the node timeout, in whole
-    /// milliseconds (rounded down), at least 1 ms.
+    /// How long [`wait_for_replicas`] and [`wait_for_fsync`] wait in all (with both, half
+    /// each); shorter than the node timeout, or [`RedlockBuilder::build`] fails with
+    /// [`ConfigError::InvalidReplicaTimeout`]. Default: half the node timeout, in whole
+    /// milliseconds, at least 1 ms.
     ///
     /// [`wait_for_replicas`]: Node::wait_for_replicas
     /// [`wait_for_fsync`]: Node::wait_for_fsync
@@ -92,8 +73,7 @@ pub(crate) struct ReplicaAck {
 
 #[cfg_attr(not(feature = "lock"), allow(dead_code))]
 impl ReplicaAck {
-    /// Sets the default timeout (half of `node_timeout`) where none was given, and checks
-    /// that it is above zero and shorter than `node_timeout`.
+    /// Defaults the timeout to half of `node_timeout`, and checks it is in `(0, node_timeout)`.
     pub(crate) fn resolve(&mut self, node_timeout: Duration) -> Result<(), Duration> {
         let timeout = *self
             .timeout
@@ -104,8 +84,7 @@ impl ReplicaAck {
         Ok(())
     }
 
-    /// `cmd`, then `WAIT` (and `WAITAOF`), as one pipeline: one round trip. The replies
-    /// after the first are read by [`ReplicaAck::acknowledged`].
+    /// `cmd`, then `WAIT` (and `WAITAOF`), as one pipeline.
     pub(crate) fn pipeline(&self, cmd: &Cmd) -> Pipeline {
         let total = self
             .timeout
@@ -129,8 +108,7 @@ impl ReplicaAck {
         1 + usize::from(self.replicas > 0) + usize::from(self.fsync)
     }
 
-    /// Reads the `WAIT` and `WAITAOF` replies: `Ok(None)` when every acknowledgement came,
-    /// otherwise what came, as the node's failure.
+    /// Reads the `WAIT` and `WAITAOF` replies: `None` when every acknowledgement came.
     pub(crate) fn acknowledged(
         &self,
         replies: &[Value],
@@ -190,9 +168,8 @@ mod tests {
     #[test]
     fn the_default_is_half_the_node_timeout_and_must_be_shorter() {
         let mut a = ReplicaAck {
-            replicas: 1,
-            fsync: false,
             timeout: None,
+            ..ack(1, false, 0)
         };
         assert_eq!(a.resolve(Duration::from_millis(500)), Ok(()));
         assert_eq!(a.timeout, Some(Duration::from_millis(250)));

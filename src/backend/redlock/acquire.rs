@@ -1,8 +1,5 @@
 //! An acquisition: the `SET NX` round, the fencing round, and the cleanup of an attempt
-//! that fell short. [`Acquisition`] holds these steps for every kind of attempt (a plain
-//! one, a shared or exclusive one, a fair one, one on a set of keys): each sends its own
-//! node operation (a script, or the native `SET NX PX` of a plain attempt) and gets its
-//! answers as [`Attempted`].
+//! that fell short, for every kind of attempt ([`Acquisition`]).
 
 use std::future::Future;
 use std::num::NonZeroU64;
@@ -55,7 +52,9 @@ impl LockBackend for Redlock {
         access: Access,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_access_within(key, access, max_wait)
+        self.wait_with(key.clone(), max_wait, move |waiting| {
+            self.acquire_access(key.clone(), access, waiting)
+        })
     }
 
     fn wait_fair(
@@ -68,13 +67,8 @@ impl LockBackend for Redlock {
 }
 
 impl Redlock {
-    /// One acquisition attempt; a `waiting` attempt (by a waiter subscribed to the lock's
-    /// release channel) sets the waiters' mark where the lock is held, so that its
-    /// holder's release publishes.
-    ///
-    /// Answered in process when it can be (see [`hot`](super::hot)): "taken" while this
-    /// client holds the key, and the outcome of the attempt already in flight on the
-    /// key, if any, instead of a second one.
+    /// One acquisition attempt, answered in process when it can be (see
+    /// [`hot`](super::hot)); a `waiting` attempt sets the waiters' mark where it is held.
     pub(super) async fn acquire_untraced(
         &self,
         key: Arc<str>,
@@ -83,7 +77,6 @@ impl Redlock {
         loop {
             match self.inner.hot.enter(&key, waiting) {
                 Admission::Held { left } => {
-                    // Answered in process: no node was asked.
                     crate::observe::nodes_answered(0);
                     // The keys outlive the validity by up to the drift allowance.
                     return Err(LockError::Taken {
@@ -93,8 +86,7 @@ impl Redlock {
                 Admission::Follow(flight) => match flight.outcome().await {
                     Outcome::Taken(retry_after) => return Err(LockError::Taken { retry_after }),
                     Outcome::Failed(e) => return Err(e),
-                    // Won: the next look finds the holder (or, released meanwhile, a
-                    // free key). Abandoned: nobody asked Redis yet.
+                    // The next look finds the holder, or a free key.
                     Outcome::Won | Outcome::Abandoned => {}
                 },
                 Admission::Lead(flight) => {
@@ -113,7 +105,6 @@ impl Redlock {
         waiting: bool,
         start: Instant,
     ) -> Result<Lease, LockError> {
-        // Releases whatever was set if this future is dropped before the verdict.
         let mut acquisition = Acquisition::starting(self, Keys::Lock(key.clone()), start);
         let token = acquisition.token;
         let attempt = Attempt {
@@ -121,8 +112,6 @@ impl Redlock {
             fenced: self.inner.fence_ms.is_some(),
             mark_ms: waiting.then_some(self.inner.mark_ms),
         };
-        // Taken: our key is deleted where it may have been set (every node but those that
-        // answered "held"), in the background; usually nowhere.
         let round = acquisition
             .round(
                 |conn| scripts::acquire(conn, key.clone(), token, attempt),
@@ -134,9 +123,8 @@ impl Redlock {
         acquisition.won(&round, self.inner.fence_ms).await
     }
 
-    /// Deletes `keys` where they hold `token`, in the background, each bounded by the
-    /// node timeout, on the nodes of `round` that did not answer "held": where the attempt
-    /// set them, and where it may have (no answer in time).
+    /// Deletes `keys` where they hold `token`, in the background, on the nodes of `round`
+    /// that did not answer "held".
     fn release_unless_held(&self, round: &Answers<Attempted>, keys: &Keys, token: Token) {
         let nodes: Vec<_> = self
             .inner
@@ -144,7 +132,7 @@ impl Redlock {
             .iter()
             .zip(&round.answers)
             .filter(|(_, answer)| !matches!(answer, Some(Ok(Attempted::Held { .. }))))
-            .map(|(node, _)| node.conn.clone())
+            .map(|(node, _)| node.clone())
             .collect();
         if nodes.is_empty() {
             return;
@@ -159,9 +147,8 @@ impl Redlock {
         )));
     }
 
-    /// The second round of a fenced acquisition: the token is one above the highest
-    /// counter the acquiring nodes returned, written back to every node where we hold the
-    /// keys, with the counters' expiry set to `fence_ms`. Succeeds with a quorum of writes.
+    /// The second round of a fenced acquisition: writes one above `highest_counter` back
+    /// to every node where we hold the keys; succeeds with a quorum of writes.
     async fn raise_fence(
         &self,
         keys: &Keys,
@@ -192,10 +179,9 @@ impl Redlock {
         }
     }
 
-    /// How long until enough holders' keys expire for a quorum of nodes to be free, from
-    /// the answers of a lost attempt: nodes where it set the keys count as free (they are
-    /// deleted there); `turn` is how long a node that is free but not ours to take (a fair
-    /// queue's head goes first) counts as held, and without it such a node counts as free.
+    /// How long until a quorum of nodes may be free, from a lost attempt's answers: nodes
+    /// where it set the keys count as free; one free but not ours to take counts as held
+    /// for `turn`, or as free without it.
     fn retry_after(&self, round: &Answers<Attempted>, turn: Option<Duration>) -> Duration {
         let ttl = self.inner.policy.ttl;
         let mut held: Vec<Duration> = Vec::with_capacity(round.answers.len());
@@ -221,8 +207,7 @@ impl Redlock {
     }
 }
 
-/// Logs the nodes of a won round whose fencing counter another client spoiled: the lock
-/// was acquired without them, but they stay out of every fenced acquisition of the key.
+/// Logs the nodes of a won round whose fencing counter is not an integer.
 fn warn_invalid_counters(round: &Answers<Attempted>) {
     for answer in round.answers.iter().flatten() {
         if let Err(NodeFailureReason::InvalidFencingCounter { key }) = answer {
@@ -237,19 +222,15 @@ fn warn_invalid_counters(round: &Answers<Attempted>) {
 /// How a refused attempt deletes what it may have set.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum CleanUp {
-    /// In the background, on every node that did not answer "held" (where it set the
-    /// keys, and where it may have: no answer in time), so that the refusal costs one
-    /// round.
+    /// In the background, on every node that did not answer "held".
     Background,
-    /// Before the refusal is answered, on every node, unless every node answered that it
-    /// set nothing.
+    /// Before the refusal is answered, unless every node answered that it set nothing.
     Awaited,
 }
 
-/// One acquisition attempt, with a fresh token, on `keys`: its round ([`round`]), and the
-/// lease a won round gives ([`won`]). Dropped armed (before its verdict, as when the
-/// caller's future is dropped, or failing after it), it releases whatever it set, in the
-/// background.
+/// One acquisition attempt on `keys`, with a fresh token: its [`round`], and the lease a
+/// won round gives ([`won`]). Dropped before its verdict (or failing after it), it
+/// releases whatever it set, in the background.
 ///
 /// [`round`]: Acquisition::round
 /// [`won`]: Acquisition::won
@@ -281,15 +262,10 @@ impl<'a> Acquisition<'a> {
         }
     }
 
-    /// Runs `op` (the attempt's script on one node) on every node at once, under the
-    /// node timeout from the attempt's start, each node voting for where it set the keys,
-    /// under [`Rule::Contest`], and stops waiting for the rest at the verdict (this
-    /// attempt, if dropped, releases what they set).
-    ///
-    /// Returns the answers of a won round. A lost round is [`LockError::Taken`], with how
-    /// long until a quorum may be free ([`retry_after`](Redlock::retry_after) with
-    /// `turn`), once what the attempt may have set is deleted as `clean_up` says; an
-    /// undecided one is [`LockError::NoQuorum`], and the caller drops the attempt.
+    /// Runs `op` on every node at once under [`Rule::Contest`], returning at the verdict:
+    /// the answers of a won round; [`LockError::Taken`] (see
+    /// [`retry_after`](Redlock::retry_after)) once cleaned up as `clean_up` says; or
+    /// [`LockError::NoQuorum`].
     pub(super) async fn round<F, Fut>(
         &mut self,
         op: F,
@@ -315,7 +291,6 @@ impl<'a> Acquisition<'a> {
             QuorumVerdict::NoQuorum => return Err(redlock.no_quorum(round)),
             QuorumVerdict::Lost => {}
         }
-        // Taken: the answers tell how long the holders have left.
         let retry_after = redlock.retry_after(&round, turn);
         match clean_up {
             CleanUp::Background => redlock.release_unless_held(&round, &self.keys, self.token),
@@ -331,21 +306,15 @@ impl<'a> Acquisition<'a> {
         Err(LockError::Taken { retry_after })
     }
 
-    /// The lease of the won `round`: with `fence_ms`, fenced one above the highest
-    /// counter its nodes returned ([`raise_fence`](Redlock::raise_fence)); valid for the
-    /// TTL less the time the attempt took and the drift allowance.
-    ///
-    /// # Errors
-    ///
-    /// Those of the fencing round, and [`LockError::TooSlow`] when no validity is left:
-    /// the lock, held by a quorum, is then released in the background.
+    /// The lease of the won `round`, fenced with `fence_ms`
+    /// ([`raise_fence`](Redlock::raise_fence)). Errors: the fencing round's, and
+    /// [`LockError::TooSlow`] when no validity is left (the lock is then released).
     pub(super) async fn won(
         mut self,
         round: &Answers<Attempted>,
         fence_ms: Option<u64>,
     ) -> Result<Lease, LockError> {
-        // From here a failure gives up a lock that waiters may be marking: its release
-        // wakes them.
+        // From here a failure's release wakes the waiters.
         self.quorum = true;
         let redlock = self.redlock;
         let fencing_token = match fence_ms {
@@ -389,8 +358,7 @@ impl Drop for Acquisition<'_> {
     }
 }
 
-/// Whether a refused attempt may have set something on a node: unless every node
-/// answered that it set nothing, it may have.
+/// Whether a refused attempt may have set something: unless every node answered "held".
 fn may_have_set(round: &Answers<Attempted>) -> bool {
     !round
         .answers

@@ -9,7 +9,7 @@ use crate::backend::node::Node;
 use super::hot::HotKeys;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
-use super::{NodeConn, Redlock, RedlockCore, scripts};
+use super::{Redlock, RedlockCore, failure, scripts};
 use crate::backend::notify::Notifier;
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
@@ -52,27 +52,17 @@ impl RedlockBuilder {
     policy_setters!();
 
     /// How long to wait for one node's answer before counting it as failed. Default 5% of
-    /// the TTL (500 ms for the default 10 s), as go-redsync. It must be shorter than the
-    /// TTL, and should be much shorter so that a dead node cannot eat the validity.
-    /// Every operation returns as soon as the answers in hand decide its verdict (a
-    /// quorum of OKs; for `Taken`, a quorum of answers with too many "held"; for
-    /// `Expired`, N - quorum + 1 "gone"), and finishes its cleanup on the slower nodes in
-    /// the background, so a hung node costs nothing while the others agree; the timeout
-    /// bounds the wait when the verdict needs the hung node. The Redis docs suggest 5 to
-    /// 50 ms for a 10 s TTL on a fast network.
+    /// the TTL (500 ms for the default 10 s), as go-redsync; it must be shorter than the
+    /// TTL, and should be much shorter (the Redis docs suggest 5 to 50 ms for 10 s).
+    /// Operations return as soon as the answers in hand decide the verdict, so a hung node
+    /// costs nothing while the others agree; this bounds the wait when it is needed.
     ///
-    /// Recovery: a node's connection that fails in any way (refused, reset, an answer that
-    /// is not Redis, a refused handshake) is replaced at once when the release subscriber
-    /// sees the node drop it ([`notify_waiters`](Self::notify_waiters), on by default;
-    /// measured: both connections back 80 ms after a restart, with no request), and
-    /// otherwise by the next operation, with at most
-    /// one connection attempt per 100 ms, each bounded by the node timeout or 500 ms,
-    /// whichever is longer. Once the node serves Redis again, operations use it within
-    /// about 100 ms plus one connection (measured: 70 to 95 ms). A connection that goes
-    /// silent without failing (its peer gone without a reset) is probed with `PING` when
-    /// an operation gives up on it with nothing else answered, at most once a second, and
-    /// replaced when the probe gets no answer within 1 s: within the node timeout plus
-    /// 2 s.
+    /// Recovery: a node's connection that fails in any way is replaced at once when the
+    /// release subscriber sees the node drop it ([`notify_waiters`](Self::notify_waiters)),
+    /// else by the next operation: at most one attempt per 100 ms, each bounded by the node
+    /// timeout or 500 ms, whichever is longer. A connection gone silent is probed with
+    /// `PING` when an operation gives up on it, and replaced when the probe gets no answer
+    /// within 1 s.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -87,36 +77,27 @@ impl RedlockBuilder {
     }
 
     /// Whether [`LockRequest::wait`](crate::LockRequest::wait) waiters subscribe to release
-    /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber
-    /// connection per node, opened by `build` and closed when the last handle of the
-    /// client is dropped). The subscriber also watches its node: when the node drops it
-    /// (a restart, a failover), the node's command connection is replaced at once, and
-    /// the subscriber itself in the background (the first attempt at once, then pauses
-    /// doubling from 100 ms to 1 s), so that the first request after the node is back
-    /// finds new connections. Default on; off, waiters only re-try on their fallback
-    /// timer (the holder's remaining TTL, capped at 1 s), and set no mark. A release
-    /// publishes only when a subscribed waiter (of any process) set the mark
-    /// `{<lock key>}:waiters` beside the lock, so a lock nobody waits for costs no
-    /// `PUBLISH`.
+    /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber connection
+    /// per node, opened by `build`). A subscriber dropped by its node also has the node's
+    /// command connection replaced at once, and is itself reopened in the background
+    /// (pauses doubling from 100 ms to 1 s). A release publishes only when a subscribed
+    /// waiter set the mark `{<lock key>}:waiters`. Default on; off, waiters re-try on
+    /// their fallback timer only (the holder's remaining TTL, at most 1 s).
     pub fn notify_waiters(mut self, enabled: bool) -> Self {
         self.notify_waiters = enabled;
         self
     }
 
-    /// Checks the configuration, opens a connection to every node and loads the Lua
-    /// scripts there, each node bounded by the node timeout. A node that cannot be reached
-    /// now is not an error: it is retried on every later operation, and locks are granted
-    /// while a quorum answers.
-    ///
-    /// Needs a Tokio runtime with the time driver.
+    /// Checks the configuration, connects to every node and loads the Lua scripts, each
+    /// node bounded by the node timeout. An unreachable node is not an error: it is
+    /// retried later. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`]: no nodes, an invalid URL, a zero or too long TTL, a TTL too short
-    /// to leave validity after the drift allowance, a node timeout not shorter than the
-    /// TTL, a drift factor out of range, an empty retry delay range, a bad prefix, or a
-    /// node's replica timeout not shorter than the node timeout
-    /// ([`ConfigError::InvalidReplicaTimeout`]).
+    /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
+    /// validity after the drift allowance, a node timeout not shorter than the TTL, a
+    /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
+    /// timeout not shorter than the node timeout.
     pub async fn build(self) -> Result<Redlock, ConfigError> {
         self.policy.validate()?;
         if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {
@@ -159,15 +140,10 @@ impl RedlockBuilder {
                 })?;
             }
             connectors.push(connector.clone());
-            let label = connector.label.clone();
-            let conn = Connection::new(connector, connect_timeout, scripts::ALL);
-            nodes.push(NodeConn {
-                label: label.into(),
-                conn,
-            });
+            nodes.push(Connection::new(connector, connect_timeout, scripts::ALL));
         }
         let quorum = nodes.len() / 2 + 1;
-        let conns = nodes.iter().map(|node| node.conn.clone()).collect();
+        let conns = nodes.clone();
         let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
             inner: Arc::new(RedlockCore {
@@ -193,17 +169,14 @@ impl RedlockBuilder {
                 policy: self.policy,
             }),
         };
-        // Connecting now loads every script and checks that the nodes answer. Each new
-        // connection loads them again: an acquisition returns once the quorum is decided
-        // and drops the slower nodes' commands, so on a node that lacks a script
-        // (restarted empty) its `NOSCRIPT` fallback might never run there.
+        // Connecting now loads every script and checks that the nodes answer.
         let loads = round::run(
             round::Ops::new(
                 redlock
                     .inner
                     .nodes
                     .iter()
-                    .map(|node| scripts::connect(node.conn.clone())),
+                    .map(|node| scripts::connect(node.clone())),
             ),
             std::time::Instant::now(),
             node_timeout,
@@ -215,7 +188,7 @@ impl RedlockBuilder {
         .await;
         for (node, load) in redlock.inner.nodes.iter().zip(loads.answers) {
             if let Some(Err(reason)) = load {
-                tracing::warn!(failure = %node.failure(reason), "Redis node not reachable yet; it will be retried");
+                tracing::warn!(failure = %failure(node, reason), "Redis node not reachable yet; it will be retried");
             }
         }
         if let Some(notifier) = &redlock.inner.notifier {
@@ -225,8 +198,7 @@ impl RedlockBuilder {
     }
 }
 
-/// A duration in whole milliseconds, saturating (every duration here is bounded by
-/// [`MAX_TTL`](crate::backend::settings::MAX_TTL) times a small factor).
-fn millis(d: Duration) -> u64 {
+/// A duration in whole milliseconds, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

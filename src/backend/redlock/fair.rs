@@ -1,20 +1,16 @@
 //! Fair waiting over the Redlock nodes: the waiters of one key, across all clients,
 //! acquire in arrival order.
 //!
-//! Each node keeps, in the lock key `K`'s Redis Cluster slot:
-//! - `{K}:queue`, a sorted set of waiter ids scored by arrival (µs since the Unix epoch
-//!   on the waiter's clock, stamped once when it starts waiting: every node orders the
-//!   waiters alike; ties go by id);
-//! - `{K}:queue-deadlines`, the same ids scored by the entry's deadline (ms on the node's
-//!   clock): a waiter's entry lives the waiters' mark TTL (2 s plus the node timeout),
-//!   renewed by each of its attempts, and never past the waiter's own deadline
-//!   (`max_wait`). Every attempt prunes the entries past their deadline, so a waiter that
-//!   crashes leaves the queue within that bound; one that gives up (its deadline, or its
-//!   future dropped) removes its entry at once and wakes the next.
+//! Each node keeps, in the lock key `K`'s slot:
+//! - `{K}:queue`, waiter ids scored by arrival (µs since the Unix epoch, stamped once by
+//!   the waiter: every node orders them alike);
+//! - `{K}:queue-deadlines`, the same ids scored by their entry's deadline (ms on the node's
+//!   clock): an entry lives as the waiters' mark, renewed by each attempt, never past the
+//!   waiter's `max_wait`. Attempts prune expired entries, so a crashed waiter drops out;
+//!   one that gives up removes its entry at once and wakes the next.
 //!
-//! Only the head of the queue (or anyone, when the queue is empty) may take the lock,
-//! with the plain lock's `SET NX` and the same quorum and validity rules. The head is
-//! woken by the release notifications of the plain lock (`{K}:released`).
+//! Only the head of the queue (or anyone, when it is empty) may take the lock, with the
+//! plain lock's `SET NX`, quorum and validity rules, woken by its release notifications.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -33,17 +29,13 @@ use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
-/// How long a waiter that is not the head sleeps, at most, when the lock is free: the
-/// head's turn (it is woken by the release and normally takes the lock at once).
+/// How long a waiter that is not the head sleeps, at most, when the lock is free.
 const TURN: Duration = Duration::from_millis(100);
 
 /// A fair attempt. KEYS: the lock key, the queue, the deadlines, the waiters' mark, the
 /// fencing counter. ARGV: waiter id, token, TTL (ms), the mark's TTL (ms; `0`: do not
 /// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
-/// fencing counter.
-///
-/// Answers as every acquisition script does ([`Attempted::decode`]): refused with the
-/// lock key's `PTTL` (-2 when it is free but another waiter is first).
+/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]).
 pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -83,8 +75,8 @@ return {{0, redis.call('PTTL', KEYS[1])}}
     ))
 });
 
-/// Leaves the queue. KEYS: the queue, the deadlines. ARGV: waiter id, the lock key.
-/// Wakes the others (on `{<lock key>}:released`) when the leaver was the head.
+/// Leaves the queue (KEYS: the queue, the deadlines; ARGV: waiter id, the lock key),
+/// waking the others when the leaver was the head.
 pub(in crate::backend::redlock) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -150,8 +142,7 @@ async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), Nod
     Ok(())
 }
 
-/// Takes the waiter out of the queue on every node when dropped (it acquired, gave up,
-/// or its future was dropped), in the background.
+/// Takes the waiter out of the queue on every node when dropped, in the background.
 struct LeaveOnDrop {
     redlock: Redlock,
     key: Arc<str>,
@@ -239,8 +230,7 @@ impl Redlock {
             let left = waiter
                 .deadline
                 .map_or(Duration::MAX, |d| d.saturating_duration_since(start));
-            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            ms.clamp(1, self.inner.mark_ms)
+            super::builder::millis(left).clamp(1, self.inner.mark_ms)
         } else {
             0
         };

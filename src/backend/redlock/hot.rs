@@ -1,18 +1,10 @@
-//! Hot keys answered in process: this client's own holders and acquisitions in flight,
-//! per key.
+//! Hot keys answered in process: this client's own holders and acquisitions in flight.
 //!
-//! While this process holds key K (a lease of this [`Redlock`](super::Redlock), through
-//! the layer, the extractor or the client methods), another attempt on K in this process
-//! is answered "taken" at once, without a Redis round trip: Redis would refuse it anyway.
-//! While an attempt on K is in flight, further attempts on K wait for its outcome and
-//! share it rather than send their own: a burst of N requests on one key costs Redis one
-//! attempt, not N.
-//!
-//! The table only ever answers "taken": a key it does not hold still goes to Redis. A
-//! holder leaves it at once when it is released (before the release round), when a
-//! renewal finds its token gone, and when its validity ends (checked on every lookup);
-//! a renewal moves its validity. A holder of another process, or of another client
-//! object in this one, is never in it.
+//! While this [`Redlock`](super::Redlock) holds key K, another attempt on K is answered
+//! "taken" without a round trip (Redis would refuse it anyway). While an attempt on K is
+//! in flight, further attempts share its outcome: a burst on one key costs one attempt.
+//! The table only ever answers "taken"; a holder leaves it when released, found lost, or
+//! past its validity.
 
 use std::collections::hash_map::Entry as SlotEntry;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -25,7 +17,8 @@ use crate::backend::hold::HoldTimes;
 use crate::error::LockError;
 use crate::lease::{Lease, Token};
 
-/// The table is swept of expired holders when it grows past this size.
+/// The table is swept of expired holders when it grows past this size (and past twice
+/// its size after the last sweep).
 const MIN_SWEEP: usize = 1024;
 
 /// This client's holders and acquisitions in flight, and the hold times of its releases.
@@ -57,8 +50,7 @@ struct InFlight {
     attempt: u64,
     /// A waiter's attempt, which marks the lock where it is held.
     waiting: bool,
-    /// Where the attempts that arrive meanwhile wait for its outcome; made by the first of
-    /// them, so that an attempt nobody follows costs no allocation.
+    /// Where later attempts wait for its outcome; made by the first of them.
     followers: Option<Arc<Flight>>,
 }
 
@@ -84,8 +76,8 @@ pub(super) enum Outcome {
     Taken(Duration),
     /// The nodes could not decide (no quorum, too slow).
     Failed(LockError),
-    /// The attempt was dropped before its verdict, or a waiting attempt displaced it
-    /// from its slot: nobody asks Redis on the follower's behalf, which enters again.
+    /// The attempt was dropped before its verdict, or displaced by a waiting attempt:
+    /// the follower enters again.
     Abandoned,
 }
 
@@ -104,9 +96,8 @@ impl HotKeys {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Where an attempt on `key` stands. A `waiting` attempt marks the lock where it is
-    /// held, so a waiting attempt arriving during a plain one's flight sends its own (and
-    /// the plain one's followers follow it instead).
+    /// Where an attempt on `key` stands. A `waiting` attempt (which marks the lock) does
+    /// not follow a plain one: it sends its own, and the plain one's followers follow it.
     pub(super) fn enter<'a>(&'a self, key: &'a Arc<str>, waiting: bool) -> Admission<'a> {
         let now = Instant::now();
         let mut state = self.state();
@@ -139,10 +130,8 @@ impl HotKeys {
                     let followers = flight.followers.get_or_insert_with(Flight::new);
                     return Admission::Follow(followers.clone());
                 }
-                // A holder whose validity ended, or a plain attempt in flight: its
-                // followers enter again (and follow this one); when it ends, it leaves
-                // the slot alone unless it won (a lease takes the slot whoever is in it,
-                // and tells this attempt's followers).
+                // A holder past its validity, or a plain attempt in flight (its followers
+                // enter again; it leaves this slot alone unless it wins).
                 slot => match std::mem::replace(slot, HotSlot::Acquiring(ours)) {
                     HotSlot::Acquiring(plain) => plain.followers,
                     HotSlot::Held(_) => None,
@@ -180,10 +169,9 @@ impl HotKeys {
     /// Removes the holder of `key` with `token`; records its hold time when `released`
     /// (not for a lease found lost). Returns whether it was there.
     fn remove(&self, key: &str, token: Token, released: Option<&str>) -> bool {
-        // The clock is read before the lock is taken, and only for a release.
         let now = released.map(|_| Instant::now());
         let mut state = self.state();
-        // One lookup: taken out, and put back in the rare case it is not this lease.
+        // Put back in the rare case it is not this lease.
         let since = match state.slots.remove_entry(key) {
             Some((_, HotSlot::Held(holder))) if holder.token == token => holder.since,
             Some((key, slot)) => {
@@ -205,8 +193,8 @@ impl HotKeys {
         self.state().holds.retry_after(key, prefix, holder_left)
     }
 
-    /// The lease is being released: it leaves the table now, and its hold time is
-    /// recorded under its scope.
+    /// The lease is being released: it leaves the table, its hold time recorded. Returns
+    /// whether it was there (its local waiters are then to be woken).
     pub(super) fn released(&self, key: &str, token: Token, prefix: &str) -> bool {
         self.remove(key, token, Some(prefix))
     }
@@ -289,9 +277,8 @@ impl Flight {
     }
 }
 
-/// The attempt in flight on a key: reports its outcome to the table and to the attempts
-/// that wait for it; dropped before that (the attempt was cancelled), it leaves the slot
-/// and lets them send their own.
+/// The attempt in flight on a key: reports its outcome to the table and its followers;
+/// dropped before that, it leaves the slot and lets them send their own.
 pub(super) struct FlightGuard<'a> {
     hot: &'a HotKeys,
     /// When the attempt entered the table: its start, for its validity and its hold time.
@@ -311,8 +298,8 @@ impl FlightGuard<'_> {
     fn end(&mut self, result: Option<&Result<Lease, LockError>>) {
         self.finished = true;
         let lease = result.and_then(|result| result.as_ref().ok());
-        // Followers to tell: this attempt's own, or those of an attempt whose slot a lease
-        // of this one takes (they find the holder when they look again).
+        // Followers to tell: this attempt's own, or those of the attempt whose slot its
+        // lease takes.
         let followers = {
             let mut state = self.hot.state();
             match (state.slots.get_mut(&**self.key), lease) {

@@ -124,10 +124,6 @@ async fn read_on(mut conn: Connection, key: Arc<str>) -> Result<Option<Bytes>, N
     Ok(raw.map(Bytes::from))
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 impl Redlock {
     /// Finds the record of `key`, or acquires `key` when there is none; with `max_wait`,
     /// waits for a holder to finish (woken by its release) and then finds its record.
@@ -286,8 +282,11 @@ impl Redlock {
         record: Bytes,
         ttl: Duration,
     ) -> Result<(), LockError> {
-        let ttl_ms = millis(ttl);
-        let local = self.forget(&lease.key, lease.token);
+        let ttl_ms = super::builder::millis(ttl).max(1);
+        let local = self
+            .inner
+            .hot
+            .released(&lease.key, lease.token, self.prefix());
         let round = self
             .on_nodes(
                 Instant::now(),

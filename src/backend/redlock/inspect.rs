@@ -15,10 +15,9 @@ use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
 use crate::error::{LockError, NodeFailureReason};
 
-/// Reads, without writing, what one node holds for the lock key KEYS[1]: its `PTTL`, the
-/// fencing counter KEYS[2] (`''` when unset or not a string), the readers' set KEYS[3]'s
-/// size, and whether the waiters' mark KEYS[4] or the fair queue KEYS[5] exists. Values
-/// of another type (another client's) read as absent.
+/// Reads what one node holds for the lock key KEYS[1]: its `PTTL`, the fencing counter
+/// KEYS[2] (`''` when unset), the readers' set KEYS[3]'s size, and whether the waiters'
+/// mark KEYS[4] or the fair queue KEYS[5] exists. Values of another type read as absent.
 pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -31,9 +30,8 @@ return {redis.call('PTTL', KEYS[1]), c, r, redis.call('EXISTS', KEYS[4], KEYS[5]
     )
 });
 
-/// Deletes the lock key KEYS[1] whatever it holds; when it was there and the waiters'
-/// mark KEYS[2] too, deletes the mark and publishes on the release channel, as a release
-/// does. Returns 1 when the lock key was there.
+/// Deletes the lock key KEYS[1] whatever it holds, waking the waiters that marked it
+/// (KEYS[2]) as a release does. Returns 1 when the lock key was there.
 pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -78,8 +76,7 @@ async fn force_release(mut conn: Connection, key: Arc<str>) -> Result<i64, NodeF
 }
 
 impl Redlock {
-    /// [`Locks::inspect`](crate::Locks::inspect) for a full key: every node awaited up to
-    /// the node timeout.
+    /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
     pub(crate) async fn inspect_key(&self, key: &Arc<str>) -> Result<LockInspection, LockError> {
         let round = self
             .on_nodes(
@@ -95,12 +92,11 @@ impl Redlock {
             return Err(self.no_quorum(round));
         }
         let quorum = self.quorum();
-        let holding: Vec<i64> = views
+        let mut ttls: Vec<i64> = views
             .iter()
             .map(|v| v.pttl_ms)
             .filter(|t| *t != -2)
             .collect();
-        let mut ttls: Vec<i64> = holding.clone();
         ttls.sort_unstable_by(|a, b| b.cmp(a));
         // The quorum-th longest: how long a quorum still holds it (-1, no expiry: None).
         let remaining = ttls
@@ -111,7 +107,7 @@ impl Redlock {
         Ok(LockInspection {
             key: key.to_string(),
             nodes_answered: views.len(),
-            nodes_holding: holding.len(),
+            nodes_holding: ttls.len(),
             quorum,
             remaining,
             fencing_token: views.iter().filter_map(|v| v.fence.parse().ok()).max(),
@@ -121,7 +117,7 @@ impl Redlock {
     }
 
     /// [`Locks::force_unlock`](crate::Locks::force_unlock) for a full key: on how many
-    /// nodes the lock key was there.
+    /// nodes it was there.
     pub(crate) async fn force_unlock_key(&self, key: &Arc<str>) -> Result<usize, LockError> {
         let round = self
             .on_nodes(

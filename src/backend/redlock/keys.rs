@@ -3,12 +3,8 @@
 //! Each call is one script on the node. Also the names of a lock's own keys and channel
 //! beside it ([`Aux`]: the waiters' mark, the fencing counter, the readers' set, ...).
 
-use std::fmt;
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
-
-use redis::{RedisWrite, ToRedisArgs};
 
 use super::Redlock;
 use super::multi::scripts::{extend_on, fence_on, release_on};
@@ -17,6 +13,7 @@ use super::scripts::{self, ReleaseReply};
 use super::shared;
 use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::notify::Joined;
 use crate::error::NodeFailureReason;
 use crate::lease::{Lease, Shape, Token};
 
@@ -27,8 +24,7 @@ pub(super) enum Keys {
     Lock(Arc<str>),
     /// A reader of `lock`: its token in the readers' set `set`, `{<lock key>}:readers`.
     Readers { set: Arc<str>, lock: Arc<str> },
-    /// Several lock keys, sorted and distinct, held together
-    /// (`LockRequest::all`).
+    /// Several lock keys, sorted and distinct, held together (`LockRequest::all`).
     Set(Arc<[Arc<str>]>),
 }
 
@@ -62,9 +58,8 @@ impl Keys {
         }
     }
 
-    /// Extends the keys' TTL to `ttl_ms` on one node where they hold `token` (a set only
-    /// where every key does), and with `fence_ms` the expiry of their fencing counters: 1
-    /// when done, 0 when gone, -1 when something else holds them.
+    /// Extends the keys on one node where they hold `token`: 1 done, 0 gone, -1 held by
+    /// something else.
     pub(super) async fn extend(
         self,
         conn: Connection,
@@ -96,9 +91,8 @@ impl Keys {
         }
     }
 
-    /// Raises the keys' fencing counters to `fencing_token` on one node where they hold
-    /// `token`, with the expiry `fence_ms`: 1 when done, 0 when they do not hold the
-    /// token. (A shared lease is never fenced.)
+    /// Raises the keys' fencing counters on one node where they hold `token`: 1 when done,
+    /// 0 when they do not hold it. (A shared lease is never fenced.)
     pub(super) async fn raise_fence(
         self,
         conn: Connection,
@@ -116,10 +110,8 @@ impl Keys {
 }
 
 impl Redlock {
-    /// Deletes `keys` on every node where they hold `token`, with the answers counted by
-    /// `vote` under [`Rule::Proof`]. `publish` wakes the waiters that marked them: a
-    /// release of a lock held by a quorum, not the cleanup of an attempt that fell short
-    /// (see the RELEASE script).
+    /// Deletes `keys` on every node where they hold `token`, counted by `vote` under
+    /// [`Rule::Proof`]; `publish` wakes the marked waiters (not for a failed attempt).
     pub(super) fn release_keys(
         &self,
         keys: Keys,
@@ -138,78 +130,46 @@ impl Redlock {
     }
 }
 
-/// A lock's own key or channel beside the lock key: `{<lock key>}:<role>`.
-///
-/// The hash tag `{<lock key>}` puts it in the lock key's Redis Cluster slot, and since
-/// lock keys never contain `{` or `}` (the prefix is checked, resource names and request
-/// values are percent-encoded), it can never be a lock key itself. As a command argument
-/// it is written in place, without building a string.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Aux<'a> {
-    lock_key: &'a str,
-    role: &'static str,
-}
+/// A lock's own key or channel beside the lock key, `{<lock key>}:<role>`, written in
+/// place as one argument. The hash tag puts it in the lock key's Redis Cluster slot; lock
+/// keys never contain `{` or `}` (the prefix is checked, names are percent-encoded), so
+/// it is never a lock key itself.
+pub(super) type Aux<'a> = Joined<'a, 3>;
 
 impl<'a> Aux<'a> {
-    const fn new(lock_key: &'a str, role: &'static str) -> Self {
-        Self { lock_key, role }
-    }
-
     /// The waiters' mark: present while a waiter subscribed to the release channel waits.
     pub(super) fn waiters(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "waiters")
+        Joined(["{", lock_key, "}:waiters"])
     }
 
     /// The lock's idempotency record.
     #[cfg(feature = "idempotency")]
     pub(super) fn record(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "record")
+        Joined(["{", lock_key, "}:record"])
     }
 
     /// The lock's fencing counter.
     pub(super) fn fence(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "fence")
+        Joined(["{", lock_key, "}:fence"])
     }
 
     /// The readers' set of a shared lock.
     pub(super) fn readers(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "readers")
+        Joined(["{", lock_key, "}:readers"])
     }
 
     /// A waiting writer's intent, which keeps new readers out.
     pub(super) fn writer_waiting(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "writer-waiting")
+        Joined(["{", lock_key, "}:writer-waiting"])
     }
 
     /// The fair queue of waiters.
     pub(super) fn queue(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "queue")
+        Joined(["{", lock_key, "}:queue"])
     }
 
     /// The fair queue's per-entry deadlines.
     pub(super) fn queue_deadlines(lock_key: &'a str) -> Self {
-        Self::new(lock_key, "queue-deadlines")
-    }
-}
-
-impl fmt::Display for Aux<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{{{}}}:{}", self.lock_key, self.role)
-    }
-}
-
-impl ToRedisArgs for Aux<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        // Written in place: no string is built.
-        let mut arg = out.writer_for_next_arg();
-        for part in [
-            b"{".as_slice(),
-            self.lock_key.as_bytes(),
-            b"}:",
-            self.role.as_bytes(),
-        ] {
-            // Writing into the command's buffer cannot fail.
-            let _ = arg.write_all(part);
-        }
+        Joined(["{", lock_key, "}:queue-deadlines"])
     }
 }

@@ -13,23 +13,14 @@
 //!    caller's future is dropped mid-acquire: the release is spawned), and retry after a
 //!    random delay if retries are left.
 //!
-//! Release and extension are Lua scripts that act only if the key still holds our token.
-//! A value this crate did not write is never modified: other clients (redis-py's `Lock`,
-//! pottery, redsync) may share the keys. A lock's own keys and channels sit beside it as
-//! `{<lock key>}:<role>` (the waiters' mark, the release channel, the fencing counter), in
-//! the lock key's Redis Cluster slot.
+//! Release and extension are Lua scripts that act only if the key still holds our token;
+//! a value this crate did not write is never modified (redis-py's `Lock`, pottery or
+//! redsync may share the keys). A lock's own keys and channels sit beside it as
+//! `{<lock key>}:<role>`, in the lock key's Redis Cluster slot.
 //!
 //! Verdicts say what the answers prove (see [`tally`]): `Taken` needs a quorum of
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
 //! failed nodes could swing is `NoQuorum`, which callers retry.
-//!
-//! The parts: this file is the client; [`acquire`] the acquisition, [`keys`] what a lease
-//! holds on each node (one key, a readers' set, a set of keys) and its node calls,
-//! [`hot`] the keys this process holds or is acquiring (answered without Redis),
-//! [`waiting`] the waits for a held lock, [`round`] the quorum round, [`tally`] the count
-//! of its answers and the verdict, [`scripts`] the Lua scripts and their node calls,
-//! [`notify`] the release notifications, [`builder`] the configuration; the lock modes:
-//! [`shared`] (readers and writers), [`fair`] (arrival order), [`multi`] (several keys).
 
 mod acquire;
 mod builder;
@@ -71,10 +62,8 @@ use tally::{QuorumVerdict, Rule, Vote};
 
 /// A Redlock client over 1, 3 or 5 (any N) independent Redis masters.
 ///
-/// Cloning is cheap and shares the connections. Connections are multiplexed, and replaced
-/// after any kind of failure; a node that is down at start, goes down later, or whose port
-/// answered something else for a while is used again soon after it answers (see
-/// [`RedlockBuilder::node_timeout`] for the bound).
+/// Cloning is cheap and shares the connections, which are multiplexed and replaced after
+/// any kind of failure (see [`RedlockBuilder::node_timeout`]).
 ///
 /// Use it through [`Locks`](crate::Locks) (`Locks::from(redlock)`) with the layer and the
 /// extractor, or on its own:
@@ -101,18 +90,15 @@ pub struct Redlock {
 
 struct RedlockCore {
     id: u64,
-    nodes: Vec<NodeConn>,
-    /// This process's waiters, woken by release notifications and by this client's own
-    /// releases.
+    nodes: Vec<Connection>,
+    /// This process's waiters, woken by release notifications and this client's releases.
     waiters: Arc<Waiters>,
     notifier: Option<Arc<Notifier>>,
     /// The keys this client holds or is acquiring, answered in process.
     hot: HotKeys,
-    /// With fencing tokens: how long a fencing counter lives after the last fenced
-    /// acquisition or extension of its key, in ms.
+    /// With fencing tokens: how long a counter lives after its last write, in ms.
     fence_ms: Option<u64>,
-    /// How long a waiter's mark lives, in ms: longer than a waiter's sleep between two
-    /// attempts (which set it again), so that it lasts while anybody waits.
+    /// How long a waiter's mark lives, in ms: longer than a waiter's sleep between attempts.
     mark_ms: u64,
     quorum: usize,
     node_timeout: Duration,
@@ -120,29 +106,17 @@ struct RedlockCore {
     policy: Settings,
 }
 
-struct NodeConn {
-    /// `host:port`, for logs, errors and the node-error metric.
-    label: Arc<str>,
-    conn: Connection,
-}
-
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        let nodes: Vec<_> = inner.nodes.iter().map(Connection::label).collect();
         f.debug_struct("Redlock")
-            .field(
-                "nodes",
-                &self
-                    .inner
-                    .nodes
-                    .iter()
-                    .map(|n| &n.label)
-                    .collect::<Vec<_>>(),
-            )
-            .field("quorum", &self.inner.quorum)
-            .field("ttl", &self.inner.policy.ttl)
-            .field("node_timeout", &self.inner.node_timeout)
-            .field("drift", &self.inner.drift)
-            .field("prefix", &self.inner.policy.prefix)
+            .field("nodes", &nodes)
+            .field("quorum", &inner.quorum)
+            .field("ttl", &inner.policy.ttl)
+            .field("node_timeout", &inner.node_timeout)
+            .field("drift", &inner.drift)
+            .field("prefix", &inner.policy.prefix)
             .finish()
     }
 }
@@ -166,11 +140,9 @@ impl Redlock {
         Self::from_nodes(clients.into_iter().map(Node::client))
     }
 
-    /// Starts a builder from [`Node`](crate::Node)s, one per independent Redlock node,
-    /// each a single server, a Redis Cluster or a Sentinel service: for instance three
-    /// independent clusters, `[Node::cluster(a), Node::cluster(b), Node::cluster(c)]`,
-    /// or one cluster as the only node (the single-instance algorithm; see
-    /// [`Node::cluster`](crate::Node::cluster) for what a failover can lose).
+    /// Starts a builder from [`Node`](crate::Node)s, one per independent Redlock node
+    /// (a server, a Redis Cluster or a Sentinel service), e.g.
+    /// `[Node::cluster(a), Node::cluster(b), Node::cluster(c)]`.
     pub fn from_nodes<I>(nodes: I) -> RedlockBuilder
     where
         I: IntoIterator<Item = Node>,
@@ -199,11 +171,9 @@ impl Redlock {
         .await
     }
 
-    /// Extends the lease to a full TTL from now on every node where it still holds the
-    /// token; succeeds with a quorum and a positive recomputed validity, and then moves
+    /// Extends the lease to a full TTL on every node where it still holds the token (a
+    /// set: where every key does); with a quorum and a positive validity, moves
     /// `lease.valid_until()`.
-    /// A lease on several keys (`LockRequest::all`) is extended on a
-    /// node only where every one of its keys holds the token, in one script.
     ///
     /// # Errors
     ///
@@ -235,7 +205,6 @@ impl Redlock {
                 Stragglers::Finish,
             )
             .await;
-        // The table of this process's holders has no sets: for them, these find nothing.
         match round.verdict {
             QuorumVerdict::Won => {
                 let elapsed = start.elapsed();
@@ -256,9 +225,7 @@ impl Redlock {
         }
     }
 
-    /// Releases the lease: deletes the key on every node where it still holds the token.
-    /// A lease on several keys is released key by key, each where it holds the token, in
-    /// one script per node.
+    /// Releases the lease: deletes its keys on every node where they hold the token.
     ///
     /// # Errors
     ///
@@ -277,9 +244,10 @@ impl Redlock {
     }
 
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
-        let local = self.forget(&lease.key, lease.token);
-        // Every shape: one script per node (a set's releases each of its keys that holds
-        // our token); this client's table of holders has no sets, so `local` is false there.
+        let local = self
+            .inner
+            .hot
+            .released(&lease.key, lease.token, self.prefix());
         let keys = Keys::of(&lease);
         let round = self
             .release_keys(keys, lease.token, true, deleted, Stragglers::Finish)
@@ -306,7 +274,7 @@ impl Redlock {
             .iter()
             .zip(round.answers)
             .filter_map(|(node, answer)| match answer {
-                Some(Err(reason)) => Some(node.failure(reason)),
+                Some(Err(reason)) => Some(failure(node, reason)),
                 _ => None,
             })
             .collect();
@@ -326,12 +294,9 @@ impl Redlock {
             .filter(|v| !v.is_zero())
     }
 
-    /// Runs `op` on every node at once: one [`round`] under the node timeout, counted from
-    /// `started` (a clock reading the caller just took, as an acquisition's start). The
-    /// node operations are made here, before the returned future is first polled (it
-    /// holds each once, and borrows nothing); so is a single node's timer, which needs the
-    /// Tokio runtime: call this inside it (every caller is an `async fn` or a spawned
-    /// task).
+    /// Runs `op` on every node at once: one [`round`] under the node timeout from
+    /// `started`. The operations (and a single node's timer, which needs the Tokio
+    /// runtime) are made here; the returned future borrows nothing.
     fn on_nodes<F, Fut, T>(
         &self,
         started: Instant,
@@ -350,7 +315,7 @@ impl Redlock {
             .inner
             .nodes
             .iter()
-            .map(|node| round::counted(op(node.conn.clone()), node.label.clone(), deadline));
+            .map(|node| round::counted(op(node.clone()), node.label().clone(), deadline));
         let round = round::run(
             round::Ops::new(ops),
             started,
@@ -366,16 +331,8 @@ impl Redlock {
         })
     }
 
-    /// Takes a lease being released out of the table of this process's holders, and
-    /// records how long it was held; returns whether it was there (its local waiters are
-    /// then to be woken once it is released).
-    fn forget(&self, key: &str, token: Token) -> bool {
-        self.inner.hot.released(key, token, self.prefix())
-    }
-
-    /// How long a request that found `key` held should wait before trying again: the
-    /// hold times this client observed for the key's scope, bounded by `holder_left`
-    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    /// How long a request that found `key` held should wait before trying again (see
+    /// [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         self.inner.hot.retry_after(key, self.prefix(), holder_left)
     }
@@ -388,7 +345,7 @@ impl Redlock {
     /// Releases `keys` in the background.
     fn release_detached(&self, keys: Keys, token: Token, publish: bool) {
         let key = keys.lease_key();
-        let local = self.forget(&key, token);
+        let local = self.inner.hot.released(&key, token, self.prefix());
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();
@@ -424,11 +381,10 @@ fn deleted(release: &ReleaseReply) -> Vote {
     Vote::of(matches!(release, ReleaseReply::Deleted))
 }
 
-impl NodeConn {
-    fn failure(&self, reason: NodeFailureReason) -> NodeFailure {
-        NodeFailure {
-            node: self.label.to_string(),
-            reason,
-        }
+/// The failure of `node` for `reason`.
+fn failure(node: &Connection, reason: NodeFailureReason) -> NodeFailure {
+    NodeFailure {
+        node: node.label().to_string(),
+        reason,
     }
 }

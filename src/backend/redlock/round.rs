@@ -48,9 +48,8 @@ impl<T> Answers<T> {
 }
 
 /// `op` on the node `label`, counted in the node-error metric when it answers with an
-/// error, or is dropped unfinished at or after `deadline` (timed out by the round, or by
-/// the background task that finishes a round's stragglers). An operation dropped before,
-/// once the other nodes decided, is not counted: nothing says it failed.
+/// error, or is dropped unfinished at or after `deadline` (not before: the other nodes
+/// decided, and nothing says it failed).
 pub(super) fn counted<Fut, T>(
     op: Fut,
     label: Arc<str>,
@@ -88,18 +87,15 @@ impl Drop for NodeWatch {
     }
 }
 
-/// The node operations of one round, made before it starts: one, run in place (nothing
-/// to tally against, no box), or several, each boxed so that they are polled in place.
-/// Taking them out of their iterator here keeps the iterator's type, and the borrows in
-/// it, out of the round's future.
+/// The node operations of one round, made before it starts (keeping the iterator and its
+/// borrows out of the round's future): one, run in place, or several, each boxed.
 pub(super) enum Ops<Fut> {
     One(Fut),
     Many(Vec<Option<Pin<Box<Fut>>>>),
 }
 
 impl<Fut> Ops<Fut> {
-    // Inlined, like `run`, so that a single operation is built where the round keeps it
-    // rather than moved through `Ops` (callgrind: about 400 instructions a lock cycle).
+    // Inlined, like `run`, so that a single operation is built where the round keeps it.
     #[inline(always)]
     pub(super) fn new<I>(ops: I) -> Self
     where
@@ -116,14 +112,10 @@ impl<Fut> Ops<Fut> {
     }
 }
 
-/// Runs `ops` (one per node, all started at once, so one timer bounds them all, ending
-/// `timeout` after `started`) and tallies their answers with `vote`.
-///
-/// Unless `stragglers` is [`Stragglers::Await`], returns as soon as the tally has a
-/// verdict: a hung node then costs nothing while the others decide.
-///
-/// The returned future holds each operation once. A single node's timer is made here,
-/// which needs the Tokio runtime.
+/// Runs `ops` (one per node, all at once, under one timer ending `timeout` after
+/// `started`) and tallies their answers with `vote`; unless `stragglers` is
+/// [`Stragglers::Await`], returns as soon as the tally has a verdict. A single node's timer
+/// is made here, which needs the Tokio runtime.
 #[inline(always)]
 pub(super) fn run<Fut, T>(
     ops: Ops<Fut>,
@@ -138,7 +130,6 @@ where
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
     T: Send + 'static,
 {
-    // The caller's clock reading: a round costs no reading of its own.
     let started = tokio::time::Instant::from_std(started);
     match ops {
         Ops::One(op) => Either::Left(run_one(op, started, timeout, quorum, vote, rule)),
@@ -148,8 +139,7 @@ where
     }
 }
 
-/// One node's operation under `timeout`, and its verdict: a combinator, so that the
-/// operation is held once.
+/// One node's operation under `timeout`, and its verdict.
 fn run_one<Fut, T>(
     op: Fut,
     started: tokio::time::Instant,
@@ -209,9 +199,8 @@ where
     if timed_out {
         round.time_out(timeout);
     } else if stragglers == Stragglers::Finish && round.tally.pending > 0 {
-        // Healthy nodes answer within moments of each other: give them a short grace (as
-        // long as the verdict took, at least 1 ms) before handing the rest to a background
-        // task, so that the common case spawns nothing.
+        // A short grace (as long as the verdict took, at least 1 ms) before handing the
+        // rest to a background task: healthy nodes usually answer within it.
         let grace = started.elapsed().max(Duration::from_millis(1));
         timer
             .as_mut()
@@ -300,6 +289,14 @@ mod tests {
 
     type Op = Pin<Box<dyn Future<Output = Result<bool, NodeFailureReason>> + Send>>;
 
+    fn ok(value: bool) -> Op {
+        Box::pin(answer(value))
+    }
+
+    fn hung() -> Op {
+        Box::pin(std::future::pending())
+    }
+
     /// A round over `ops` from now, a quorum of 2, each voting its answer.
     async fn run_now(ops: Vec<Op>, timeout: Duration, stragglers: Stragglers) -> Answers<bool> {
         let started = std::time::Instant::now();
@@ -318,11 +315,7 @@ mod tests {
     #[tokio::test]
     async fn run_returns_at_the_verdict_without_the_hung_node() {
         let timeout = Duration::from_secs(30);
-        let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(std::future::pending()),
-            Box::pin(answer(true)),
-        ];
+        let ops = vec![ok(true), hung(), ok(true)];
         let started = std::time::Instant::now();
         let answers = run_now(ops, timeout, Stragglers::Drop).await;
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -337,11 +330,7 @@ mod tests {
     #[tokio::test]
     async fn run_times_out_the_nodes_it_needs() {
         let timeout = Duration::from_millis(50);
-        let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(std::future::pending()),
-            Box::pin(std::future::pending()),
-        ];
+        let ops = vec![ok(true), hung(), hung()];
         let answers = run_now(ops, timeout, Stragglers::Finish).await;
         assert_eq!(answers.verdict, QuorumVerdict::NoQuorum);
         assert!(matches!(
@@ -353,8 +342,8 @@ mod tests {
     #[tokio::test]
     async fn await_waits_for_every_node() {
         let ops: Vec<Op> = vec![
-            Box::pin(answer(true)),
-            Box::pin(answer(true)),
+            ok(true),
+            ok(true),
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 Ok(false)

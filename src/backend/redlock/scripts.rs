@@ -10,17 +10,15 @@ use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
-/// A command named `name`, with room for the arguments of this crate's commands (up to
-/// ten, and 256 bytes of keys, token and numbers) so that adding them does not grow its
-/// buffers step by step: each growth is a reallocation and a copy, on every command.
+/// A command named `name`, with room for this crate's arguments (up to ten, 256 bytes), so
+/// that adding them does not reallocate.
 pub(super) fn command(name: &str) -> Cmd {
     let mut cmd = Cmd::with_capacity(10, 256);
     cmd.arg(name);
     cmd
 }
 
-/// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to. The hash is
-/// computed once, when the script is first used.
+/// `EVALSHA <hash> <numkeys>`, for the caller to add keys and arguments to.
 pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
     let mut cmd = command("EVALSHA");
     cmd.arg(script.get_hash()).arg(numkeys);
@@ -51,8 +49,7 @@ pub(super) static ALL: &[&LazyLock<Script>] = &[
     #[cfg(feature = "idempotency")]
     &super::idempotency::FINISH,
 ];
-/// Runs an [`evalsha`] command; loads the script and runs it again when the node answers
-/// `NOSCRIPT` (a node restarted, or one that never saw it).
+/// Runs an [`evalsha`] command; loads the script and runs it again on `NOSCRIPT`.
 pub(super) async fn run<T: FromRedisValue>(
     conn: &mut Connection,
     script: &Script,
@@ -68,20 +65,12 @@ pub(super) async fn run<T: FromRedisValue>(
 }
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
-/// release script), and tells apart "it had expired" from "another holder has it".
+/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2]: both
+/// go in one `DEL`, and when the mark was there it publishes on `{<lock key>}:released`.
+/// The cleanup of an attempt that fell short passes no mark: two waiters that split the
+/// nodes would otherwise wake each other in a loop while the holder keeps the lock.
 ///
-/// Waking waiters: a waiter that subscribed to the lock's release channel sets the
-/// waiters' mark ([`ACQUIRE`]); the holder's value is never touched. A release that wakes
-/// waiters passes the mark as KEYS[2]: both keys go in one `DEL` (they share a hash slot),
-/// and when the mark was there it publishes on the channel `{<lock key>}:released`. A lock
-/// nobody waits for is released without a `PUBLISH`, for one more key in the `DEL`. The
-/// cleanup of an attempt that fell short of a quorum passes no mark and leaves it to the
-/// real holder: two waiters that split the nodes between them would otherwise wake each
-/// other in a loop while the holder keeps the lock. That form is the compare-and-delete of
-/// the Redis docs' script.
-///
-/// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else
-/// (another token, or a value of another type).
+/// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&if_ours(
         r"
@@ -94,8 +83,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Sets a new TTL (ARGV[2], ms) on the lock key KEYS[1] only if it holds our token
-/// ARGV[1]. With a second key, the fencing counter KEYS[2], and ARGV[3], the counter's
-/// expiry is refreshed to ARGV[3] ms as well when it holds a valid counter.
+/// ARGV[1]; with the fencing counter KEYS[2], refreshes its expiry to ARGV[3] ms too.
 ///
 /// Returns 1 when extended, 0 when the key is gone, -1 when it holds anything else.
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
@@ -111,9 +99,8 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     )))
 });
 
-/// A script that runs `action` while the lock key KEYS[1] holds our token ARGV[1], and
-/// then returns 1; it returns 0 when the key is gone, and -1 when it holds anything else
-/// (another token, or a value of another type).
+/// A script that runs `action` and returns 1 while the lock key KEYS[1] holds our token
+/// ARGV[1]; else 0 when the key is gone, -1 when it holds anything else.
 fn if_ours(action: &str) -> String {
     format!(
         r"
@@ -128,16 +115,10 @@ return -1
     )
 }
 
-/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, and the
-/// holder's remaining TTL (`PTTL`) when it is not, in one script and one round trip: a
-/// loser needs nothing else (no cleanup where nothing was set, no second command for
-/// `Retry-After`). When the lock is held and ARGV[3] is not `0`, also sets the waiters'
-/// mark KEYS[2] for ARGV[3] ms, so that the holder's release publishes; that mark must be
-/// set atomically with the check, hence a script. The holder's value is left as it is,
-/// whoever wrote it. (A plain attempt sends the native `SET NX PX` instead:
-/// [`acquire_plain`].)
-///
-/// Answers as every acquisition script does ([`Attempted::decode`]).
+/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the
+/// holder's `PTTL` and, when ARGV[3] is not `0`, the waiters' mark KEYS[2] set for ARGV[3]
+/// ms, atomically with the check. A plain attempt sends the native `SET NX PX` instead
+/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]).
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
@@ -146,10 +127,8 @@ static ACQUIRE: LazyLock<Script> =
 const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
-/// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`. When
-/// the lock is held and ARGV[4] is `1` (a waiter's attempt), sets the waiters' mark
-/// KEYS[3] for ARGV[3] ms. Answers as every acquisition script does
-/// ([`Attempted::decode`]).
+/// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
+/// is KEYS[3], set when ARGV[4] is `1`.
 static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -161,9 +140,8 @@ end{}",
     ))
 });
 
-/// The body of both acquisition scripts: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and answer
-/// `{1, on_set}` when the key is free; otherwise answer `{0, pttl}` (the holder's `PTTL`),
-/// first setting the waiters' mark, the last key, for ARGV[3] ms when `waiting` holds.
+/// The body of both acquisition scripts: `{1, on_set}` when set, else `{0, pttl}`, first
+/// setting the waiters' mark (the last key) for ARGV[3] ms when `waiting` holds.
 fn set_or_pttl(on_set: &str, waiting: &str) -> String {
     format!(
         r"
@@ -180,11 +158,9 @@ return {{0, t}}
     )
 }
 
-/// Raises the fencing counter KEYS[2] to ARGV[2] while the lock key KEYS[1] holds our
-/// token ARGV[1], and sets the counter's expiry to ARGV[3] ms.
-///
-/// Returns 1 when done (or already higher), 0 when the key does not hold our token, -2
-/// when the counter holds anything but an integer below 2^53 (left as it is).
+/// Raises the fencing counter KEYS[2] to ARGV[2] (expiring in ARGV[3] ms) while the lock
+/// key KEYS[1] holds our token ARGV[1]. Returns 1 when done (or already higher), 0 when
+/// the key does not hold our token, -2 when the counter is not an integer below 2^53.
 static FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -240,12 +216,10 @@ pub(super) struct Attempt {
 /// One node's answer to an acquisition attempt (on one key, or on a set of keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Attempted {
-    /// The keys are ours; the fencing counter as it stood, the highest of a set's (0
-    /// without fencing).
+    /// The keys are ours; the (highest) fencing counter as it stood, 0 unfenced.
     Set(u64),
-    /// Another holder has a key, for `pttl_ms` more (the longest of a set's holders; -1:
-    /// no expiry; -2: the key is free but not ours to take, as when a fair queue's head
-    /// goes first).
+    /// Another holder has a key, for `pttl_ms` more (-1: no expiry; -2: free but not ours
+    /// to take, as when a fair queue's head goes first).
     Held { pttl_ms: i64 },
 }
 
@@ -258,13 +232,8 @@ impl Attempted {
         }
     }
 
-    /// Decodes the reply of an acquisition script, the same for every one of them (one
-    /// key or a set; plain, shared, exclusive or fair):
-    /// - `{1, counter}`: the keys are set; the fencing counter as it stood (0 unfenced);
-    /// - `{0, pttl}`: not ours to take, nothing set; the holder's time left in ms (the
-    ///   longest of a set's; -1: no expiry; -2: free, but another waiter goes first);
-    /// - `{-1, i}`: nothing set, the fencing counter of `keys[i - 1]` is not an integer
-    ///   below 2^53 (the counter is left as it is).
+    /// Decodes the reply of every acquisition script: `{1, counter}` set, `{0, pttl}` held,
+    /// `{-1, i}` the fencing counter of `keys[i - 1]` is not an integer below 2^53.
     pub(super) fn decode(
         (status, value): (i64, i64),
         keys: &[Arc<str>],
@@ -298,8 +267,7 @@ pub(super) async fn run_attempt(
     Attempted::decode(reply, keys)
 }
 
-/// An acquisition attempt on one node: a plain one by [`acquire_plain`]; a waiter's or a
-/// fenced one in one script and one round trip ([`ACQUIRE`], [`ACQUIRE_FENCED`]).
+/// An acquisition attempt on one node: [`acquire_plain`], [`ACQUIRE`] or [`ACQUIRE_FENCED`].
 pub(super) async fn acquire(
     mut conn: Connection,
     key: Arc<str>,
@@ -309,35 +277,28 @@ pub(super) async fn acquire(
     if !attempt.fenced && attempt.mark_ms.is_none() {
         return acquire_plain(conn, &key, token, attempt.ttl_ms).await;
     }
-    let mark_ms = attempt.mark_ms.unwrap_or(0);
-    let keys = std::slice::from_ref(&key);
-    if attempt.fenced {
-        let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
-        cmd.arg(&*key)
-            .arg(Aux::fence(&key))
-            .arg(Aux::waiters(&key))
-            .arg(token.as_bytes())
-            .arg(attempt.ttl_ms)
-            .arg(mark_ms)
-            .arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
-        run_attempt(&mut conn, &ACQUIRE_FENCED, &cmd, keys).await
+    let (script, numkeys) = if attempt.fenced {
+        (&*ACQUIRE_FENCED, 3)
     } else {
-        // A waiter's attempt: one script, which also sets the waiters' mark where the
-        // lock is held and answers the holder's remaining TTL.
-        let mut cmd = evalsha(&ACQUIRE, 2);
-        cmd.arg(&*key)
-            .arg(Aux::waiters(&key))
-            .arg(token.as_bytes())
-            .arg(attempt.ttl_ms)
-            .arg(mark_ms);
-        run_attempt(&mut conn, &ACQUIRE, &cmd, keys).await
+        (&*ACQUIRE, 2)
+    };
+    let mut cmd = evalsha(script, numkeys);
+    cmd.arg(&*key);
+    if attempt.fenced {
+        cmd.arg(Aux::fence(&key));
     }
+    cmd.arg(Aux::waiters(&key))
+        .arg(token.as_bytes())
+        .arg(attempt.ttl_ms)
+        .arg(attempt.mark_ms.unwrap_or(0));
+    if attempt.fenced {
+        cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
+    }
+    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
 }
 
-/// A plain attempt on one node: the native `SET key token NX PX ttl`, the command of the
-/// Redis docs' algorithm, which costs the node a fraction of a script; only when it is
-/// refused, `PTTL key` after it, for how long the holder has left (a second round trip
-/// on the refusal path alone, which a burst on one key shares: see [`hot`](super::hot)).
+/// A plain attempt on one node: the native `SET key token NX PX ttl` (cheaper for the node
+/// than a script), and only when refused, `PTTL key` for how long the holder has left.
 async fn acquire_plain(
     mut conn: Connection,
     key: &str,
@@ -379,9 +340,7 @@ pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
     }
 }
 
-/// Extends the key's TTL to `ttl_ms` where it holds `token`, and with `fence_ms` the
-/// fencing counter's expiry: 1 when done, 0 when the key is gone, -1 when something else
-/// holds it.
+/// [`EXTEND`] on one node.
 pub(super) async fn extend(
     mut conn: Connection,
     key: Arc<str>,
@@ -417,8 +376,7 @@ pub(super) async fn release(
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
 }
 
-/// Raises the fencing counter to `fencing_token` where the key holds `token`, and sets
-/// its expiry to `fence_ms`: 1 when done, 0 when the key does not hold the token.
+/// [`FENCE`] on one node.
 pub(super) async fn raise_fence(
     mut conn: Connection,
     key: Arc<str>,
@@ -439,8 +397,7 @@ pub(super) async fn raise_fence(
     Ok(reply)
 }
 
-/// Connects to the node, which loads every script ([`ALL`], see `Connection::new`), and
-/// checks that it answers.
+/// Connects to the node, which loads every script ([`ALL`]), and checks that it answers.
 pub(super) async fn connect(mut conn: Connection) -> Result<(), NodeFailureReason> {
     let _: Value = conn.query(&redis::cmd("PING")).await?;
     Ok(())

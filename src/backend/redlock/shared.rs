@@ -1,26 +1,17 @@
 //! Shared and exclusive access to one key (a readers-writer lock) over the Redlock nodes.
 //!
-//! Beside the lock key `K` (the exclusive holder, the plain lock's value and TTL), each
-//! node keeps, in `K`'s Redis Cluster slot:
-//! - `{K}:readers`, a sorted set of the readers' tokens scored by their expiry (ms on
-//!   the node's clock, `TIME`): every script prunes the expired ones, so a crashed reader
-//!   drops out at its TTL, and the set itself expires with its last reader;
-//! - `{K}:writer-waiting`, the writer intent: set (for the waiters' mark TTL, 2 s plus
-//!   the node timeout) by a waiting exclusive request that found readers, renewed on
-//!   each of its attempts, and deleted when it acquires. While it is there no new reader
-//!   is admitted, so a stream of readers cannot starve a writer.
+//! Beside the lock key `K` (the exclusive holder), each node keeps, in `K`'s slot:
+//! - `{K}:readers`, the readers' tokens scored by their expiry (ms on the node's clock):
+//!   every script prunes the expired ones, and the set expires with its last reader;
+//! - `{K}:writer-waiting`, the intent of a waiting writer that found readers (living as
+//!   the waiters' mark, renewed by its attempts): no new reader is admitted meanwhile, so
+//!   readers cannot starve a writer.
 //!
 //! A reader is admitted where `K` is free and no writer waits; a writer where `K` is free
-//! and no unexpired reader is left. Both take the quorum and validity rules of the plain
-//! lock: the same vote ([`Rule::Contest`]), the same `ttl - elapsed - drift`. Release and
-//! extension of a shared lease are token-checked scripts on the readers' set, counted
-//! under [`Rule::Proof`]; the last reader's release wakes the waiters that marked `K`.
-//!
-//! [`Rule::Contest`]: super::tally::Rule::Contest
-//! [`Rule::Proof`]: super::tally::Rule::Proof
+//! and no reader is left. Both follow the plain lock's quorum and validity rules; the last
+//! reader's release wakes the waiters that marked `K`.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use redis::Script;
 
@@ -43,10 +34,8 @@ const KEEP_UNTIL_LAST: &str = "local last = redis.call('ZRANGE', KEYS[1], -1, -1
 if last[2] then redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2]))) end";
 
 /// A reader's attempt. KEYS: the readers' set, the lock key, the writer intent, the
-/// waiters' mark. ARGV: token, TTL (ms), the mark's TTL (ms; `0`: not a waiter).
-///
-/// Answers as every acquisition script does ([`Attempted::decode`]): refused while the
-/// lock key or a writer intent is there, for the time it has left.
+/// waiters' mark. ARGV: token, TTL (ms), the mark's TTL (ms; `0`: not a waiter). Answers
+/// as every acquisition script ([`Attempted::decode`]).
 pub(in crate::backend::redlock) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -65,12 +54,8 @@ return {{1, 0}}
     ))
 });
 
-/// A writer's attempt. KEYS: the readers' set, the lock key, the writer intent, the
-/// waiters' mark, the fencing counter. ARGV: token, TTL (ms), the mark's TTL (ms; `0`:
-/// not a waiter), `1` to read the fencing counter.
-///
-/// Answers as every acquisition script does ([`Attempted::decode`]): refused while
-/// readers hold (until the last of them expires) or the lock key is held.
+/// A writer's attempt. KEYS: as [`SHARED_ACQUIRE`]'s, then the fencing counter. ARGV: as
+/// its, then `1` to read the fencing counter. Answers as every acquisition script.
 pub(in crate::backend::redlock) static EXCLUSIVE_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -120,10 +105,9 @@ return 1
     ))
 });
 
-/// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to
-/// wake the marked waiters when the last reader leaves, the lock key (for its release
-/// channel `{<lock key>}:released`). Answers as the plain release does
-/// ([`ReleaseReply::of`]): 1 when removed, 0 when gone or expired.
+/// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to wake
+/// the marked waiters when the last reader leaves, the lock key. Returns 1 when removed, 0
+/// when gone or expired.
 pub(in crate::backend::redlock) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -171,8 +155,7 @@ async fn attempt(
     run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
 }
 
-/// Extends a reader on one node (`key` is the readers' set): 1 when extended, 0 when
-/// gone.
+/// [`SHARED_EXTEND`] on one node (`key` is the readers' set).
 pub(super) async fn extend_reader(
     mut conn: Connection,
     key: Arc<str>,
@@ -187,8 +170,7 @@ pub(super) async fn extend_reader(
     .await
 }
 
-/// Releases a reader on one node (`key` is the readers' set); `publish` wakes the
-/// waiters that marked the lock when the last reader leaves.
+/// [`SHARED_RELEASE`] on one node (`key` is the readers' set).
 pub(super) async fn release_reader(
     mut conn: Connection,
     key: Arc<str>,
@@ -196,33 +178,20 @@ pub(super) async fn release_reader(
     token: Token,
     publish: bool,
 ) -> Result<ReleaseReply, NodeFailureReason> {
-    let lock_key = &*lock_key;
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
-        .arg(Aux::waiters(lock_key))
+        .arg(Aux::waiters(&lock_key))
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
-        .arg(lock_key);
+        .arg(&*lock_key);
     Ok(ReleaseReply::of(
         run(&mut conn, &SHARED_RELEASE, &cmd).await?,
     ))
 }
 
 impl Redlock {
-    /// Shared or exclusive access to a prefixed key, waiting up to `max_wait`.
-    pub(crate) async fn lock_access_within(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        self.wait_with(key.clone(), max_wait, |waiting| {
-            self.acquire_access(key.clone(), access, waiting)
-        })
-        .await
-    }
-
-    async fn acquire_access(
+    /// One attempt at shared or exclusive access to a prefixed key.
+    pub(super) async fn acquire_access(
         &self,
         key: Arc<str>,
         access: Access,

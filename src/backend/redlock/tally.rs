@@ -9,8 +9,7 @@
 pub(super) enum Vote {
     /// The node did what was asked (`SET NX` took, the token was there).
     For,
-    /// The node answered, and the answer is against (the key is held by another, or our
-    /// token is gone).
+    /// The node answered against (the key is held by another, or our token is gone).
     Against,
 }
 
@@ -68,9 +67,8 @@ impl Tally {
         self.won + self.against + self.failed + self.pending
     }
 
-    /// The verdict under `rule`, once the answers so far decide it (whatever the pending
-    /// nodes say); `None` while they could still change it. Always `Some` once nothing
-    /// is pending.
+    /// The verdict under `rule` once the answers so far decide it; `None` while pending
+    /// nodes could still change it (never once nothing is pending).
     pub(super) fn verdict(&self, quorum: usize, rule: Rule) -> Option<QuorumVerdict> {
         if self.won >= quorum {
             return Some(QuorumVerdict::Won);
@@ -107,19 +105,18 @@ impl Tally {
 /// What it takes for a round to be lost rather than without a quorum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Rule {
-    /// An acquisition: lost (the lock is taken) once at least a quorum of nodes answered
-    /// and the votes for can no longer reach a quorum. With fewer answers, whatever they
-    /// said, nothing is known about the lock: no quorum.
+    /// An acquisition: lost once a quorum of nodes answered and the votes for can no
+    /// longer reach a quorum; with fewer answers, no quorum.
     Contest,
-    /// An operation on a held lease (extend, release, the fencing write): lost (the lease
-    /// is gone) only once N - quorum + 1 nodes voted against, so that the token cannot
-    /// be on a quorum; when the nodes that failed could still hold it, no quorum.
+    /// An operation on a held lease: lost only once N - quorum + 1 nodes voted against
+    /// (the token cannot be on a quorum); else, with failed nodes, no quorum.
     Proof,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use QuorumVerdict::{Lost, NoQuorum};
 
     /// A tally of `won`, `against` and `failed` answers, `pending` nodes not heard from.
     fn tally(won: usize, against: usize, failed: usize, pending: usize) -> Tally {
@@ -133,6 +130,11 @@ mod tests {
 
     const RULES: [Rule; 2] = [Rule::Contest, Rule::Proof];
 
+    /// Every `(a, b, c)` with `a + b + c == n`.
+    fn splits(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..=n).flat_map(move |a| (0..=n - a).map(move |b| (a, b, n - a - b)))
+    }
+
     #[test]
     fn a_quorum_of_votes_wins_whatever_is_pending() {
         for rule in RULES {
@@ -142,81 +144,58 @@ mod tests {
         }
     }
 
+    /// `((won, against, failed, pending), quorum, expected verdict)`.
+    type Case = ((usize, usize, usize, usize), usize, Option<QuorumVerdict>);
+
+    fn check(rule: Rule, cases: &[Case]) {
+        for &((w, a, f, p), quorum, expected) in cases {
+            let got = tally(w, a, f, p).verdict(quorum, rule);
+            assert_eq!(got, expected, "{w}/{a}/{f}/{p}, quorum {quorum}, {rule:?}");
+        }
+    }
+
     #[test]
     fn taken_needs_a_quorum_of_answers() {
-        // 5 nodes, 3 killed: two "held" answers decide nothing.
-        assert_eq!(
-            tally(0, 2, 3, 0).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        // Two held and one failed, two to come: a quorum of OKs is out of reach, but
-        // whether a quorum answers is not known yet.
-        assert_eq!(tally(0, 2, 1, 2).verdict(3, Rule::Contest), None);
-        assert_eq!(
-            tally(0, 3, 1, 1).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        // 3 nodes, one hung: two held answers are a quorum of answers.
-        assert_eq!(
-            tally(0, 2, 0, 1).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        // One OK, one held, the third could still be an OK.
-        assert_eq!(tally(1, 1, 0, 1).verdict(2, Rule::Contest), None);
-        // A quorum answered, with the failed node's OK it still would not be a quorum.
-        assert_eq!(
-            tally(1, 2, 1, 0).verdict(3, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 1, 1, 0).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 0, 2, 0).verdict(2, Rule::Contest),
-            Some(QuorumVerdict::NoQuorum)
+        check(
+            Rule::Contest,
+            &[
+                // 5 nodes, 3 killed: two "held" answers decide nothing.
+                ((0, 2, 3, 0), 3, Some(NoQuorum)),
+                // Two held, one failed, two to come: whether a quorum answers is unknown.
+                ((0, 2, 1, 2), 3, None),
+                ((0, 3, 1, 1), 3, Some(Lost)),
+                // 3 nodes, one hung: two held answers are a quorum of answers.
+                ((0, 2, 0, 1), 2, Some(Lost)),
+                // One OK, one held, the third could still be an OK.
+                ((1, 1, 0, 1), 2, None),
+                // A quorum answered; with the failed node's OK it still would not win.
+                ((1, 2, 1, 0), 3, Some(Lost)),
+                ((1, 1, 1, 0), 2, Some(Lost)),
+                ((1, 0, 2, 0), 2, Some(NoQuorum)),
+            ],
         );
     }
 
     #[test]
     fn expired_needs_n_minus_quorum_plus_one_answers_against() {
-        // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
-        assert_eq!(
-            tally(2, 2, 1, 0).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        assert_eq!(tally(2, 2, 0, 1).verdict(3, Rule::Proof), None);
-        // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
-        assert_eq!(
-            tally(0, 3, 0, 2).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(1, 3, 1, 0).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(0, 2, 0, 1).verdict(2, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        // 3 nodes: gone on 1, one failed, one holds: no proof either way.
-        assert_eq!(
-            tally(1, 1, 1, 0).verdict(2, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
-        );
-        // 4 nodes, quorum 3: gone on 2 leaves at most 2.
-        assert_eq!(
-            tally(1, 2, 0, 1).verdict(3, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        // 1 node.
-        assert_eq!(
-            tally(0, 1, 0, 0).verdict(1, Rule::Proof),
-            Some(QuorumVerdict::Lost)
-        );
-        assert_eq!(
-            tally(0, 0, 1, 0).verdict(1, Rule::Proof),
-            Some(QuorumVerdict::NoQuorum)
+        check(
+            Rule::Proof,
+            &[
+                // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
+                ((2, 2, 1, 0), 3, Some(NoQuorum)),
+                ((2, 2, 0, 1), 3, None),
+                // Gone on 3 of 5, 2 of 3: proof, whatever the rest say.
+                ((0, 3, 0, 2), 3, Some(Lost)),
+                ((1, 3, 1, 0), 3, Some(Lost)),
+                ((0, 2, 0, 1), 2, Some(Lost)),
+                // 3 nodes: gone on 1, one failed, one holds: no proof either way.
+                ((1, 1, 1, 0), 2, Some(NoQuorum)),
+                // 4 nodes, quorum 3: gone on 2 leaves at most 2.
+                ((1, 2, 0, 1), 3, Some(Lost)),
+                // 1 node.
+                ((0, 1, 0, 0), 1, Some(Lost)),
+                ((0, 0, 1, 0), 1, Some(NoQuorum)),
+            ],
         );
     }
 
@@ -233,28 +212,22 @@ mod tests {
     fn every_tally_has_one_verdict_once_nothing_is_pending() {
         for nodes in 1..=7 {
             let quorum = nodes / 2 + 1;
-            for won in 0..=nodes {
-                for against in 0..=nodes - won {
-                    let failed = nodes - won - against;
-                    for rule in RULES {
-                        let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
-                        let lost = match rule {
-                            Rule::Contest => won + against >= quorum,
-                            Rule::Proof => against > nodes - quorum,
-                        };
-                        let expected = if won >= quorum {
-                            QuorumVerdict::Won
-                        } else if lost {
-                            QuorumVerdict::Lost
-                        } else {
-                            QuorumVerdict::NoQuorum
-                        };
-                        assert_eq!(
-                            verdict,
-                            Some(expected),
-                            "{won}/{against}/{failed} of {nodes}, {rule:?}"
-                        );
-                    }
+            for (won, against, failed) in splits(nodes) {
+                for rule in RULES {
+                    let lost = match rule {
+                        Rule::Contest => won + against >= quorum,
+                        Rule::Proof => against > nodes - quorum,
+                    };
+                    let expected = if won >= quorum {
+                        QuorumVerdict::Won
+                    } else if lost {
+                        Lost
+                    } else {
+                        NoQuorum
+                    };
+                    let verdict = tally(won, against, failed, 0).verdict(quorum, rule);
+                    let case = format!("{won}/{against}/{failed} of {nodes}, {rule:?}");
+                    assert_eq!(verdict, Some(expected), "{case}");
                 }
             }
         }
@@ -262,28 +235,17 @@ mod tests {
 
     #[test]
     fn an_early_verdict_is_the_one_the_pending_nodes_cannot_change() {
-        // Whatever the pending nodes answer, the final verdict is the early one.
         for nodes in 1..=5 {
             let quorum = nodes / 2 + 1;
-            for known in 0..=nodes {
-                for won in 0..=known {
-                    for against in 0..=known - won {
-                        let failed = known - won - against;
-                        let pending = nodes - known;
-                        for rule in RULES {
-                            let Some(early) =
-                                tally(won, against, failed, pending).verdict(quorum, rule)
-                            else {
-                                continue;
-                            };
-                            for w in 0..=pending {
-                                for a in 0..=pending - w {
-                                    let f = pending - w - a;
-                                    let last = tally(won + w, against + a, failed + f, 0)
-                                        .verdict(quorum, rule);
-                                    assert_eq!(last, Some(early), "{rule:?}");
-                                }
-                            }
+            for pending in 0..=nodes {
+                for (won, against, failed) in splits(nodes - pending) {
+                    for rule in RULES {
+                        let early = tally(won, against, failed, pending).verdict(quorum, rule);
+                        let Some(early) = early else { continue };
+                        // Whatever the pending nodes answer, the verdict stays.
+                        for (w, a, f) in splits(pending) {
+                            let last = tally(won + w, against + a, failed + f, 0);
+                            assert_eq!(last.verdict(quorum, rule), Some(early), "{rule:?}");
                         }
                     }
                 }

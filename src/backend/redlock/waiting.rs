@@ -1,6 +1,5 @@
-//! Waiting for a held lock: on the nodes, woken by release notifications (see
-//! [`notify`](super::notify)) or a fallback timer, and, behind a holder of this process,
-//! in process without Redis.
+//! Waiting for a held lock: on the nodes, woken by release notifications or a fallback
+//! timer; behind a holder of this process, in process.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,11 +35,9 @@ impl Redlock {
         .await
     }
 
-    /// Waits while this process holds `key`: woken by its release (or, should that wake-up
-    /// be lost, at least every second, which costs no Redis call while the holder stays),
-    /// and tries again, in process first. `None` once the holder is another process's
-    /// (the caller then waits on Redis); otherwise `Some` with the outcome of the first
-    /// attempt that is not refused for contention, or `Taken` at the deadline.
+    /// Waits while this process holds `key`, woken by its release (or at least every
+    /// second), and tries again. `None` once the holder is another process's; else the
+    /// outcome of the first attempt not refused for contention, or `Taken` at the deadline.
     async fn queue_locally(
         &self,
         key: &Arc<str>,
@@ -78,10 +75,8 @@ impl Redlock {
         }
     }
 
-    /// One attempt, `attempt(false)`, then (when it finds the key taken and `max_wait` is
-    /// not zero) a bounded wait of `attempt(true)`s, subscribed to the key's release
-    /// channel when notifications are on: a waiting attempt marks the key as waited for
-    /// (and keeps a writer's intent up).
+    /// `attempt(false)`, then (when the key is taken and `max_wait` is not zero) a bounded
+    /// wait of `attempt(true)`s, which mark the key as waited for.
     pub(super) async fn wait_with<F, Fut>(
         &self,
         key: Arc<str>,
@@ -100,16 +95,14 @@ impl Redlock {
         let no_waiters = Waiters::default();
         let notifier = self.inner.notifier.as_ref();
         let waiters = notifier.map_or(&no_waiters, |notifier| &*notifier.waiters);
-        // A waiting attempt marks the key even without notifications: a waiting writer's
-        // intent, and a fair waiter's place, must be kept up either way.
+        // Waiting attempts even without notifications: a writer's intent and a fair
+        // waiter's place must be kept up.
         self.wait_on_nodes(&key, max_wait, waiters, || attempt(true))
             .await
     }
 
-    /// Waits up to `max_wait` for `key` on the nodes: subscribed to its release channel
-    /// (when notifications are on) for as long as the wait lasts, it runs `attempt` each
-    /// time `waiters` wake it or the fallback timer fires, until an attempt is not
-    /// refused for contention ([`bounded_wait`]).
+    /// Waits up to `max_wait` for `key` on the nodes, subscribed to its release channel,
+    /// running `attempt` on each wake-up ([`bounded_wait`]).
     async fn wait_on_nodes<F, Fut>(
         &self,
         key: &Arc<str>,

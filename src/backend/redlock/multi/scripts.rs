@@ -16,11 +16,9 @@ use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
 /// Takes every key of the set, or none. KEYS: the N lock keys, then (fenced) their N
-/// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced.
-///
-/// Answers as every acquisition script does ([`Attempted::decode`]): set with the
-/// highest fencing counter of the set; refused while any key is held, for the longest
-/// time left among them.
+/// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced. Answers as every
+/// acquisition script ([`Attempted::decode`]), with the highest counter, or the longest
+/// time a holder has left.
 pub(in crate::backend::redlock) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -56,11 +54,9 @@ return {{1, top}}
     ))
 });
 
-/// Raises every fencing counter of the set (KEYS[N+1..2N]) to ARGV[2], with the expiry
-/// ARGV[3] ms, while every lock key (KEYS[1..N]) holds our token ARGV[1]; N is ARGV[4].
-///
-/// Returns 1 when done, 0 when a key does not hold the token, -2 when a counter is not an
-/// integer below 2^53 (nothing written).
+/// Raises the counters KEYS[N+1..2N] to ARGV[2] (expiring in ARGV[3] ms) while every lock
+/// key KEYS[1..N] holds our token ARGV[1]; N is ARGV[4]. Returns 1 when done, 0 when a key
+/// does not hold the token, -2 when a counter is not an integer below 2^53 (none written).
 pub(in crate::backend::redlock) static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -86,11 +82,9 @@ return 1
 });
 
 /// Sets a new TTL (ARGV[2] ms) on every lock key KEYS[1..N] (N = ARGV[3]) if every one
-/// of them holds our token ARGV[1]; fenced, refreshes the valid counters KEYS[N+1..2N]
-/// to ARGV[4] ms as well.
-///
-/// Returns 1 when extended, -1 when a key holds anything else (nothing extended), 0 when
-/// a key is gone and none is held by another (nothing extended).
+/// holds our token ARGV[1]; fenced, refreshes the counters KEYS[N+1..2N] to ARGV[4] ms.
+/// Returns 1 when extended, else (nothing extended) -1 when a key holds anything else, 0
+/// when a key is gone.
 pub(in crate::backend::redlock) static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -122,12 +116,9 @@ return 1
 });
 
 /// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
-/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]): deletes the
-/// mark and publishes on the key's release channel, as the single-key release does.
-///
-/// Answers as the single-key release does ([`ReleaseReply::of`]): 1 when every key was
-/// deleted, 0 when some were gone and none held by another, -1 when any holds anything
-/// else.
+/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]). Answers as
+/// the single-key release ([`ReleaseReply::of`]): 1 all deleted, 0 some gone, -1 any held
+/// by another.
 pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -190,44 +181,6 @@ async fn acquire_group(
     run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &keys).await
 }
 
-async fn fence_group(
-    mut conn: Connection,
-    keys: Arc<[Arc<str>]>,
-    token: Token,
-    fencing_token: u64,
-    fence_ms: u64,
-) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&FENCE_ALL, &keys, Some(Beside::Fence));
-    cmd.arg(token.as_bytes())
-        .arg(fencing_token)
-        .arg(fence_ms)
-        .arg(keys.len());
-    let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
-    if reply == -2 {
-        return Err(invalid_counter(&keys[0]));
-    }
-    Ok(reply)
-}
-
-async fn extend_group(
-    mut conn: Connection,
-    keys: Arc<[Arc<str>]>,
-    token: Token,
-    ttl_ms: u64,
-    fence_ms: Option<u64>,
-) -> Result<i64, NodeFailureReason> {
-    let beside = fence_ms.map(|_| Beside::Fence);
-    let mut cmd = set_command(&EXTEND_ALL, &keys, beside);
-    cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
-    if let Some(fence_ms) = fence_ms {
-        cmd.arg(fence_ms);
-    }
-    run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&extended| {
-        extended == 1
-    })
-    .await
-}
-
 /// [`RELEASE_ALL`] on one slot's keys: its reply code (see [`ReleaseReply::of`]).
 async fn release_group(
     mut conn: Connection,
@@ -242,10 +195,8 @@ async fn release_group(
     Ok(run(&mut conn, &RELEASE_ALL, &cmd).await?)
 }
 
-/// The set's keys by Redis Cluster hash slot, in slot order (one order for every set, so
-/// two sets always take their common slots in the same order), when the node is a
-/// cluster's and the keys lie in several slots; `None` where one script takes the whole
-/// set (a plain node, or one slot).
+/// The set's keys by Redis Cluster hash slot, in slot order (the same for every set), on
+/// a cluster node when they lie in several slots; `None` where one script takes them all.
 #[cfg_attr(not(feature = "cluster-async"), allow(unused_variables))]
 fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str>]>>> {
     #[cfg(feature = "cluster-async")]
@@ -279,10 +230,8 @@ fn slot(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(bytes)) % 16384
 }
 
-/// Takes every key of the set on one node, or none: one script; on a cluster whose slots
-/// the set spans, one script per slot, one after another in slot order, and a refusal
-/// releases the slots already taken, all at once (all or none on the node, though not
-/// atomically across its shards).
+/// Takes every key of the set on one node, or none: on a cluster whose slots the set
+/// spans, one script per slot in slot order, a refusal releasing the slots already taken.
 pub(in crate::backend::redlock) async fn acquire_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -298,8 +247,7 @@ pub(in crate::backend::redlock) async fn acquire_on(
         match acquire_group(conn.clone(), group.clone(), token, ttl_ms, fenced).await {
             Ok(Attempted::Set(counter)) => highest = highest.max(counter),
             refused => {
-                // Where this attempt took a slot's keys, they are ours to delete (all
-                // at once); the caller deletes the rest where the node failed.
+                // The slots taken are ours to delete; the caller deletes the rest.
                 join_all(
                     groups[..i]
                         .iter()
@@ -313,10 +261,8 @@ pub(in crate::backend::redlock) async fn acquire_on(
     Ok(Attempted::Set(highest))
 }
 
-/// `op` on the set: on one node in one script, and on a cluster whose slots the set
-/// spans, on every slot's keys at once. The scripts of a set answer 1 for done, 0 and -1
-/// for the ways they fell short (a key gone, a key held by another): the answer is the
-/// worst of the slots' (the lowest), or the failure of any slot.
+/// `op` on the set's keys, on a cluster on every slot's at once: the lowest answer of
+/// the slots' (1 done, 0 or -1 short), or the failure of any.
 async fn on_every_slot<Fut>(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -334,8 +280,7 @@ where
         .try_fold(1, |worst, answer| Ok(worst.min(answer?)))
 }
 
-/// Raises the set's fencing counters (see [`FENCE_ALL`]), in every slot at once on a
-/// cluster: 1 when every slot's were raised, 0 when a key does not hold the token.
+/// [`FENCE_ALL`] on one node, in every slot at once on a cluster.
 pub(in crate::backend::redlock) async fn fence_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -343,14 +288,22 @@ pub(in crate::backend::redlock) async fn fence_on(
     fencing_token: u64,
     fence_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    on_every_slot(conn, keys, |conn, keys| {
-        fence_group(conn, keys, token, fencing_token, fence_ms)
+    on_every_slot(conn, keys, |mut conn, keys| async move {
+        let mut cmd = set_command(&FENCE_ALL, &keys, Some(Beside::Fence));
+        cmd.arg(token.as_bytes())
+            .arg(fencing_token)
+            .arg(fence_ms)
+            .arg(keys.len());
+        let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
+        if reply == -2 {
+            return Err(invalid_counter(&keys[0]));
+        }
+        Ok(reply)
     })
     .await
 }
 
-/// Extends the set (see [`EXTEND_ALL`]), in every slot at once on a cluster: 1 when every
-/// slot's keys were extended, -1 when a key holds anything else, 0 when a key is gone.
+/// [`EXTEND_ALL`] on one node, in every slot at once on a cluster.
 pub(in crate::backend::redlock) async fn extend_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,
@@ -358,14 +311,18 @@ pub(in crate::backend::redlock) async fn extend_on(
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    on_every_slot(conn, keys, |conn, keys| {
-        extend_group(conn, keys, token, ttl_ms, fence_ms)
+    on_every_slot(conn, keys, |mut conn, keys| async move {
+        let mut cmd = set_command(&EXTEND_ALL, &keys, fence_ms.map(|_| Beside::Fence));
+        cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
+        if let Some(fence_ms) = fence_ms {
+            cmd.arg(fence_ms);
+        }
+        run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&done| done == 1).await
     })
     .await
 }
 
-/// Releases the set (see [`RELEASE_ALL`]), in every slot at once on a cluster: deleted
-/// when every key was, held by another when any key is.
+/// [`RELEASE_ALL`] on one node, in every slot at once on a cluster.
 pub(in crate::backend::redlock) async fn release_on(
     conn: Connection,
     keys: Arc<[Arc<str>]>,

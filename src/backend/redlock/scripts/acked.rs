@@ -8,12 +8,10 @@ use crate::backend::connection::Connection;
 use crate::backend::node::ReplicaAck;
 use crate::error::NodeFailureReason;
 
-/// Runs a write that may grant (a lock, a fencing counter, an idempotency record) as
-/// [`run`] does, or, on a node that asks for acknowledgements (`Node::wait_for_replicas`),
-/// with `WAIT` and `WAITAOF` after it in the same pipeline; `granted` tells from the reply
-/// whether it wrote what must be acknowledged. A reply that granted without its
-/// acknowledgements is the node's failure ([`NodeFailureReason::NotAcknowledged`]).
-/// `script` is `None` for a native command.
+/// Runs a granting write as [`run`] does (`script` is `None` for a native command), or on
+/// a node that asks for acknowledgements, with `WAIT`/`WAITAOF` in the same pipeline. A
+/// reply that `granted` without them is the node's failure
+/// ([`NodeFailureReason::NotAcknowledged`]).
 pub(in crate::backend::redlock) async fn run_acked<T: FromRedisValue>(
     conn: &mut Connection,
     script: Option<&Script>,
@@ -26,9 +24,8 @@ pub(in crate::backend::redlock) async fn run_acked<T: FromRedisValue>(
             None => conn.query(cmd).await?,
         });
     };
-    // On the node's connection for acknowledged writes: a `WAIT` holds up the commands
-    // sent after it on its connection. Boxed: the acknowledged path stays out of the size
-    // of every acquisition's future.
+    // On the node's own connection for these (a `WAIT` holds up the commands after it);
+    // boxed, to keep this path out of the size of every acquisition's future.
     let (reply, failure) = Box::pin(acknowledged::<T>(&mut acked, ack, script, cmd)).await?;
     match failure {
         Some(failure) if granted(&reply) => Err(failure),
@@ -36,8 +33,8 @@ pub(in crate::backend::redlock) async fn run_acked<T: FromRedisValue>(
     }
 }
 
-/// `cmd` with its acknowledgements, in one pipeline (with the `NOSCRIPT` fallback): its
-/// reply, and the node's failure when the acknowledgements fell short.
+/// `cmd` and its acknowledgements in one pipeline (with the `NOSCRIPT` fallback): its
+/// reply, and the node's failure when they fell short.
 async fn acknowledged<T: FromRedisValue>(
     conn: &mut Connection,
     ack: ReplicaAck,
