@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use super::hot::{Admission, Outcome};
 use super::keys::Keys;
+use super::local::{Admission, Outcome};
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{QuorumVerdict, Rule, Vote};
@@ -68,14 +68,14 @@ impl LockBackend for Redlock {
 
 impl Redlock {
     /// One acquisition attempt, answered in process when it can be (see
-    /// [`hot`](super::hot)); a `waiting` attempt sets the waiters' mark where it is held.
+    /// [`local`](super::local)); a `waiting` attempt sets the waiters' mark where it is held.
     pub(super) async fn acquire_untraced(
         &self,
         key: Arc<str>,
         waiting: bool,
     ) -> Result<Lease, LockError> {
         loop {
-            match self.inner.hot.enter(&key, waiting) {
+            match self.inner.local.enter(&key, waiting) {
                 Admission::Held { left } => {
                     crate::observe::nodes_answered(0);
                     // The keys outlive the validity by up to the drift allowance.
@@ -166,7 +166,7 @@ impl Redlock {
                         .raise_fence(conn, token, fencing_token, fence_ms)
                 },
                 |written| Vote::of(*written == 1),
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Finish,
             )
             .await;
@@ -262,7 +262,7 @@ impl<'a> Acquisition<'a> {
         }
     }
 
-    /// Runs `op` on every node at once under [`Rule::Contest`], returning at the verdict:
+    /// Runs `op` on every node at once under [`Rule::Acquire`], returning at the verdict:
     /// the answers of a won round; [`LockError::Taken`] (see
     /// [`retry_after`](Redlock::retry_after)) once cleaned up as `clean_up` says; or
     /// [`LockError::NoQuorum`].
@@ -282,7 +282,7 @@ impl<'a> Acquisition<'a> {
                 self.start,
                 op,
                 |attempted| Vote::of(attempted.counter().is_some()),
-                Rule::Contest,
+                Rule::Acquire,
                 Stragglers::Drop,
             )
             .await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 
-use super::hot::HotKeys;
+use super::local::LocalHolders;
 use super::round::{self, Stragglers};
 use super::tally::{Rule, Vote};
 use super::{Redlock, RedlockCore, failure, scripts};
@@ -158,7 +158,7 @@ impl RedlockBuilder {
                     ))
                 }),
                 waiters,
-                hot: HotKeys::default(),
+                local: LocalHolders::default(),
                 fence_ms: self.policy.fencing.then(|| {
                     millis(FENCE_LIFETIME_MIN.max(ttl.saturating_mul(FENCE_LIFETIME_TTLS)))
                 }),
@@ -182,7 +182,7 @@ impl RedlockBuilder {
             node_timeout,
             quorum,
             |()| Vote::For,
-            Rule::Proof,
+            Rule::Held,
             Stragglers::Await,
         )
         .await;

@@ -166,7 +166,7 @@ impl Drop for LeaveOnDrop {
                     Instant::now(),
                     |conn| leave(conn, key.clone(), id),
                     |()| Vote::For,
-                    Rule::Proof,
+                    Rule::Held,
                     Stragglers::Await,
                 )
                 .await;

@@ -164,7 +164,7 @@ impl Redlock {
                 Instant::now(),
                 |conn| read_on(conn, key.clone()),
                 |found| Vote::of(found.is_some()),
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Await,
             )
             .await;
@@ -190,7 +190,7 @@ impl Redlock {
                 // and a box is cheaper to move than the script call it holds.
                 |conn| Box::pin(begin_on(conn, key.clone(), token, ttl_ms)),
                 |found| Vote::of(matches!(found, Found::Set)),
-                Rule::Contest,
+                Rule::Acquire,
                 Stragglers::Drop,
             )
             .await;
@@ -220,7 +220,7 @@ impl Redlock {
                             backend: self.inner.id,
                             reentered: false,
                         };
-                        self.inner.hot.hold(&lease);
+                        self.inner.local.hold(&lease);
                         Ok(Begin::Acquired(lease))
                     }
                     None => {
@@ -285,7 +285,7 @@ impl Redlock {
         let ttl_ms = super::builder::millis(ttl).max(1);
         let local = self
             .inner
-            .hot
+            .local
             .released(&lease.key, lease.token, self.prefix());
         let round = self
             .on_nodes(
@@ -301,7 +301,7 @@ impl Redlock {
                     ))
                 },
                 |stored| Vote::of(*stored == 1),
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Finish,
             )
             .await;

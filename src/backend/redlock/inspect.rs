@@ -83,7 +83,7 @@ impl Redlock {
                 Instant::now(),
                 |conn| view(conn, key.clone()),
                 |_| Vote::For,
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Await,
             )
             .await;
@@ -124,11 +124,11 @@ impl Redlock {
                 Instant::now(),
                 |conn| force_release(conn, key.clone()),
                 |_| Vote::For,
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Await,
             )
             .await;
-        self.inner.hot.forget(key);
+        self.inner.local.forget(key);
         self.inner.waiters.wake(key);
         let answered = round.values().count();
         if answered == 0 {

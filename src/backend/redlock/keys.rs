@@ -111,7 +111,7 @@ impl Keys {
 
 impl Redlock {
     /// Deletes `keys` on every node where they hold `token`, counted by `vote` under
-    /// [`Rule::Proof`]; `publish` wakes the marked waiters (not for a failed attempt).
+    /// [`Rule::Held`]; `publish` wakes the marked waiters (not for a failed attempt).
     pub(super) fn release_keys(
         &self,
         keys: Keys,
@@ -124,7 +124,7 @@ impl Redlock {
             Instant::now(),
             move |conn| keys.clone().release(conn, token, publish),
             vote,
-            Rule::Proof,
+            Rule::Held,
             stragglers,
         )
     }

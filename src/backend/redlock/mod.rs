@@ -25,11 +25,11 @@
 mod acquire;
 mod builder;
 mod fair;
-mod hot;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod inspect;
 mod keys;
+mod local;
 mod multi;
 mod round;
 mod scripts;
@@ -54,8 +54,8 @@ use crate::error::{LockError, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
-use hot::HotKeys;
 use keys::Keys;
+use local::LocalHolders;
 use round::{Answers, Stragglers};
 use scripts::ReleaseReply;
 use tally::{QuorumVerdict, Rule, Vote};
@@ -95,7 +95,7 @@ struct RedlockCore {
     waiters: Arc<Waiters>,
     notifier: Option<Arc<Notifier>>,
     /// The keys this client holds or is acquiring, answered in process.
-    hot: HotKeys,
+    local: LocalHolders,
     /// With fencing tokens: how long a counter lives after its last write, in ms.
     fence_ms: Option<u64>,
     /// How long a waiter's mark lives, in ms: longer than a waiter's sleep between attempts.
@@ -201,7 +201,7 @@ impl Redlock {
                 start,
                 |conn| keys.clone().extend(conn, token, ttl_ms, fence_ms),
                 |reply| Vote::of(*reply == 1),
-                Rule::Proof,
+                Rule::Held,
                 Stragglers::Finish,
             )
             .await;
@@ -212,11 +212,13 @@ impl Redlock {
                     .validity(elapsed)
                     .ok_or(LockError::TooSlow { elapsed })?;
                 lease.valid_until = start + validity;
-                self.inner.hot.renewed(&lease.key, token, lease.valid_until);
+                self.inner
+                    .local
+                    .renewed(&lease.key, token, lease.valid_until);
                 Ok(())
             }
             QuorumVerdict::Lost => {
-                self.inner.hot.lost(&lease.key, token);
+                self.inner.local.lost(&lease.key, token);
                 Err(LockError::Expired {
                     taken_over: round.values().any(|reply| *reply == -1),
                 })
@@ -246,7 +248,7 @@ impl Redlock {
     async fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
         let local = self
             .inner
-            .hot
+            .local
             .released(&lease.key, lease.token, self.prefix());
         let keys = Keys::of(&lease);
         let round = self
@@ -334,7 +336,9 @@ impl Redlock {
     /// How long a request that found `key` held should wait before trying again (see
     /// [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.inner.hot.retry_after(key, self.prefix(), holder_left)
+        self.inner
+            .local
+            .retry_after(key, self.prefix(), holder_left)
     }
 
     /// Releases `lease` in the background: for guards dropped outside an async context.
@@ -345,7 +349,7 @@ impl Redlock {
     /// Releases `keys` in the background.
     fn release_detached(&self, keys: Keys, token: Token, publish: bool) {
         let key = keys.lease_key();
-        let local = self.inner.hot.released(&key, token, self.prefix());
+        let local = self.inner.local.released(&key, token, self.prefix());
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let redlock = self.clone();

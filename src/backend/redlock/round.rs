@@ -306,7 +306,7 @@ mod tests {
             timeout,
             2,
             vote,
-            Rule::Proof,
+            Rule::Held,
             stragglers,
         );
         round.await

@@ -2,7 +2,7 @@
 //! give, as soon as the nodes not heard from can no longer change it.
 //!
 //! The one place where node answers are counted, for every operation: acquisition
-//! ([`Rule::Contest`]), extension, release and the fencing write ([`Rule::Proof`]).
+//! ([`Rule::Acquire`]), extension, release and the fencing write ([`Rule::Held`]).
 
 /// How one node's answer counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Tally {
         }
         let can_win = self.won + self.pending >= quorum;
         match rule {
-            Rule::Contest => {
+            Rule::Acquire => {
                 let answered = self.won + self.against;
                 if can_win {
                     None
@@ -87,7 +87,7 @@ impl Tally {
                     None
                 }
             }
-            Rule::Proof => {
+            Rule::Held => {
                 // Against on N - quorum + 1 nodes: the rest cannot make a quorum.
                 let proof = self.nodes().saturating_sub(quorum) + 1;
                 if self.against >= proof {
@@ -107,10 +107,10 @@ impl Tally {
 pub(super) enum Rule {
     /// An acquisition: lost once a quorum of nodes answered and the votes for can no
     /// longer reach a quorum; with fewer answers, no quorum.
-    Contest,
+    Acquire,
     /// An operation on a held lease: lost only once N - quorum + 1 nodes voted against
     /// (the token cannot be on a quorum); else, with failed nodes, no quorum.
-    Proof,
+    Held,
 }
 
 #[cfg(test)]
@@ -128,7 +128,7 @@ mod tests {
         }
     }
 
-    const RULES: [Rule; 2] = [Rule::Contest, Rule::Proof];
+    const RULES: [Rule; 2] = [Rule::Acquire, Rule::Held];
 
     /// Every `(a, b, c)` with `a + b + c == n`.
     fn splits(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn taken_needs_a_quorum_of_answers() {
         check(
-            Rule::Contest,
+            Rule::Acquire,
             &[
                 // 5 nodes, 3 killed: two "held" answers decide nothing.
                 ((0, 2, 3, 0), 3, Some(NoQuorum)),
@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn expired_needs_n_minus_quorum_plus_one_answers_against() {
         check(
-            Rule::Proof,
+            Rule::Held,
             &[
                 // 5 nodes: token on 2, gone on 2, one unreachable that may hold it.
                 ((2, 2, 1, 0), 3, Some(NoQuorum)),
@@ -215,8 +215,8 @@ mod tests {
             for (won, against, failed) in splits(nodes) {
                 for rule in RULES {
                     let lost = match rule {
-                        Rule::Contest => won + against >= quorum,
-                        Rule::Proof => against > nodes - quorum,
+                        Rule::Acquire => won + against >= quorum,
+                        Rule::Held => against > nodes - quorum,
                     };
                     let expected = if won >= quorum {
                         QuorumVerdict::Won

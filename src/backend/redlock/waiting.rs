@@ -43,7 +43,7 @@ impl Redlock {
         key: &Arc<str>,
         deadline: Option<Instant>,
     ) -> Option<Result<Lease, LockError>> {
-        let mut valid_until = self.inner.hot.holder(key)?;
+        let mut valid_until = self.inner.local.holder(key)?;
         let ticket = self.inner.waiters.register(key);
         loop {
             let notified = ticket.notify.notified();
@@ -55,7 +55,7 @@ impl Redlock {
                     retry_after: valid_until.saturating_duration_since(now),
                 }));
             }
-            if self.inner.hot.holder(key).is_some() {
+            if self.inner.local.holder(key).is_some() {
                 let wake_at = now
                     .checked_add(MAX_FALLBACK)
                     .map_or(valid_until, |fallback| fallback.min(valid_until));
@@ -66,7 +66,7 @@ impl Redlock {
                 }
             }
             match self.acquire(key.clone(), false).await {
-                Err(LockError::Taken { .. }) => match self.inner.hot.holder(key) {
+                Err(LockError::Taken { .. }) => match self.inner.local.holder(key) {
                     Some(next) => valid_until = next,
                     None => return None,
                 },

@@ -23,13 +23,13 @@ const MIN_SWEEP: usize = 1024;
 
 /// This client's holders and acquisitions in flight, and the hold times of its releases.
 #[derive(Default)]
-pub(super) struct HotKeys {
-    state: Mutex<HotTable>,
+pub(super) struct LocalHolders {
+    state: Mutex<HolderTable>,
 }
 
 #[derive(Default)]
-struct HotTable {
-    slots: KeyMap<Arc<str>, HotSlot>,
+struct HolderTable {
+    slots: KeyMap<Arc<str>, HolderSlot>,
     /// The hold times of this client's releases, recorded as they leave `slots`.
     holds: HoldTimes,
     sweep_at: usize,
@@ -37,7 +37,7 @@ struct HotTable {
     attempts: u64,
 }
 
-enum HotSlot {
+enum HolderSlot {
     /// An attempt of this process is in flight.
     Acquiring(InFlight),
     /// This process holds the key.
@@ -46,7 +46,7 @@ enum HotSlot {
 
 /// The slot of an attempt in flight.
 struct InFlight {
-    /// Which attempt (see [`HotTable::attempts`]).
+    /// Which attempt (see [`HolderTable::attempts`]).
     attempt: u64,
     /// A waiter's attempt, which marks the lock where it is held.
     waiting: bool,
@@ -91,8 +91,8 @@ pub(super) enum Admission<'a> {
     Held { left: Duration },
 }
 
-impl HotKeys {
-    fn state(&self) -> MutexGuard<'_, HotTable> {
+impl LocalHolders {
+    fn state(&self) -> MutexGuard<'_, HolderTable> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -103,8 +103,8 @@ impl HotKeys {
         let mut state = self.state();
         if state.slots.len() >= state.sweep_at.max(MIN_SWEEP) {
             state.slots.retain(|_, slot| match slot {
-                HotSlot::Held(holder) => holder.valid_until > now,
-                HotSlot::Acquiring(_) => true,
+                HolderSlot::Held(holder) => holder.valid_until > now,
+                HolderSlot::Acquiring(_) => true,
             });
             state.sweep_at = state.slots.len().saturating_mul(2);
         }
@@ -117,24 +117,24 @@ impl HotKeys {
         let attempt = ours.attempt;
         let displaced = match state.slots.entry(key.clone()) {
             SlotEntry::Vacant(vacant) => {
-                vacant.insert(HotSlot::Acquiring(ours));
+                vacant.insert(HolderSlot::Acquiring(ours));
                 None
             }
             SlotEntry::Occupied(mut occupied) => match occupied.get_mut() {
-                HotSlot::Held(holder) if holder.valid_until > now => {
+                HolderSlot::Held(holder) if holder.valid_until > now => {
                     return Admission::Held {
                         left: holder.valid_until - now,
                     };
                 }
-                HotSlot::Acquiring(flight) if flight.waiting || !waiting => {
+                HolderSlot::Acquiring(flight) if flight.waiting || !waiting => {
                     let followers = flight.followers.get_or_insert_with(Flight::new);
                     return Admission::Follow(followers.clone());
                 }
                 // A holder past its validity, or a plain attempt in flight (its followers
                 // enter again; it leaves this slot alone unless it wins).
-                slot => match std::mem::replace(slot, HotSlot::Acquiring(ours)) {
-                    HotSlot::Acquiring(plain) => plain.followers,
-                    HotSlot::Held(_) => None,
+                slot => match std::mem::replace(slot, HolderSlot::Acquiring(ours)) {
+                    HolderSlot::Acquiring(plain) => plain.followers,
+                    HolderSlot::Held(_) => None,
                 },
             },
         };
@@ -143,7 +143,7 @@ impl HotKeys {
             followers.report(Outcome::Abandoned);
         }
         Admission::Lead(FlightGuard {
-            hot: self,
+            holders: self,
             entered: now,
             key,
             attempt,
@@ -155,7 +155,7 @@ impl HotKeys {
     pub(super) fn holder(&self, key: &str) -> Option<Instant> {
         let now = Instant::now();
         match self.state().slots.get(key) {
-            Some(HotSlot::Held(holder)) if holder.valid_until > now => Some(holder.valid_until),
+            Some(HolderSlot::Held(holder)) if holder.valid_until > now => Some(holder.valid_until),
             _ => None,
         }
     }
@@ -173,7 +173,7 @@ impl HotKeys {
         let mut state = self.state();
         // Put back in the rare case it is not this lease.
         let since = match state.slots.remove_entry(key) {
-            Some((_, HotSlot::Held(holder))) if holder.token == token => holder.since,
+            Some((_, HolderSlot::Held(holder))) if holder.token == token => holder.since,
             Some((key, slot)) => {
                 state.slots.insert(key, slot);
                 return false;
@@ -203,7 +203,7 @@ impl HotKeys {
     /// on the nodes (a forced unlock).
     pub(super) fn forget(&self, key: &str) {
         let mut state = self.state();
-        if matches!(state.slots.get(key), Some(HotSlot::Held(_))) {
+        if matches!(state.slots.get(key), Some(HolderSlot::Held(_))) {
             state.slots.remove(key);
         }
     }
@@ -215,7 +215,7 @@ impl HotKeys {
 
     /// A renewal moved the lease's validity to `valid_until`.
     pub(super) fn renewed(&self, key: &str, token: Token, valid_until: Instant) {
-        if let Some(HotSlot::Held(holder)) = self.state().slots.get_mut(key) {
+        if let Some(HolderSlot::Held(holder)) = self.state().slots.get_mut(key) {
             if holder.token == token {
                 holder.valid_until = valid_until;
             }
@@ -230,7 +230,7 @@ impl HotKeys {
         state
             .slots
             .entry(lease.key.clone())
-            .or_insert_with(|| HotSlot::Held(Holder::of(lease, Instant::now())));
+            .or_insert_with(|| HolderSlot::Held(Holder::of(lease, Instant::now())));
     }
 }
 
@@ -280,7 +280,7 @@ impl Flight {
 /// The attempt in flight on a key: reports its outcome to the table and its followers;
 /// dropped before that, it leaves the slot and lets them send their own.
 pub(super) struct FlightGuard<'a> {
-    hot: &'a HotKeys,
+    holders: &'a LocalHolders,
     /// When the attempt entered the table: its start, for its validity and its hold time.
     pub(super) entered: Instant,
     key: &'a Arc<str>,
@@ -301,23 +301,26 @@ impl FlightGuard<'_> {
         // Followers to tell: this attempt's own, or those of the attempt whose slot its
         // lease takes.
         let followers = {
-            let mut state = self.hot.state();
+            let mut state = self.holders.state();
             match (state.slots.get_mut(&**self.key), lease) {
                 (Some(slot), Some(lease)) => {
                     // A lease is this process's holder, whoever is in the slot now.
-                    match std::mem::replace(slot, HotSlot::Held(Holder::of(lease, self.entered))) {
-                        HotSlot::Acquiring(flight) => flight.followers.map(|f| (f, Outcome::Won)),
-                        HotSlot::Held(_) => None,
+                    match std::mem::replace(slot, HolderSlot::Held(Holder::of(lease, self.entered)))
+                    {
+                        HolderSlot::Acquiring(flight) => {
+                            flight.followers.map(|f| (f, Outcome::Won))
+                        }
+                        HolderSlot::Held(_) => None,
                     }
                 }
                 (None, Some(lease)) => {
                     state.slots.insert(
                         self.key.clone(),
-                        HotSlot::Held(Holder::of(lease, self.entered)),
+                        HolderSlot::Held(Holder::of(lease, self.entered)),
                     );
                     None
                 }
-                (Some(HotSlot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
+                (Some(HolderSlot::Acquiring(flight)), None) if flight.attempt == self.attempt => {
                     let followers = flight.followers.take();
                     state.slots.remove(&**self.key);
                     followers.map(|f| (f, outcome_of(result)))
