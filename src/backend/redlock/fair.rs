@@ -20,7 +20,7 @@ use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
-use super::keys::{Aux, Keys};
+use super::keys::{Auxiliary, Keys};
 use super::round::Stragglers;
 use super::scripts::{Attempted, COUNTER_VALID, evalsha, run, run_attempt};
 use super::shared::NOW;
@@ -118,10 +118,10 @@ async fn attempt(
 ) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
     cmd.arg(&*key)
-        .arg(Aux::queue(&key))
-        .arg(Aux::queue_deadlines(&key))
-        .arg(Aux::waiters(&key))
-        .arg(Aux::fence(&key))
+        .arg(Auxiliary::queue(&key))
+        .arg(Auxiliary::queue_deadlines(&key))
+        .arg(Auxiliary::waiters(&key))
+        .arg(Auxiliary::fence(&key))
         .arg(a.waiter.id.as_bytes())
         .arg(a.token.as_bytes())
         .arg(a.ttl_ms)
@@ -134,8 +134,8 @@ async fn attempt(
 
 async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_LEAVE, 2);
-    cmd.arg(Aux::queue(&key))
-        .arg(Aux::queue_deadlines(&key))
+    cmd.arg(Auxiliary::queue(&key))
+        .arg(Auxiliary::queue_deadlines(&key))
         .arg(id.as_bytes())
         .arg(&*key);
     let _: i64 = run(&mut conn, &FAIR_LEAVE, &cmd).await?;

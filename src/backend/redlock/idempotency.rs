@@ -16,7 +16,7 @@ use bytes::Bytes;
 use redis::{Script, Value};
 
 use super::Redlock;
-use super::keys::{Aux, Keys};
+use super::keys::{Auxiliary, Keys};
 use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
@@ -83,7 +83,7 @@ async fn begin_on(
 ) -> Result<Found, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&BEGIN, 2);
     cmd.arg(&*key)
-        .arg(Aux::record(&key))
+        .arg(Auxiliary::record(&key))
         .arg(token.as_bytes())
         .arg(ttl_ms);
     let reply: Vec<Value> =
@@ -108,8 +108,8 @@ async fn finish_on(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&FINISH, 3);
     cmd.arg(&*key)
-        .arg(Aux::record(&key))
-        .arg(Aux::waiters(&key))
+        .arg(Auxiliary::record(&key))
+        .arg(Auxiliary::waiters(&key))
         .arg(token.as_bytes())
         .arg(&record[..])
         .arg(ttl_ms);
@@ -118,7 +118,7 @@ async fn finish_on(
 
 async fn read_on(mut conn: Connection, key: Arc<str>) -> Result<Option<Bytes>, NodeFailureReason> {
     let raw: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(Aux::record(&key))
+        .arg(Auxiliary::record(&key))
         .query_async(&mut conn)
         .await?;
     Ok(raw.map(Bytes::from))

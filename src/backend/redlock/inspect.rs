@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redis::Script;
 
 use super::Redlock;
-use super::keys::Aux;
+use super::keys::Auxiliary;
 use super::round::Stragglers;
 use super::scripts::{evalsha, run};
 use super::tally::{Rule, Vote};
@@ -55,10 +55,10 @@ struct NodeView {
 async fn view(mut conn: Connection, key: Arc<str>) -> Result<NodeView, NodeFailureReason> {
     let mut cmd = evalsha(&INSPECT, 5);
     cmd.arg(&*key)
-        .arg(Aux::fence(&key))
-        .arg(Aux::readers(&key))
-        .arg(Aux::waiters(&key))
-        .arg(Aux::queue(&key));
+        .arg(Auxiliary::fence(&key))
+        .arg(Auxiliary::readers(&key))
+        .arg(Auxiliary::waiters(&key))
+        .arg(Auxiliary::queue(&key));
     let (pttl_ms, fence, readers, waiters): (i64, String, u64, u64) =
         run(&mut conn, &INSPECT, &cmd).await?;
     Ok(NodeView {
@@ -71,7 +71,7 @@ async fn view(mut conn: Connection, key: Arc<str>) -> Result<NodeView, NodeFailu
 
 async fn force_release(mut conn: Connection, key: Arc<str>) -> Result<i64, NodeFailureReason> {
     let mut cmd = evalsha(&FORCE_RELEASE, 2);
-    cmd.arg(&*key).arg(Aux::waiters(&key));
+    cmd.arg(&*key).arg(Auxiliary::waiters(&key));
     Ok(run(&mut conn, &FORCE_RELEASE, &cmd).await?)
 }
 

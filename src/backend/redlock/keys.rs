@@ -1,7 +1,7 @@
 //! What a lease holds on each node, and the node calls that act on it whatever it is:
 //! one lock key, a shared lease's readers' set, or a set of lock keys taken together.
 //! Each call is one script on the node. Also the names of a lock's own keys and channel
-//! beside it ([`Aux`]: the waiters' mark, the fencing counter, the readers' set, ...).
+//! beside it ([`Auxiliary`]: the waiters' mark, the fencing counter, the readers' set, ...).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -134,9 +134,9 @@ impl Redlock {
 /// place as one argument. The hash tag puts it in the lock key's Redis Cluster slot; lock
 /// keys never contain `{` or `}` (the prefix is checked, names are percent-encoded), so
 /// it is never a lock key itself.
-pub(super) type Aux<'a> = Joined<'a, 3>;
+pub(super) type Auxiliary<'a> = Joined<'a, 3>;
 
-impl<'a> Aux<'a> {
+impl<'a> Auxiliary<'a> {
     /// The waiters' mark: present while a waiter subscribed to the release channel waits.
     pub(super) fn waiters(lock_key: &'a str) -> Self {
         Joined(["{", lock_key, "}:waiters"])

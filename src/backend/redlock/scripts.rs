@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
-use super::keys::Aux;
+use super::keys::Auxiliary;
 use crate::backend::connection::Connection;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
@@ -285,9 +285,9 @@ pub(super) async fn acquire(
     let mut cmd = evalsha(script, numkeys);
     cmd.arg(&*key);
     if attempt.fenced {
-        cmd.arg(Aux::fence(&key));
+        cmd.arg(Auxiliary::fence(&key));
     }
-    cmd.arg(Aux::waiters(&key))
+    cmd.arg(Auxiliary::waiters(&key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0));
@@ -336,7 +336,7 @@ async fn acquire_plain(
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
 pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
-        key: Aux::fence(key).to_string(),
+        key: Auxiliary::fence(key).to_string(),
     }
 }
 
@@ -351,7 +351,7 @@ pub(super) async fn extend(
     let mut cmd = evalsha(&EXTEND, if fence_ms.is_some() { 2 } else { 1 });
     cmd.arg(&*key);
     if fence_ms.is_some() {
-        cmd.arg(Aux::fence(&key));
+        cmd.arg(Auxiliary::fence(&key));
     }
     cmd.arg(token.as_bytes()).arg(ttl_ms);
     if let Some(fence_ms) = fence_ms {
@@ -370,7 +370,7 @@ pub(super) async fn release(
     let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
     cmd.arg(&*key);
     if publish {
-        cmd.arg(Aux::waiters(&key));
+        cmd.arg(Auxiliary::waiters(&key));
     }
     cmd.arg(token.as_bytes());
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
@@ -386,7 +386,7 @@ pub(super) async fn raise_fence(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = evalsha(&FENCE, 2);
     cmd.arg(&*key)
-        .arg(Aux::fence(&key))
+        .arg(Auxiliary::fence(&key))
         .arg(token.as_bytes())
         .arg(fencing_token)
         .arg(fence_ms);

@@ -17,7 +17,7 @@ use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
-use super::keys::{Aux, Keys};
+use super::keys::{Auxiliary, Keys};
 use super::scripts::{
     Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_acked, run_attempt,
 };
@@ -139,12 +139,12 @@ async fn attempt(
         Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
     };
     let mut cmd = evalsha(script, numkeys);
-    cmd.arg(Aux::readers(&key))
+    cmd.arg(Auxiliary::readers(&key))
         .arg(&*key)
-        .arg(Aux::writer_waiting(&key))
-        .arg(Aux::waiters(&key));
+        .arg(Auxiliary::writer_waiting(&key))
+        .arg(Auxiliary::waiters(&key));
     if access == Access::Exclusive {
-        cmd.arg(Aux::fence(&key));
+        cmd.arg(Auxiliary::fence(&key));
     }
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
@@ -180,7 +180,7 @@ pub(super) async fn release_reader(
 ) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
-        .arg(Aux::waiters(&lock_key))
+        .arg(Auxiliary::waiters(&lock_key))
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(&*lock_key);
@@ -228,9 +228,9 @@ mod tests {
     #[test]
     fn aux_keys_share_the_lock_keys_slot() {
         assert_eq!(
-            Aux::writer_waiting("p:k").to_string(),
+            Auxiliary::writer_waiting("p:k").to_string(),
             "{p:k}:writer-waiting"
         );
-        assert_eq!(*readers_key("p:k"), Aux::readers("p:k").to_string());
+        assert_eq!(*readers_key("p:k"), Auxiliary::readers("p:k").to_string());
     }
 }

@@ -102,3 +102,35 @@ impl Locks {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryLocks;
+
+    #[tokio::test]
+    async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
+        let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
+        let (key, token, fence) = locks
+            .with_lock(
+                LockRequest::new("fenced").retry(),
+                Renewal::default(),
+                |status| async move {
+                    let lease = status.lease();
+                    (
+                        lease.key().to_owned(),
+                        lease.token().to_string(),
+                        lease.fencing_token(),
+                    )
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(key, "tower-redlock:fenced");
+        assert_eq!(token.len(), 32);
+        assert!(fence.is_some());
+        // Released at the end: the next holder gets a greater fencing token.
+        let next = locks.try_lock("fenced").await.unwrap();
+        assert!(next.fencing_token() > fence);
+    }
+}

@@ -7,7 +7,7 @@ use futures_util::future::join_all;
 
 use redis::Script;
 
-use super::super::keys::Aux;
+use super::super::keys::Auxiliary;
 use super::super::scripts::{
     Attempted, COUNTER_VALID, ReleaseReply, evalsha, invalid_counter, run, run_acked, run_attempt,
 };
@@ -158,8 +158,8 @@ fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> re
     }
     for key in keys {
         match beside {
-            Some(Beside::Fence) => cmd.arg(Aux::fence(key)),
-            Some(Beside::Waiters) => cmd.arg(Aux::waiters(key)),
+            Some(Beside::Fence) => cmd.arg(Auxiliary::fence(key)),
+            Some(Beside::Waiters) => cmd.arg(Auxiliary::waiters(key)),
             None => break,
         };
     }

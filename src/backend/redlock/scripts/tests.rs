@@ -4,11 +4,11 @@ use super::*;
 fn aux_keys_carry_the_lock_key_as_their_hash_tag() {
     let key = "tower-redlock:/items:42";
     assert_eq!(
-        Aux::waiters(key).to_string(),
+        Auxiliary::waiters(key).to_string(),
         "{tower-redlock:/items:42}:waiters"
     );
     assert_eq!(
-        Aux::fence(key).to_string(),
+        Auxiliary::fence(key).to_string(),
         "{tower-redlock:/items:42}:fence"
     );
 }
@@ -35,7 +35,7 @@ fn attempt_replies_decode_to_a_counter_a_holders_ttl_or_a_bad_counter() {
 #[test]
 fn aux_keys_are_written_as_one_argument() {
     let mut cmd = redis::cmd("EXISTS");
-    cmd.arg(Aux::waiters("k"));
+    cmd.arg(Auxiliary::waiters("k"));
     assert_eq!(
         cmd.get_packed_command(),
         b"*2\r\n$6\r\nEXISTS\r\n$11\r\n{k}:waiters\r\n".to_vec()
