@@ -52,11 +52,6 @@ impl LockLayer<HeaderKey> {
     /// This stops *concurrent* duplicates; a retry after the first request completed runs
     /// again unless the handler stores and replays the first result.
     ///
-    /// The backend is the app's default ([`Locks::set_default`], else in process): with
-    /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
-    /// give this layer one with [`backend`](Self::backend), or each replica locks on its
-    /// own.
-    ///
     /// # Panics
     ///
     /// When `name` is a string that is not a header name, such as `"Idempotency Key"`: a
@@ -82,11 +77,6 @@ impl LockLayer<crate::key::PathParamKey> {
     /// # Panics
     ///
     /// When `name` is empty.
-    ///
-    /// The backend is the app's default ([`Locks::set_default`], else in process): with
-    /// more than one replica, set a [`Redlock`](crate::Redlock) as the default once, or
-    /// give this layer one with [`backend`](Self::backend), or each replica locks on its
-    /// own.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
         KeyedLayer::from_path_param(
             name,
@@ -170,7 +160,9 @@ impl<K> LockLayer<K> {
     crate::keyed::layer_setters! {
         /// The lock backend: a [`Redlock`](crate::Redlock),
         /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the app's default
-        /// backend ([`Locks::set_default`], else the process-wide in-process one).
+        /// backend ([`Locks::set_default`], else the process-wide in-process one). With
+        /// more than one replica, set a `Redlock` as the default once or give it here, or
+        /// each replica locks on its own.
         fn backend(locks: impl Into<Locks>) => locks;
 
         /// The status sent when the lock is held by another request. Default 409 Conflict
