@@ -90,11 +90,7 @@ impl RateLimitLayer<HeaderOrPeerIp> {
     /// When `name` is a string that is not a header name.
     pub fn by_header_or_peer_ip(name: impl IntoHeaderName, quota: Quota) -> Self {
         let name = name.into_header_name("RateLimitLayer::by_header_or_peer_ip");
-        KeyedLayer::from_parts(
-            HeaderOrPeerIp::new(name),
-            RateLimitPolicy::new(quota),
-            Cow::Borrowed("The request carries no rate limit key."),
-        )
+        Self::new(HeaderOrPeerIp::new(name), quota)
     }
 }
 
@@ -167,8 +163,8 @@ impl<K> RateLimitLayer<K> {
     /// a delay, not a timestamp) wherever `RateLimit` is sent. Default: `false`.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
         let headers = &self.core.policy.headers;
-        let rebuilt = Headers::new(headers.quota, &headers.name, enabled);
-        self.policy_mut().headers = Arc::new(rebuilt);
+        let headers = Arc::new(Headers::new(headers.quota, &headers.name, enabled));
+        self.policy_mut().headers = headers;
         self
     }
 
