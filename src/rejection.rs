@@ -256,21 +256,16 @@ impl Rejection {
     ) -> Self {
         match error {
             LockError::Taken { retry_after } => {
-                let (kind, detail) = if by == RejectedBy::Idempotency {
-                    (
-                        RejectionKind::InFlight,
-                        "A request with the same key is still in progress.",
-                    )
-                } else if taken_status == StatusCode::CONFLICT {
-                    (
-                        RejectionKind::Taken,
-                        "A request with the same key is still in progress.",
-                    )
+                let in_flight = by == RejectedBy::Idempotency;
+                let detail = if in_flight || taken_status == StatusCode::CONFLICT {
+                    "A request with the same key is still in progress."
                 } else {
-                    (
-                        RejectionKind::Taken,
-                        "The resource is locked by another request; retry after the Retry-After delay.",
-                    )
+                    "The resource is locked by another request; retry after the Retry-After delay."
+                };
+                let kind = if in_flight {
+                    RejectionKind::InFlight
+                } else {
+                    RejectionKind::Taken
                 };
                 Rejection::new(by, kind, detail)
                     .with_status(taken_status)
