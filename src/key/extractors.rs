@@ -72,7 +72,7 @@ impl KeyExtractor for HeaderKey {
 /// cannot mint scopes with methods of its own.
 fn method_of(parts: &Parts) -> &'static str {
     use http::Method;
-    const KNOWN: [Method; 9] = [
+    static KNOWN: [Method; 9] = [
         Method::GET,
         Method::POST,
         Method::PUT,
@@ -86,17 +86,7 @@ fn method_of(parts: &Parts) -> &'static str {
     KNOWN
         .iter()
         .find(|known| **known == parts.method)
-        .map_or("other", |known| match known.as_str() {
-            "GET" => "GET",
-            "POST" => "POST",
-            "PUT" => "PUT",
-            "DELETE" => "DELETE",
-            "PATCH" => "PATCH",
-            "HEAD" => "HEAD",
-            "OPTIONS" => "OPTIONS",
-            "CONNECT" => "CONNECT",
-            _ => "TRACE",
-        })
+        .map_or("other", Method::as_str)
 }
 
 /// Parses an RFC 8941 sf-string (section 3.3.3): `"` ... `"` with `\"` and `\\` escapes,
@@ -171,10 +161,7 @@ impl PathParamKey {
 impl KeyExtractor for PathParamKey {
     fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
         use axum::extract::rejection::RawPathParamsRejection;
-        use axum::extract::{FromRequestParts, RawPathParams};
-        use futures_util::FutureExt;
-        // RawPathParams reads what the router stored; its future is ready at once.
-        match RawPathParams::from_request_parts(parts, &()).now_or_never() {
+        match raw_path_params(parts) {
             Some(Ok(params)) => Ok(params
                 .iter()
                 .find(|(name, _)| *name == self.name)
@@ -188,19 +175,15 @@ impl KeyExtractor for PathParamKey {
     }
 
     fn no_key(&self, parts: &mut Parts) -> NoKey {
-        let routed = parts
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|matched| matched.as_str().to_owned());
         let name = &self.name;
-        match routed {
+        match route_of(parts).map(str::to_owned) {
             Some(route) => NoKey::Misconfigured(Misconfiguration::new(format!(
                 "by_path_param(\"{name}\") on the route {route}, which has no path parameter \
                  `{{{name}}}`: add the layer only to routes that have it \
                  (MethodRouter::layer, or Router::route_layer on a Router of such routes)"
             ))),
             // The fallback of a Router::layer: a request no route matched.
-            None if has_path_params(parts) => NoKey::NotApplicable,
+            None if matches!(raw_path_params(parts), Some(Ok(_))) => NoKey::NotApplicable,
             None => NoKey::Misconfigured(Misconfiguration::new(format!(
                 "by_path_param(\"{name}\") runs before the Router has matched a route, so there \
                  are no path parameters: add it with Router::route_layer or MethodRouter::layer, \
@@ -210,29 +193,26 @@ impl KeyExtractor for PathParamKey {
     }
 
     fn write_scope(&self, parts: &Parts, out: &mut String) {
-        match parts.extensions.get::<axum::extract::MatchedPath>() {
-            Some(matched) => {
-                let route = matched.as_str();
-                match route.find(&self.brace) {
-                    Some(at) => out.push_str(&route[..at + self.brace.len()]),
-                    None => out.push_str(route),
-                }
-            }
+        match route_of(parts) {
+            Some(route) => match route.find(&self.brace) {
+                Some(at) => out.push_str(&route[..at + self.brace.len()]),
+                None => out.push_str(route),
+            },
             None => out.push_str(&self.brace),
         }
     }
 }
 
-/// Whether the router stored path parameters (possibly none) for this request: it routed
-/// it, to a route or to its fallback.
+/// The path parameters the router stored: `Some(Ok)` once it routed the request, to a
+/// route or (with none) to its fallback. The future is ready at once.
 #[cfg(feature = "axum")]
-fn has_path_params(parts: &mut Parts) -> bool {
-    use axum::extract::{FromRequestParts, RawPathParams};
+fn raw_path_params(
+    parts: &mut Parts,
+) -> Option<Result<axum::extract::RawPathParams, axum::extract::rejection::RawPathParamsRejection>>
+{
+    use axum::extract::FromRequestParts;
     use futures_util::FutureExt;
-    matches!(
-        RawPathParams::from_request_parts(parts, &()).now_or_never(),
-        Some(Ok(_))
-    )
+    axum::extract::RawPathParams::from_request_parts(parts, &()).now_or_never()
 }
 
 /// The key is what a function returns for the request; `None` means the request has no key.
