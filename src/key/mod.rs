@@ -166,31 +166,6 @@ pub(crate) fn has_control(text: &str) -> bool {
     }
 }
 
-/// Writes `{prefix}{scope}:` into `key`: the layer's fixed scope if it has one, else the
-/// extractor's, percent-encoded (see [`push_escaped`]). The value follows, with
-/// [`push_escaped`].
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-pub(crate) fn write_key_head<K: KeyExtractor + ?Sized>(
-    key: &mut String,
-    prefix: &str,
-    scope: Option<&str>,
-    extractor: &K,
-    parts: &Parts,
-) {
-    key.push_str(prefix);
-    let scope_at = key.len();
-    match scope {
-        Some(scope) => key.push_str(scope),
-        None => extractor.write_scope(parts, key),
-    }
-    escape_from(key, scope_at);
-    key.push(':');
-}
-
 /// Appends `part` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`), so that a
 /// key never holds a Redis Cluster hash tag by accident and stays one-to-one with its parts.
 ///

@@ -13,8 +13,8 @@ use super::service::Keyed;
 #[cfg(feature = "axum")]
 use crate::key::PathParamKey;
 use crate::key::{
-    HeaderKey, IntoHeaderName, KeyError, KeyExtractor, Misconfiguration, NoKey, push_escaped,
-    validate_value, with_scratch, write_key_head,
+    HeaderKey, IntoHeaderName, KeyError, KeyExtractor, Misconfiguration, NoKey, escape_from,
+    push_escaped, validate_value, with_scratch,
 };
 use crate::keyed::answers::RenderFn;
 use crate::rejection::{Rejection, RejectionKind};
@@ -280,15 +280,17 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     }
 
     /// Writes the head of this layer's keys, `{prefix}{scope}:`, in `key`: the policy's
-    /// prefix, then the layer's fixed scope or else the extractor's for this request.
+    /// prefix, then the layer's fixed scope or else the extractor's for this request,
+    /// percent-encoded ([`push_escaped`]).
     fn write_key_head(&self, key: &mut String, parts: &Parts) {
-        write_key_head(
-            key,
-            self.policy.prefix(),
-            self.scope.as_deref(),
-            &*self.extractor,
-            parts,
-        );
+        key.push_str(self.policy.prefix());
+        let scope_at = key.len();
+        match &self.scope {
+            Some(scope) => key.push_str(scope),
+            None => self.extractor.write_scope(parts, key),
+        }
+        escape_from(key, scope_at);
+        key.push(':');
     }
 
     /// [`step`](Self::step) for an extractor of several keys: each value is checked and
