@@ -113,14 +113,13 @@ pub(super) async fn lock<T: LockKeys>(
     let reject = |e: LockError| Rejection::from_lock_error(&e, StatusCode::LOCKED);
     let keys = value.lock_keys();
     let mut resources = Vec::with_capacity(keys.len());
-    for key in &keys {
-        validate_value(key).map_err(|e| {
+    for key in keys {
+        validate_value(&key).map_err(|e| {
             crate::observe::lock_request(crate::observe::LockResult::Invalid);
             reject(e.into())
         })?;
         resources.push(format!("{}:{}", T::SCOPE, key));
     }
-    drop(keys);
     if let Some(status) = existing {
         if !resources.is_empty() && resources.iter().all(|r| locks.names(status.lease(), r)) {
             return Ok(Locked::new(value, status.clone(), None));
@@ -143,11 +142,7 @@ pub(super) async fn lock<T: LockKeys>(
             let renewer = tokio::spawn(async move {
                 std::future::poll_fn(|cx| watchdog.poll_lost(cx)).await;
             });
-            let owner = Owned {
-                locks,
-                renewer: Some(renewer),
-            };
-            Ok(Locked::new(value, status, Some(owner)))
+            Ok(Locked::new(value, status, Some(Owned { locks, renewer })))
         }
         Err(e) => {
             if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {

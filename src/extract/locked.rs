@@ -146,14 +146,12 @@ pub struct Locked<T> {
 /// A lease this extractor acquired: its backend and the task that renews it.
 pub(super) struct Owned {
     pub(super) locks: Locks,
-    pub(super) renewer: Option<tokio::task::JoinHandle<()>>,
+    pub(super) renewer: tokio::task::JoinHandle<()>,
 }
 
 impl Owned {
-    fn stop(mut self) -> Locks {
-        if let Some(renewer) = self.renewer.take() {
-            renewer.abort();
-        }
+    fn stop(self) -> Locks {
+        self.renewer.abort();
         self.locks
     }
 }
@@ -180,9 +178,8 @@ impl<T> Locked<T> {
         &self.status
     }
 
-    /// Runs `work`, never polling it once the lease is lost: the extractor renews the lease
-    /// in the background (every TTL/3, for at most 10 × TTL), but cannot stop the handler
-    /// by itself; work wrapped here stops at its next `.await` after a loss.
+    /// Runs `work`, never polling it once the lease is lost: the extractor cannot stop the
+    /// handler by itself, but work wrapped here stops at its next `.await` after a loss.
     ///
     /// # Errors
     ///
@@ -190,8 +187,7 @@ impl<T> Locked<T> {
     pub async fn protect<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         let status = &self.status;
         let lost = std::pin::pin!(status.lost());
-        let watch = StatusWatch { status, lost };
-        Protected::new(work, watch)
+        Protected::new(work, StatusWatch { status, lost })
             .await
             .map_err(|Lost| LockError::Lost)
     }
@@ -299,7 +295,7 @@ impl<R: IntoResponse> IntoResponse for LockedRejection<R> {
     fn into_response(self) -> Response {
         match self {
             LockedRejection::Extract(r) => r.into_response(),
-            LockedRejection::Lock(p) => IntoResponse::into_response(p),
+            LockedRejection::Lock(p) => p.into_response(),
         }
     }
 }

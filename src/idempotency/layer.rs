@@ -1,10 +1,9 @@
 //! [`IdempotencyLayer`] and its settings.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::request::Parts;
