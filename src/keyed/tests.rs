@@ -35,6 +35,14 @@ struct Probe {
 }
 
 impl Probe {
+    /// A probe whose permit is held until the response body ends.
+    fn holding() -> Self {
+        Self {
+            hold_to_body_end: true,
+            ..Self::default()
+        }
+    }
+
     fn log(&self, event: impl Into<String>) {
         self.events.lock().unwrap().push(event.into());
     }
@@ -212,16 +220,6 @@ fn request() -> Request<()> {
     Request::builder().header("key", "k").body(()).unwrap()
 }
 
-impl Probe {
-    /// A probe whose permit is held until the response body ends.
-    fn holding() -> Self {
-        Self {
-            hold_to_body_end: true,
-            ..Self::default()
-        }
-    }
-}
-
 /// A body of `frames`, one poll apart.
 fn slow(frames: &'static [&'static str]) -> impl Fn() -> Frames + Clone + Send + Sync + 'static {
     move || Frames {
@@ -242,6 +240,11 @@ async fn send(
     svc.oneshot(request()).await.unwrap()
 }
 
+/// The next frame of `body`, which must be data.
+async fn next_data(body: &mut super::ResponseBody<Frames, Probe>) -> Bytes {
+    body.frame().await.unwrap().unwrap().into_data().unwrap()
+}
+
 #[tokio::test]
 async fn a_held_body_is_released_before_its_last_frame_is_handed_on() {
     let probe = Probe::holding();
@@ -249,8 +252,7 @@ async fn a_held_body_is_released_before_its_last_frame_is_handed_on() {
     assert_eq!(probe.events(), ["decide p::k", "admit", "response"]);
     let body = response.body_mut();
     for (frame, released) in [("a", false), ("b", false), ("c", true)] {
-        let got = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(got, frame);
+        assert_eq!(next_data(body).await, frame);
         assert_eq!(
             probe.events().last().map(String::as_str) == Some("release Complete"),
             released,
@@ -283,15 +285,9 @@ async fn a_body_of_known_size_is_released_with_its_last_byte() {
     .await;
     let body = response.body_mut();
     assert_eq!(body.size_hint().exact(), Some(4));
-    assert_eq!(
-        body.frame().await.unwrap().unwrap().into_data().unwrap(),
-        "ab"
-    );
+    assert_eq!(next_data(body).await, "ab");
     assert!(!probe.events().contains(&"release Complete".to_owned()));
-    assert_eq!(
-        body.frame().await.unwrap().unwrap().into_data().unwrap(),
-        "cd"
-    );
+    assert_eq!(next_data(body).await, "cd");
     assert!(probe.events().contains(&"release Complete".to_owned()));
 }
 
@@ -331,10 +327,7 @@ async fn a_permit_lost_mid_body_ends_the_body_with_an_error() {
     let probe = Probe::holding();
     let mut response = send(&probe, slow(&["a", "b", "c"])).await;
     let body = response.body_mut();
-    assert_eq!(
-        body.frame().await.unwrap().unwrap().into_data().unwrap(),
-        "a"
-    );
+    assert_eq!(next_data(body).await, "a");
     probe.lost.store(true, Ordering::SeqCst);
     let cut = body.frame().await.unwrap();
     assert_eq!(cut.unwrap_err().to_string(), "lost");
