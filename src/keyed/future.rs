@@ -170,7 +170,7 @@ where
         service: &mut S,
         mut request: Request<ReqB>,
     ) -> Self {
-        let permit = match verdict {
+        let mut permit = match verdict {
             Verdict::Admit(permit) => Some(permit),
             Verdict::Answer(response) => {
                 return Phase::Answered {
@@ -193,11 +193,10 @@ where
                 }
             }
         };
-        if let Some(mut permit) = permit {
+        if let Some(permit) = &mut permit {
             permit.admit(&mut request);
-            return run(service, request, Some(permit));
         }
-        run(service, request, None)
+        run(service, request, permit)
     }
 }
 

@@ -258,9 +258,8 @@ pub(crate) enum Step<H> {
 }
 
 impl<K: KeyExtractor, P: Policy> Core<K, P> {
-    /// Reads and checks the request's key and asks the policy about it. The whole key,
-    /// `{prefix}{scope}:{value}`, is written in a scratch buffer, with the value copied
-    /// there straight from the request; the policy copies the key only if it keeps it.
+    /// Reads and checks the request's key, written whole in a scratch buffer (the policy
+    /// copies it only if it keeps it), and asks the policy about it.
     pub(crate) fn step(&self, parts: &mut Parts) -> Step<P::Permit> {
         if K::SEVERAL {
             return self.step_all(parts);
@@ -365,16 +364,14 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
 
 /// 400 for a key that cannot be used.
 fn invalid_key<P: Policy>(error: &KeyError) -> Response<Bytes> {
+    let noun = P::KEY_NOUN;
     let detail = match error {
-        KeyError::Empty => format!("The {} is empty.", P::KEY_NOUN),
+        KeyError::Empty => format!("The {noun} is empty."),
         KeyError::TooLong { len, max } => {
-            format!(
-                "The {} is {len} bytes long; at most {max} are accepted.",
-                P::KEY_NOUN
-            )
+            format!("The {noun} is {len} bytes long; at most {max} are accepted.")
         }
-        KeyError::ControlCharacter => format!("The {} contains a control character.", P::KEY_NOUN),
-        other => format!("Invalid {}: {other}.", P::KEY_NOUN),
+        KeyError::ControlCharacter => format!("The {noun} contains a control character."),
+        other => format!("Invalid {noun}: {other}."),
     };
     Rejection::new(P::REJECTED_BY, RejectionKind::InvalidKey, detail).into()
 }
