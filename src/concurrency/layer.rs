@@ -68,9 +68,8 @@ impl ConcurrencyLimitLayer<HeaderKey> {
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl ConcurrencyLimitLayer<crate::key::PathParamKey> {
     /// Limits each value of an axum path parameter, such as `item_id` in
-    /// `/items/{item_id}/buy`. The scope is the route up to the parameter. Add it with
-    /// `Router::route_layer` or `MethodRouter::layer` so that the router has found the
-    /// parameter; misplaced, it answers 500 and logs the fix once.
+    /// `/items/{item_id}/buy`. The scope is the route up to the parameter. Where to add
+    /// it: [`PathParamKey`](crate::key::PathParamKey).
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, limit: u32) -> Self {
         KeyedLayer::from_path_param(
             name,
@@ -96,8 +95,8 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// At most `limit` requests in flight per key that `extractor` finds (a limit of 0
     /// answers every keyed request 503). Defaults: the process-wide in-process store
     /// ([`ConcurrencyLimiter::default`]), the extractor's scope, key required, fail
-    /// open, no wait ([`max_wait`](Self::max_wait) zero), renewal every TTL/3 for at
-    /// most 10 × TTL ([`Renewal::default`]), `Retry-After: 1` over the limit.
+    /// open, no wait ([`max_wait`](Self::max_wait) zero), [`Renewal::default`],
+    /// `Retry-After: 1` over the limit.
     pub fn new(extractor: K, limit: u32) -> Self {
         KeyedLayer::from_parts(
             extractor,

@@ -16,11 +16,12 @@ use super::{KeyError, KeyExtractor};
 ///
 /// The value may be an RFC 8941 string (`"8e03978e-40d5"`, as the IETF draft "The
 /// Idempotency-Key HTTP Header Field" defines it) or a bare token (`8e03978e-40d5`); the
-/// quotes are not part of the key. The scope is the header name, the method and the route
-/// (axum's `MatchedPath`), so the same key sent to two endpoints takes two locks. Without
-/// a `MatchedPath` (a layer outside the `Router`, or without the `axum` feature) the scope
-/// is the header name and the method only, never the request's path, which the client
-/// chooses: give such a layer a fixed [`scope`](crate::LockLayer::scope) per endpoint.
+/// quotes are not part of the key. The scope is the header name, the method (one outside
+/// RFC 9110's list counts as `other`) and the route (axum's `MatchedPath`), so the same
+/// key sent to two endpoints takes two locks. Without a `MatchedPath` (a layer outside the
+/// `Router`, or without the `axum` feature) the scope is the header name and the method
+/// only, never the request's path, which the client chooses: give such a layer a fixed
+/// [`scope`](crate::LockLayer::scope) per endpoint.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,

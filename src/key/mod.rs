@@ -17,11 +17,7 @@
 //! `%`, `{` and `}` in the scope and the value are percent-encoded, which can triple them,
 //! so a layer's whole key is at most `prefix + scope + 1 + 3 × 256` bytes. The prefix (at
 //! most 128 bytes) and the scope are the server's: a fixed [`scope`] of the layer, or the
-//! extractor's, which never takes a client's input but the key value. [`HeaderKey`]'s
-//! scope is the header name, the method (a method outside RFC 9110's list counts as
-//! `other`) and axum's `MatchedPath` (the route template), never the request's own path:
-//! behind a layer that sits outside the `Router`, where no route has matched, the scope is
-//! the header name and the method alone.
+//! extractor's, which never takes a client's input but the key value (see [`HeaderKey`]).
 //!
 //! [`scope`]: crate::LockLayer::scope
 
@@ -319,10 +315,8 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError>;
 
     /// Appends the scope of this request's key to `out`: what keeps keys of different
-    /// resources apart. The default appends nothing: the value alone names the lock.
-    /// Appending (rather than returning a string) lets the caller build the whole key in
-    /// one allocation. The scope must not be taken from the client's input (see the
-    /// [module docs](self)): it would let a client mint keys.
+    /// resources apart. The default appends nothing: the value alone names the lock. The
+    /// scope must not be taken from the client's input ([module docs](self)).
     fn write_scope(&self, parts: &Parts, out: &mut String) {
         let _ = (parts, out);
     }

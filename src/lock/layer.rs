@@ -67,12 +67,8 @@ impl LockLayer<crate::key::PathParamKey> {
     /// Locks on an axum path parameter, such as `item_id` in `/items/{item_id}/buy`: a
     /// second request for the same resource while the first holds it gets **423 Locked**
     /// (RFC 4918, section 11.3). The scope is the route up to the parameter, so
-    /// `/items/{item_id}` and `/users/{user_id}` never share a lock.
-    ///
-    /// Add it with `Router::route_layer` or `MethodRouter::layer` (or `Router::layer` after
-    /// the routes), so that it runs once the router has found the parameter. Placed
-    /// outside the `Router`, or on a route without the parameter, it answers **500** and
-    /// logs the fix once ([`PathParamKey`](crate::key::PathParamKey)).
+    /// `/items/{item_id}` and `/users/{user_id}` never share a lock. Where to add it, and
+    /// the 500 when misplaced: [`PathParamKey`](crate::key::PathParamKey).
     ///
     /// # Panics
     ///
@@ -119,8 +115,8 @@ where
     /// unless [`optional`](Self::optional)); a key value is checked as any other (400), and
     /// more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) distinct ones are
     /// refused (400). Contention is **423 Locked**, with `Retry-After` from the holder
-    /// that frees last. Every key shares the layer's scope. [`max_wait`](Self::max_wait)
-    /// applies to one key only: a set answers at once.
+    /// that frees last, at once ([`max_wait`](Self::max_wait) is for one key). Every key
+    /// shares the layer's scope.
     ///
     /// Keys in the request body need the body: lock them in the handler with
     /// [`Locked<Json<T>>`](crate::Locked) and [`LockKeys`](crate::LockKeys), or
@@ -184,10 +180,9 @@ impl<K> LockLayer<K> {
         /// Whether the lease is released once the response head is ready instead of when
         /// the response body has ended. Default `false`: the lease covers the whole
         /// response, so a streamed body is produced under the lock, and it is released as
-        /// the last frame is handed on, before the client can see the end of the response
-        /// (a client that sends its next request after reading the response never meets its
-        /// own lock). Set `true` for long streams that must not hold a lock: the body then
-        /// runs unlocked.
+        /// the last frame is handed on, before the client can see the end of the response.
+        /// Set `true` for long streams that must not hold a lock: the body then runs
+        /// unlocked.
         fn release_at_head(release_at_head: bool) => release_at_head;
     }
 

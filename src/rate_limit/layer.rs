@@ -99,9 +99,7 @@ impl RateLimitLayer<HeaderOrPeerIp> {
 impl RateLimitLayer<crate::key::PathParamKey> {
     /// Limits each value of an axum path parameter, such as `item_id` in
     /// `/items/{item_id}/buy`: a limit per resource, across clients. The scope is the route
-    /// up to the parameter. Add it with `Router::route_layer` or `MethodRouter::layer` (or
-    /// `Router::layer` after the routes) so that the router has found the parameter;
-    /// misplaced, it answers 500 and logs the fix once.
+    /// up to the parameter. Where to add it: [`PathParamKey`](crate::key::PathParamKey).
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, quota: Quota) -> Self {
         KeyedLayer::from_path_param(
             name,
