@@ -32,16 +32,6 @@ pub(crate) enum Rendering {
     Custom(std::sync::Arc<RenderFn>),
 }
 
-impl std::fmt::Debug for Rendering {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Rendering::Problem => "Problem",
-            Rendering::Grpc => "Grpc",
-            Rendering::Custom(_) => "Custom",
-        })
-    }
-}
-
 impl Rendering {
     /// The answers for a request with `headers`, for a layer with `custom` rendering.
     #[inline]

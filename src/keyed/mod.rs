@@ -43,34 +43,16 @@ pub(crate) use inner_service_accessors;
 /// Builder methods that store their argument in one field of the layer's policy, each
 /// with its own doc comment: `fn name(value: Type) => field;` becomes
 /// `pub fn name(mut self, value: Type) -> Self`, which sets `self.policy_mut().field`
-/// (with `.into()` when the argument is `impl Into<T>`) and returns the layer. The layer
+/// (through `.into()`, for an `impl Into<T>` argument) and returns the layer. The layer
 /// type is `#[must_use]`, and so is every setter's result.
 macro_rules! layer_setters {
-    () => {};
-    (
-        $(#[$attr:meta])*
-        fn $name:ident($value:ident: impl Into<$ty:ty>) => $field:ident;
-        $($rest:tt)*
-    ) => {
+    ($($(#[$attr:meta])* fn $name:ident($value:ident: $ty:ty) => $field:ident;)*) => {$(
         $(#[$attr])*
-        pub fn $name(mut self, $value: impl Into<$ty>) -> Self {
+        pub fn $name(mut self, $value: $ty) -> Self {
             self.policy_mut().$field = $value.into();
             self
         }
-        $crate::keyed::layer_setters!($($rest)*);
-    };
-    (
-        $(#[$attr:meta])*
-        fn $name:ident($value:ident: $ty:ty) => $field:ident;
-        $($rest:tt)*
-    ) => {
-        $(#[$attr])*
-        pub fn $name(mut self, $value: $ty) -> Self {
-            self.policy_mut().$field = $value;
-            self
-        }
-        $crate::keyed::layer_setters!($($rest)*);
-    };
+    )*};
 }
 pub(crate) use layer_setters;
 
