@@ -34,25 +34,22 @@ impl Token {
         Self::from_raw(raw)
     }
 
-    /// A token unique within this process: a random prefix drawn once, then a counter.
+    /// A token unique within this process: a random prefix drawn (and hex-encoded) once,
+    /// then a counter.
     pub(crate) fn unique() -> Self {
         use std::sync::OnceLock;
         use std::sync::atomic::{AtomicU64, Ordering};
-        static PREFIX: OnceLock<u64> = OnceLock::new();
+        static PREFIX: OnceLock<Token> = OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let prefix = *PREFIX.get_or_init(rand::random);
+        let Token(mut hex) = *PREFIX.get_or_init(|| Self::from_raw(rand::random()));
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mut raw = [0u8; 16];
-        raw[..8].copy_from_slice(&prefix.to_be_bytes());
-        raw[8..].copy_from_slice(&n.to_be_bytes());
-        Self::from_raw(raw)
+        hex_into(&mut hex[16..], &n.to_be_bytes());
+        Token(hex)
     }
 
     fn from_raw(raw: [u8; 16]) -> Self {
         let mut hex = [0u8; 32];
-        for (pair, byte) in hex.chunks_exact_mut(2).zip(raw) {
-            pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
-        }
+        hex_into(&mut hex, &raw);
         Token(hex)
     }
 
@@ -65,6 +62,13 @@ impl Token {
     #[cfg(feature = "redis")]
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.0
+    }
+}
+
+/// Writes `bytes` into `out` as lowercase hex, two digits a byte.
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    for (pair, &byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
     }
 }
 
