@@ -85,6 +85,14 @@ impl<B: From<Bytes>> From<Problem> for Response<B> {
     /// The `application/problem+json` response: the status, the body, and `Retry-After`
     /// when set.
     fn from(problem: Problem) -> Self {
+        problem.to_response()
+    }
+}
+
+impl Problem {
+    /// [`Response::from`] without giving the problem up.
+    pub(crate) fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let problem = self;
         let body = serde_json::json!({
             "type": problem.type_uri.as_deref().unwrap_or("about:blank"),
             "title": problem.status.canonical_reason().unwrap_or("Error"),

@@ -353,7 +353,7 @@ impl<B: From<Bytes>> From<Rejection> for Response<B> {
     /// (`type` the kind's [`type_uri`](RejectionKind::type_uri), `title`, `status`,
     /// `detail`), `Retry-After` when set, and the rejection in the extensions.
     fn from(rejection: Rejection) -> Self {
-        let mut response = Response::from(rejection.problem.clone());
+        let mut response = rejection.problem.to_response();
         response.extensions_mut().insert(rejection);
         response
     }

@@ -70,6 +70,10 @@ impl ConcurrencyLimitLayer<crate::key::PathParamKey> {
     /// Limits each value of an axum path parameter, such as `item_id` in
     /// `/items/{item_id}/buy`. The scope is the route up to the parameter. Where to add
     /// it: [`PathParamKey`](crate::key::PathParamKey).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, limit: u32) -> Self {
         KeyedLayer::from_path_param(
             name,

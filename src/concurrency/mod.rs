@@ -22,7 +22,7 @@
 //! | under the limit | the inner service's | |
 //! | over the limit (after [`max_wait`](ConcurrencyLimitLayer::max_wait), if set) | 503 Service Unavailable | `Retry-After` (default 1 s) |
 //! | key missing (when required) or invalid | 400 | |
-//! | the server is misconfigured (a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
+//! | the server is misconfigured (a path parameter the route lacks) | 500, the fix logged once | |
 //! | store unavailable, fail open (default) | the inner service's, unguarded | |
 //! | store unavailable, [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) | 503 | `Retry-After: 1` |
 //!

@@ -332,8 +332,8 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// Whether this extractor names several keys per request, read with
     /// [`extract_all`](Self::extract_all) instead of [`extract`](Self::extract), all held
-    /// with one lease, all or none ([`LockLayer`](crate::LockLayer) only; other layers
-    /// answer 500). Default `false`. [`FnKeys`] (`LockLayer::by_fn_all`) is one.
+    /// with one lease, all or none ([`LockLayer`](crate::LockLayer) only; on another layer
+    /// it does not compile). Default `false`. [`FnKeys`] (`LockLayer::by_fn_all`) is one.
     const SEVERAL: bool = false;
 
     /// Every key value of this request, for an extractor with [`SEVERAL`](Self::SEVERAL);

@@ -50,7 +50,7 @@ impl LockLayer<HeaderKey> {
     /// case-insensitive.
     ///
     /// This stops *concurrent* duplicates; a retry after the first request completed runs
-    /// again unless the handler stores and replays the first result.
+    /// again: [`IdempotencyLayer`](crate::IdempotencyLayer) replays the first response.
     ///
     /// # Panics
     ///

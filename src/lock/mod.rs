@@ -22,7 +22,7 @@
 //! | --- | --- |
 //! | the lock is held by another request | 409 for `by_header`, 423 otherwise ([`LockLayer::taken_status`]); `Retry-After` |
 //! | the key is missing (when required) or invalid | 400 |
-//! | the server is misconfigured (a path parameter the route lacks, the layer outside the `Router`, a bad header name) | 500, the fix logged once |
+//! | the server is misconfigured (a path parameter the route lacks, the layer outside the `Router`) | 500, the fix logged once |
 //! | the backend has no quorum | 503 with `Retry-After: 1` (see [Failing open](#failing-open)) |
 //! | the lease was lost while the inner service ran | 503 with `Retry-After: 1` ([`OnLockLoss::Continue`](crate::OnLockLoss) runs on instead) |
 //! | the lease was lost while the body streamed | the body ends with an error |

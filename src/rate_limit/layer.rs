@@ -100,6 +100,10 @@ impl RateLimitLayer<crate::key::PathParamKey> {
     /// Limits each value of an axum path parameter, such as `item_id` in
     /// `/items/{item_id}/buy`: a limit per resource, across clients. The scope is the route
     /// up to the parameter. Where to add it: [`PathParamKey`](crate::key::PathParamKey).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is empty.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, quota: Quota) -> Self {
         KeyedLayer::from_path_param(
             name,

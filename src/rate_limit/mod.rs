@@ -15,7 +15,7 @@
 //! | within the limit | the inner service's | `RateLimit-Policy`, `RateLimit` |
 //! | over the limit | 429 Too Many Requests (RFC 6585, section 4) | `Retry-After`, `RateLimit-Policy`, `RateLimit` |
 //! | key missing (when required) or invalid | 400 | |
-//! | the server is misconfigured (no peer address, a path parameter the route lacks, a bad header name) | 500, the fix logged once | |
+//! | the server is misconfigured (no peer address, a path parameter the route lacks) | 500, the fix logged once | |
 //! | store unavailable, fail open (default) | the inner service's | `RateLimit-Policy` |
 //! | store unavailable, fail closed | 503 | `Retry-After: 1`, `RateLimit-Policy` |
 //!

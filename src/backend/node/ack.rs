@@ -8,19 +8,33 @@ use super::Node;
 
 impl Node {
     /// Makes this node grant a lock only once `replicas` of its replicas have the write:
-    /// each write that takes or extends a lock, raises a fencing counter or stores an
-    /// idempotency record is followed by `WAIT replicas timeout` in the same pipeline, on
-    /// a connection of its own. Fewer acknowledgements within [`replica_timeout`] make it
-    /// the node's failure ([`NodeFailureReason::NotAcknowledged`]), counted by the quorum
-    /// rule as usual. Works on a primary with replicas, a Sentinel primary or a Redis
-    /// Cluster (each shard waits for its own). Default: off (0). More replicas than the
-    /// node has refuses every lock.
+    /// after each write that takes or extends a lock, raises a fencing counter or stores
+    /// an idempotency record, the node is sent `WAIT replicas timeout` in the same round
+    /// trip (one pipeline, on a connection of its own, so that a blocking `WAIT` holds up
+    /// no other command). Fewer acknowledgements within [`replica_timeout`] mean the node
+    /// did not grant it: the operation counts as that node's failure
+    /// ([`NodeFailureReason::NotAcknowledged`]) and the verdict follows the quorum rule as
+    /// usual. When the attempt as a whole fails, what it wrote is deleted, as for any
+    /// attempt that fell short; when the other nodes still make a quorum, the key stays
+    /// under the lease until its release. For a primary with replicas, a Sentinel-managed
+    /// primary, or a Redis Cluster (each shard's primary waits for its own replicas; a set
+    /// of keys waits once per slot). Default: off (0). Nothing checks `replicas` against
+    /// the replicas the node has: more than it has refuses every lock.
     ///
-    /// A failover then keeps the lock if it promotes a replica that acknowledged; it may
-    /// still promote one that did not (replication stays asynchronous: the Redis docs,
-    /// <https://redis.io/docs/latest/commands/wait/>). While the replicas are down, every
-    /// acquisition and renewal on the node waits the replica timeout and is refused.
-    /// Applies to Redlock nodes; the limiters' stores ignore it.
+    /// What it buys: a primary that fails right after granting a lock, before the write
+    /// reached its replicas, no longer hands the lock to a second client once a replica is
+    /// promoted, as long as the promoted replica is one that acknowledged. What it does
+    /// not: replication stays asynchronous, and a failover may still promote a replica
+    /// that had not acknowledged (Redis docs, `WAIT`: "it does not make Redis a strongly
+    /// consistent store"); a primary restarted without persistence (and no failover)
+    /// forgets, and its replicas with it. Acknowledged writes queue behind each other on
+    /// their connection, each for the replicas' round trip (usually under a millisecond
+    /// on a LAN). While the replicas are down, every acquisition and renewal on the node
+    /// waits the replica timeout and is refused, so running leases end at their validity.
+    ///
+    /// The Redis docs: <https://redis.io/docs/latest/commands/wait/>. Applies to Redlock
+    /// nodes; the limiters' stores (`RedisRateLimiter`, `RedisConcurrencyLimiter`) ignore
+    /// it.
     ///
     /// [`replica_timeout`]: Node::replica_timeout
     /// [`NodeFailureReason::NotAcknowledged`]: crate::NodeFailureReason::NotAcknowledged

@@ -97,7 +97,7 @@ impl RedlockBuilder {
     /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
     /// validity after the drift allowance, a node timeout not shorter than the TTL, a
     /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
-    /// timeout not shorter than the node timeout.
+    /// timeout not shorter than the node timeout ([`ConfigError::InvalidReplicaTimeout`]).
     pub async fn build(self) -> Result<Redlock, ConfigError> {
         self.policy.validate()?;
         if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {
