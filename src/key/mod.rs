@@ -378,6 +378,13 @@ pub use extractors::{FnKey, FnKeys, GlobalKey, HeaderKey};
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[cfg(any(
+        feature = "lock",
+        feature = "rate-limit",
+        feature = "concurrency-limit"
+    ))]
     #[test]
     fn escaping_keeps_braces_and_percent_out_of_keys_one_to_one() {
         let mut out = String::from("p:");
@@ -392,8 +399,6 @@ mod tests {
         escape_from(&mut tail, 1);
         assert_eq!(tail, "x%7B/items/%7Bid%7D%7D");
     }
-
-    use super::*;
 
     #[test]
     fn validate_bounds_length_and_control_bytes() {
