@@ -116,7 +116,7 @@ impl Policy for ConcurrencyPolicy {
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<ConcurrencyPermit> {
         if let Some(memory) = self.limiter.as_memory().filter(|_| self.max_wait.is_zero()) {
-            return Decision::Ready(self.verdict(memory.acquire_slot(key, self.limit)));
+            return Decision::Ready(self.verdict(memory.acquire_key(key, self.limit)));
         }
         let key = key.to_owned();
         let policy = self.clone();

@@ -114,7 +114,7 @@ impl Policy for RateLimitPolicy {
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {
         let quota = self.headers.quota;
         if let Some(memory) = self.limiter.as_memory() {
-            return Decision::Ready(self.verdict(memory.hit(key, quota)));
+            return Decision::Ready(self.verdict(memory.hit_key(key, quota)));
         }
         let key = key.to_owned();
         let policy = self.clone();

@@ -116,13 +116,23 @@ impl MemoryConcurrencyLimiter {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a permit on `key` if fewer than `limit` are held.
+    /// Takes a permit on `resource` if fewer than `limit` are held.
     pub(crate) fn acquire_slot(
+        &self,
+        resource: &str,
+        limit: u32,
+    ) -> Result<PermitSlot, ConcurrencyError> {
+        check_resource(resource)?;
+        self.acquire_key(resource, limit)
+    }
+
+    /// [`acquire_slot`](Self::acquire_slot) on a key a layer built: its value checked
+    /// already, its prefix and scope the server's.
+    pub(crate) fn acquire_key(
         &self,
         key: &str,
         limit: u32,
     ) -> Result<PermitSlot, ConcurrencyError> {
-        check_resource(key)?;
         let mut counts = self.counts();
         let max_keys = counts.max_keys;
         let key = match counts.in_flight.get_key_value(key) {

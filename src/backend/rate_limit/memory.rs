@@ -150,16 +150,35 @@ impl MemoryRateLimiter {
     /// [`max_keys`](Self::with_max_keys) windows are live. It never answers
     /// [`RateLimitError::Unavailable`].
     pub fn hit(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        self.traced_hit(resource, quota, true)
+    }
+
+    /// [`hit`](Self::hit) on a key a layer built: its value checked already, its prefix and
+    /// scope the server's.
+    pub(crate) fn hit_key(&self, key: &str, quota: Quota) -> Result<Usage, RateLimitError> {
+        self.traced_hit(key, quota, false)
+    }
+
+    fn traced_hit(
+        &self,
+        resource: &str,
+        quota: Quota,
+        check: bool,
+    ) -> Result<Usage, RateLimitError> {
         let span = crate::observe::op_span!("tower_redlock.rate_limit", resource, "", 1);
         crate::observe::traced_now(
             span,
-            || self.hit_untraced(resource, quota),
+            || {
+                if check {
+                    check_resource(resource)?;
+                }
+                self.hit_untraced(resource, quota)
+            },
             super::rate_verdict,
         )
     }
 
     fn hit_untraced(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
-        check_resource(resource)?;
         let now = Instant::now();
         let mut windows = self.windows();
         windows.evict_ended(now.checked_sub(REUSE_FOR).unwrap_or(now));
