@@ -13,7 +13,7 @@ use crate::backend::hold::HoldTimes;
 use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
 use crate::backend::request::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::{Settings, policy_setters};
-use crate::backend::wait::{Waiters, bounded_wait};
+use crate::backend::wait::Waiters;
 use crate::error::{ConfigError, LockError};
 use crate::lease::{Access, Lease, Shape, Token};
 use crate::observe::{self, op_span};
@@ -302,16 +302,6 @@ impl MemoryLocks {
             (Claim::Set(keys), LockMode::Plain) => self.acquire_all(keys),
             (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
         }
-    }
-
-    /// Waits up to `max_wait` for a plain lock on a prefixed key.
-    pub(crate) async fn lock_key_within(&self, key: Arc<str>, max_wait: Duration) -> LockResult {
-        match self.acquire(key.clone()) {
-            Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
-            first => return first,
-        }
-        let attempt = || std::future::ready(self.acquire(key.clone()));
-        bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
     }
 
     /// Extends the lease to a full TTL from now, if it is still held (every key of a lease

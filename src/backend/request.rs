@@ -39,6 +39,17 @@ pub enum LockMode {
     Fair,
 }
 
+impl LockMode {
+    /// The access of a shared or an exclusive (over readers) mode; `None` for the others.
+    pub(crate) fn access(self) -> Option<Access> {
+        match self {
+            Self::Shared => Some(Access::Shared),
+            Self::Exclusive => Some(Access::Exclusive),
+            Self::Plain | Self::Fair => None,
+        }
+    }
+}
+
 /// How long an acquisition waits for a held lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -249,24 +260,16 @@ pub(crate) trait LockBackend: Sync {
     fn prefix(&self) -> &str {
         &self.policy().prefix
     }
-    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send;
+    /// One plain attempt on `key`.
+    fn try_one(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send;
+    /// One attempt on every key of a set.
     fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send;
-    fn wait_plain(
+    /// `key` in `mode`, waiting up to `max_wait`; a zero `max_wait` is one attempt (a fair
+    /// one granted only when nobody waits).
+    fn wait(
         &self,
         key: Arc<str>,
-        max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send;
-    /// Shared or exclusive (over readers); a zero `max_wait` is one attempt.
-    fn wait_access(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send;
-    /// In arrival order; a zero `max_wait` is one attempt, granted only when nobody waits.
-    fn wait_fair(
-        &self,
-        key: Arc<str>,
+        mode: LockMode,
         max_wait: Duration,
     ) -> impl Future<Output = LockResult> + Send;
 }
@@ -288,7 +291,7 @@ pub(crate) async fn acquire<B: LockBackend>(
                 .with_retries(|| attempt(backend, claim.clone(), mode))
                 .await
         }
-        (Wait::Within(max_wait), Claim::One(key)) => wait_one(backend, key, mode, max_wait).await,
+        (Wait::Within(max_wait), Claim::One(key)) => backend.wait(key, mode, max_wait).await,
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
     }
@@ -297,24 +300,9 @@ pub(crate) async fn acquire<B: LockBackend>(
 /// One attempt, without waiting.
 async fn attempt<B: LockBackend>(backend: &B, claim: Claim, mode: LockMode) -> LockResult {
     match (claim, mode) {
-        (Claim::One(key), LockMode::Plain) => backend.try_plain(key).await,
-        (Claim::One(key), mode) => wait_one(backend, key, mode, Duration::ZERO).await,
+        (Claim::One(key), LockMode::Plain) => backend.try_one(key).await,
+        (Claim::One(key), mode) => backend.wait(key, mode, Duration::ZERO).await,
         (Claim::Set(keys), LockMode::Plain) => backend.try_all(keys).await,
         (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
-    }
-}
-
-/// `key` in `mode`, waiting up to `max_wait` (zero: one attempt).
-async fn wait_one<B: LockBackend>(
-    backend: &B,
-    key: Arc<str>,
-    mode: LockMode,
-    max_wait: Duration,
-) -> LockResult {
-    match mode {
-        LockMode::Plain => backend.wait_plain(key, max_wait).await,
-        LockMode::Shared => backend.wait_access(key, Access::Shared, max_wait).await,
-        LockMode::Exclusive => backend.wait_access(key, Access::Exclusive, max_wait).await,
-        LockMode::Fair => backend.wait_fair(key, max_wait).await,
     }
 }

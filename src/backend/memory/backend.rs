@@ -8,11 +8,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use super::MemoryLocks;
-#[cfg(test)]
-use crate::backend::request::LockMode;
-use crate::backend::request::{LockBackend, LockResult};
+use crate::backend::request::{LockBackend, LockMode, LockResult};
 use crate::backend::settings::Settings;
-use crate::lease::Access;
 
 impl LockBackend for MemoryLocks {
     fn policy(&self) -> &Settings {
@@ -23,7 +20,7 @@ impl LockBackend for MemoryLocks {
         self.inner.id
     }
 
-    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send {
+    fn try_one(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send {
         std::future::ready(self.acquire(key))
     }
 
@@ -31,29 +28,12 @@ impl LockBackend for MemoryLocks {
         std::future::ready(self.acquire_all(&keys))
     }
 
-    fn wait_plain(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send {
-        self.lock_key_within(key, max_wait)
-    }
-
-    fn wait_access(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send {
-        self.lock_access_within(key, access, max_wait)
-    }
-
-    fn wait_fair(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send {
-        self.lock_fair_key_within(key, max_wait)
+    async fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> LockResult {
+        if mode == LockMode::Fair {
+            self.lock_fair_key_within(key, max_wait).await
+        } else {
+            self.lock_within(key, mode.access(), max_wait).await
+        }
     }
 }
 

@@ -29,7 +29,7 @@ impl MemoryLocks {
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
-        let lease = self.lock_key_within(key, max_wait).await?;
+        let lease = self.lock_within(key, None, max_wait).await?;
         Ok(self.recheck(lease, &record_key))
     }
 

@@ -125,19 +125,26 @@ impl MemoryLocks {
         }
     }
 
-    /// Shared or exclusive access to a prefixed key, waiting up to `max_wait`.
-    pub(crate) async fn lock_access_within(
+    /// Waits up to `max_wait` for `key` (zero: one attempt), woken by its releases: a
+    /// plain lock when `access` is `None`, else shared or exclusive over readers (a
+    /// writer waiting keeps new readers out).
+    pub(crate) async fn lock_within(
         &self,
         key: Arc<str>,
-        access: Access,
+        access: Option<Access>,
         max_wait: Duration,
     ) -> LockResult {
-        match self.acquire_access(key.clone(), access) {
+        let attempt = || {
+            std::future::ready(match access {
+                None => self.acquire(key.clone()),
+                Some(access) => self.acquire_access(key.clone(), access),
+            })
+        };
+        match attempt().await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
         }
-        let _intent = (access == Access::Exclusive).then(|| WriterIntent::new(self, &key));
-        let attempt = || std::future::ready(self.acquire_access(key.clone(), access));
+        let _intent = (access == Some(Access::Exclusive)).then(|| WriterIntent::new(self, &key));
         bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
     }
 

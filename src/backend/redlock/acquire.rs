@@ -13,10 +13,10 @@ use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::request::LockBackend;
+use crate::backend::request::{LockBackend, LockMode};
 use crate::backend::settings::Settings;
 use crate::error::{LockError, NodeFailureReason};
-use crate::lease::{Access, Lease, Token};
+use crate::lease::{Lease, Token};
 
 impl LockBackend for Redlock {
     fn policy(&self) -> &Settings {
@@ -27,7 +27,7 @@ impl LockBackend for Redlock {
         self.inner.id
     }
 
-    fn try_plain(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
+    fn try_one(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
         self.acquire(key, false)
     }
 
@@ -38,31 +38,20 @@ impl LockBackend for Redlock {
         self.acquire_all(keys)
     }
 
-    fn wait_plain(
+    async fn wait(
         &self,
         key: Arc<str>,
+        mode: LockMode,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_key_within(key, max_wait)
-    }
-
-    fn wait_access(
-        &self,
-        key: Arc<str>,
-        access: Access,
-        max_wait: Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.wait_with(key.clone(), max_wait, move |waiting| {
-            self.acquire_access(key.clone(), access, waiting)
-        })
-    }
-
-    fn wait_fair(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.lock_fair_key_within(key, max_wait)
+    ) -> Result<Lease, LockError> {
+        match (mode, mode.access()) {
+            (LockMode::Fair, _) => self.lock_fair_key_within(key, max_wait).await,
+            (_, Some(access)) => {
+                let attempt = |waiting| self.acquire_access(key.clone(), access, waiting);
+                self.wait_with(key.clone(), max_wait, attempt).await
+            }
+            (_, None) => self.lock_key_within(key, max_wait).await,
+        }
     }
 }
 

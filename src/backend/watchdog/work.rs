@@ -41,16 +41,12 @@ impl Locks {
     ///
     /// The acquisition's error (see [`acquire`](Self::acquire)), or [`LockError::Lost`]
     /// when the lease was lost while `work` ran.
-    pub async fn with_lock<'a, F, Fut>(
+    pub async fn with_lock<'a, Fut: Future>(
         &self,
         request: impl Into<LockRequest<'a>>,
         renewal: Renewal,
-        work: F,
-    ) -> Result<Fut::Output, LockError>
-    where
-        F: FnOnce(LeaseStatus) -> Fut,
-        Fut: Future,
-    {
+        work: impl FnOnce(LeaseStatus) -> Fut,
+    ) -> Result<Fut::Output, LockError> {
         let lease = self.acquire(request).await?;
         self.with_lease(lease, renewal, work).await
     }
@@ -76,16 +72,12 @@ impl Locks {
     /// # Errors
     ///
     /// [`LockError::Lost`] when the lease was lost while `work` ran.
-    pub async fn with_lease<F, Fut>(
+    pub async fn with_lease<Fut: Future>(
         &self,
         lease: Lease,
         renewal: Renewal,
-        work: F,
-    ) -> Result<Fut::Output, LockError>
-    where
-        F: FnOnce(LeaseStatus) -> Fut,
-        Fut: Future,
-    {
+        work: impl FnOnce(LeaseStatus) -> Fut,
+    ) -> Result<Fut::Output, LockError> {
         let mut guard = LeaseGuard::new(self.clone(), lease.clone());
         let watchdog = Watchdog::new(self.clone(), lease, renewal);
         let status = watchdog.status();
