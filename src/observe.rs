@@ -36,7 +36,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A request counter's `result` enum, whose `count` uses a literal name and label (a static
 /// key: the `metrics` macros allocate a key per call otherwise).
@@ -112,8 +112,7 @@ pub(crate) fn lock_request(result: LockResult) {
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
     #[cfg(feature = "metrics")]
-    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds")
-        .record(started.elapsed().as_secs_f64());
+    metrics::histogram!("tower_redlock_lock_acquire_duration_seconds").record(Since(started));
     #[cfg(not(feature = "metrics"))]
     let _ = started;
     lock_request(match acquired {
@@ -156,12 +155,24 @@ impl Held {
     }
 }
 
-/// Records how long a lease was held.
-pub(crate) fn lock_held_for(held: Duration) {
+/// Records how long a lease was held: since `acquired`, up to now.
+pub(crate) fn lock_held_since(acquired: Instant) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(held.as_secs_f64());
+    metrics::histogram!("tower_redlock_lock_held_duration_seconds").record(Since(acquired));
     #[cfg(not(feature = "metrics"))]
-    let _ = held;
+    let _ = acquired;
+}
+
+/// The seconds from an instant to now, for a histogram: the clock is read only when a
+/// recorder takes the value (never without one installed).
+#[cfg(feature = "metrics")]
+struct Since(Instant);
+
+#[cfg(feature = "metrics")]
+impl metrics::IntoF64 for Since {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
 }
 
 /// Counts one failure (an error or a timeout) of the Redis node at `node` (`host:port`).

@@ -259,7 +259,7 @@ impl Locks {
         match &self.backend {
             #[cfg(feature = "redis")]
             LockStore::Redis(r) => r.unlock(lease).await,
-            LockStore::Memory(m) => m.unlock(lease),
+            LockStore::Memory(m) => m.unlock(&lease),
         }
     }
 
@@ -401,10 +401,10 @@ impl Locks {
 
     /// Releases without waiting: at once for the in-process backend, on a spawned task for
     /// Redis (the TTL is the backstop when there is no runtime).
-    pub(crate) fn release_detached(&self, lease: Lease) {
+    pub(crate) fn release_detached(&self, lease: &Lease) {
         match &self.backend {
             #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.release_lease_detached(&lease),
+            LockStore::Redis(r) => r.release_lease_detached(lease),
             LockStore::Memory(m) => {
                 let _ = m.unlock(lease);
             }
@@ -443,7 +443,7 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Some((locks, lease)) = self.held.take() {
-            locks.release_detached(lease);
+            locks.release_detached(&lease);
         }
     }
 }

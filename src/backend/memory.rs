@@ -337,14 +337,14 @@ impl MemoryLocks {
     ///
     /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
     /// holds the key now). Another holder's lock is never touched.
-    pub(crate) fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+    pub(crate) fn unlock(&self, lease: &Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)
     }
 
-    fn unlock_untraced(&self, lease: Lease) -> Result<(), LockError> {
+    fn unlock_untraced(&self, lease: &Lease) -> Result<(), LockError> {
         if lease.is_shared() {
-            return self.unlock_shared(&lease);
+            return self.unlock_shared(lease);
         }
         if let Shape::Set(keys) = &lease.shape {
             return self.unlock_all(&lease, keys);

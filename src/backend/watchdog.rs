@@ -148,7 +148,7 @@ impl Drop for Watchdog {
         let lease = self.lease();
         let acquired = lease.valid_until().checked_sub(lease.ttl());
         if let Some(acquired) = acquired {
-            crate::observe::lock_held_for(acquired.elapsed());
+            crate::observe::lock_held_since(acquired);
         }
         crate::observe::Held::Lease.end();
         self.status.closed.store(true, Ordering::Release);

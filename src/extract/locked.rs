@@ -246,7 +246,7 @@ impl<T> Deref for Locked<T> {
 impl<T> Drop for Locked<T> {
     fn drop(&mut self) {
         if let Some(owned) = self.owner.take() {
-            owned.stop().release_detached(self.status.lease().clone());
+            owned.stop().release_detached(self.status.lease());
         }
     }
 }

@@ -199,8 +199,7 @@ impl LockPermit {
 impl Drop for LockPermit {
     fn drop(&mut self) {
         if self.armed {
-            let lease = self.watchdog.lease().clone();
-            self.watchdog.locks().release_detached(lease);
+            self.watchdog.locks().release_detached(self.watchdog.lease());
         }
     }
 }
@@ -256,12 +255,13 @@ impl Permit for LockPermit {
         }
     }
 
-    fn release(self, _end: End) -> Release {
-        let (locks, lease) = self.disarm();
-        if let Some(memory) = locks.as_memory() {
-            let _ = memory.unlock(lease);
+    fn release(mut self, _end: End) -> Release {
+        if let Some(memory) = self.watchdog.locks().as_memory() {
+            self.armed = false;
+            let _ = memory.unlock(self.watchdog.lease());
             return Release::Done;
         }
+        let (locks, lease) = self.disarm();
         // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks, lease);
         Release::Pending(Box::pin(async move {

@@ -38,7 +38,7 @@ impl MemoryLocks {
     fn recheck(&self, lease: Lease, record_key: &str) -> Begin {
         match self.records().get(record_key) {
             Some(raw) => {
-                let _ = self.unlock(lease);
+                let _ = self.unlock(&lease);
                 Begin::Found(raw)
             }
             None => Begin::Acquired(lease),
@@ -55,6 +55,6 @@ impl MemoryLocks {
         if let Some(raw) = record.filter(|_| lease.is_valid()) {
             self.records().insert(record_key(lease.key()), raw, ttl);
         }
-        let _ = self.unlock(lease);
+        let _ = self.unlock(&lease);
     }
 }

@@ -347,12 +347,12 @@ mod tests {
         let b = locks.take(read("doc", ONCE)).await.unwrap();
         assert!(a.is_shared() && b.is_shared());
         assert!(is_taken(locks.take(write("doc", ONCE)).await));
-        locks.unlock(a).unwrap();
-        locks.unlock(b).unwrap();
+        locks.unlock(&a).unwrap();
+        locks.unlock(&b).unwrap();
         let w = locks.take(write("doc", ONCE)).await.unwrap();
         assert!(!w.is_shared());
         assert!(is_taken(locks.take(read("doc", ONCE)).await));
-        locks.unlock(w).unwrap();
+        locks.unlock(&w).unwrap();
         assert!(!locks.has_modes("doc"), "nothing left behind");
     }
 
@@ -366,9 +366,9 @@ mod tests {
         });
         assert!(until(&locks, |e| e.writers_waiting > 0).await);
         assert!(is_taken(locks.take(read("doc", ONCE)).await));
-        locks.unlock(reader).unwrap();
+        locks.unlock(&reader).unwrap();
         let lease = writer.await.unwrap().unwrap();
-        locks.unlock(lease).unwrap();
+        locks.unlock(&lease).unwrap();
         assert!(locks.take(read("doc", ONCE)).await.is_ok());
     }
 
@@ -386,8 +386,8 @@ mod tests {
             locks.extend(&mut lease),
             Err(LockError::Expired { taken_over: false })
         ));
-        assert!(locks.unlock(lease).is_err());
-        locks.unlock(w).unwrap();
+        assert!(locks.unlock(&lease).is_err());
+        locks.unlock(&w).unwrap();
     }
 
     #[tokio::test]
@@ -401,14 +401,14 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let lease = waiter.take(fair("q", LONG)).await.unwrap();
                 order.lock().unwrap().push(i);
-                waiter.unlock(lease).unwrap();
+                waiter.unlock(&lease).unwrap();
             }));
             // Each joins the queue before the next starts.
             assert!(until(&locks, |e| e.queue.len() == i + 1).await);
         }
         // A newcomer does not jump the queue, and leaves it when it gives up.
         assert!(locks.take(fair("q", ONCE)).await.is_err());
-        locks.unlock(holder).unwrap();
+        locks.unlock(&holder).unwrap();
         for task in tasks {
             task.await.unwrap();
         }

@@ -121,8 +121,8 @@ mod tests {
         assert!(is_taken(locks.try_lock_all(["alice", "bob"])));
         // Alice was not left locked by the attempt.
         let alice = locks.try_lock("alice").unwrap();
-        locks.unlock(alice).unwrap();
-        locks.unlock(bob).unwrap();
+        locks.unlock(&alice).unwrap();
+        locks.unlock(&bob).unwrap();
         let both = locks.try_lock_all(["bob", "alice"]).unwrap();
         assert_eq!(
             both.keys().collect::<Vec<_>>(),
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(both.key(), "tower-redlock:alice");
         assert!(is_taken(locks.try_lock("alice")));
         assert!(is_taken(locks.try_lock("bob")));
-        locks.unlock(both).unwrap();
+        locks.unlock(&both).unwrap();
         locks.try_lock_all(["alice", "bob"]).unwrap();
     }
 
@@ -172,13 +172,13 @@ mod tests {
             Err(LockError::Expired { taken_over: true })
         ));
         assert!(matches!(
-            locks.unlock(both),
+            locks.unlock(&both),
             Err(LockError::Expired { taken_over: true })
         ));
         // The thief's key was left alone; ours was released.
         assert!(is_taken(locks.try_lock("y")));
         locks.try_lock("x").unwrap();
-        locks.unlock(thief).unwrap();
+        locks.unlock(&thief).unwrap();
     }
 
     #[test]
