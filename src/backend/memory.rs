@@ -347,7 +347,7 @@ impl MemoryLocks {
             return self.unlock_shared(lease);
         }
         if let Shape::Set(keys) = &lease.shape {
-            return self.unlock_all(&lease, keys);
+            return self.unlock_all(lease, keys);
         }
         let now = Instant::now();
         let mut state = self.state();
