@@ -54,7 +54,13 @@ async fn failover(mut setup: Sentinels, node: impl Fn() -> Node) {
     let quota: Quota = "100/60".parse().unwrap();
     let lease = redlock.lock("sentinel:1").await.unwrap();
     redlock.unlock(lease).await.unwrap();
-    limiter.hit("sentinel", quota).await.unwrap();
+    // The limiter connects on its first hit: a Sentinel query, then (over TLS) a handshake,
+    // which on a loaded machine can outlast one connect timeout; the next hit connects again.
+    let reached = eventually(Duration::from_secs(10), || async {
+        limiter.hit("sentinel", quota).await.is_ok()
+    })
+    .await;
+    assert!(reached, "the rate limiter reached the Sentinel-managed primary");
 
     let replica = setup.replica.port;
     let named = setup.replica_named_port();
