@@ -135,8 +135,9 @@ impl Policy for ConcurrencyPolicy {
 #[doc(hidden)]
 pub struct ConcurrencyPermit {
     slot: PermitSlot,
-    /// The renewals of a Redis permit.
-    schedule: Option<Schedule<ConcurrencyError>>,
+    /// The renewals of a Redis permit (boxed: the permit moves with every response
+    /// future and body, and an in-process one has none).
+    schedule: Option<Box<Schedule<ConcurrencyError>>>,
 }
 
 impl fmt::Debug for ConcurrencyPermit {
@@ -154,7 +155,7 @@ impl ConcurrencyPermit {
         #[cfg(feature = "redis")]
         let schedule = slot
             .as_redis()
-            .map(|r| Schedule::new(r.valid_until, r.limiter.permit_ttl(), renewal));
+            .map(|r| Box::new(Schedule::new(r.valid_until, r.limiter.permit_ttl(), renewal)));
         #[cfg(not(feature = "redis"))]
         let schedule = None;
         Self { slot, schedule }

@@ -33,7 +33,7 @@ pub struct KeyedLayer<K, P> {
 /// What the layer and its services share.
 pub(crate) struct Core<K, P> {
     pub(crate) extractor: Arc<K>,
-    /// A fixed scope instead of the extractor's.
+    /// A fixed scope instead of the extractor's, percent-encoded once ([`push_escaped`]).
     pub(crate) scope: Option<Arc<str>>,
     pub(crate) required: bool,
     /// Whether the inner service runs when the backend cannot decide.
@@ -134,7 +134,10 @@ impl<K, P: Clone> KeyedLayer<K, P> {
     /// scope and value share a lock or a count. The scope is the server's: never build it
     /// from the request.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.core_mut().scope = Some(Arc::from(scope.into()));
+        let scope = scope.into();
+        let mut escaped = String::with_capacity(scope.len());
+        push_escaped(&mut escaped, &scope);
+        self.core_mut().scope = Some(Arc::from(escaped));
         self
     }
 
@@ -283,12 +286,14 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// percent-encoded ([`push_escaped`]).
     fn write_key_head(&self, key: &mut String, parts: &Parts) {
         key.push_str(self.policy.prefix());
-        let scope_at = key.len();
         match &self.scope {
             Some(scope) => key.push_str(scope),
-            None => self.extractor.write_scope(parts, key),
+            None => {
+                let scope_at = key.len();
+                self.extractor.write_scope(parts, key);
+                escape_from(key, scope_at);
+            }
         }
-        escape_from(key, scope_at);
         key.push(':');
     }
 
