@@ -60,7 +60,10 @@ async fn failover(mut setup: Sentinels, node: impl Fn() -> Node) {
         limiter.hit("sentinel", quota).await.is_ok()
     })
     .await;
-    assert!(reached, "the rate limiter reached the Sentinel-managed primary");
+    assert!(
+        reached,
+        "the rate limiter reached the Sentinel-managed primary"
+    );
 
     let replica = setup.replica.port;
     let named = setup.replica_named_port();

@@ -153,9 +153,13 @@ impl ConcurrencyPermit {
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     fn new(slot: PermitSlot, renewal: Renewal) -> Self {
         #[cfg(feature = "redis")]
-        let schedule = slot
-            .as_redis()
-            .map(|r| Box::new(Schedule::new(r.valid_until, r.limiter.permit_ttl(), renewal)));
+        let schedule = slot.as_redis().map(|r| {
+            Box::new(Schedule::new(
+                r.valid_until,
+                r.limiter.permit_ttl(),
+                renewal,
+            ))
+        });
         #[cfg(not(feature = "redis"))]
         let schedule = None;
         Self { slot, schedule }

@@ -199,7 +199,9 @@ impl LockPermit {
 impl Drop for LockPermit {
     fn drop(&mut self) {
         if self.armed {
-            self.watchdog.locks().release_detached(self.watchdog.lease());
+            self.watchdog
+                .locks()
+                .release_detached(self.watchdog.lease());
         }
     }
 }

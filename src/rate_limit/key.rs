@@ -115,26 +115,19 @@ fn check_id(value: &str) -> Result<(), KeyError> {
 fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            let mut text = [0u8; 15];
-            let mut len = 0;
+            out.reserve(15);
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text[len] = b'.';
-                    len += 1;
+                    out.push('.');
                 }
                 if octet >= 100 {
-                    text[len] = b'0' + octet / 100;
-                    len += 1;
+                    out.push(char::from(b'0' + octet / 100));
                 }
                 if octet >= 10 {
-                    text[len] = b'0' + octet / 10 % 10;
-                    len += 1;
+                    out.push(char::from(b'0' + octet / 10 % 10));
                 }
-                text[len] = b'0' + octet % 10;
-                len += 1;
+                out.push(char::from(b'0' + octet % 10));
             }
-            // Only ASCII digits and dots were written.
-            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
         IpAddr::V6(v6) => {
             use std::fmt::Write;
