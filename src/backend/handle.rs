@@ -463,6 +463,7 @@ mod tests {
         ));
     }
 
+    #[cfg(feature = "axum")]
     #[test]
     fn names_compares_the_escaped_key() {
         let memory = MemoryLocks::new();

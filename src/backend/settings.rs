@@ -242,7 +242,7 @@ macro_rules! policy_setters {
 #[cfg(feature = "lock")]
 pub(crate) use policy_setters;
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "lock", feature = "redis")))]
 mod tests {
     use super::*;
 

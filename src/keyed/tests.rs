@@ -451,6 +451,7 @@ async fn several_keys_are_decided_together_and_one_when_they_are_equal() {
 
 /// A verdict moves by value from the backend to the response future: the answers are
 /// boxed, so that an admission moves no more than its permit and a tag.
+#[cfg(feature = "lock")]
 #[test]
 fn a_verdict_moves_at_about_the_size_of_its_permit() {
     use crate::lock::policy::LockPermit;
