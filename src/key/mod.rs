@@ -173,6 +173,7 @@ pub(crate) fn has_control(text: &str) -> bool {
     feature = "rate-limit",
     feature = "concurrency-limit"
 ))]
+#[inline]
 pub(crate) fn push_escaped(out: &mut String, part: &str) {
     if !needs_escape(part.as_bytes()) {
         out.push_str(part);
@@ -194,6 +195,7 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
     feature = "rate-limit",
     feature = "concurrency-limit"
 ))]
+#[inline]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
     if !needs_escape(&out.as_bytes()[from..]) {
         return;
@@ -207,6 +209,7 @@ pub(crate) fn escape_from(out: &mut String, from: usize) {
     feature = "rate-limit",
     feature = "concurrency-limit"
 ))]
+#[inline]
 fn needs_escape(part: &[u8]) -> bool {
     // A part of a few bytes (`ip`, a short id) is quicker to look over than to set a
     // vector search up for.
