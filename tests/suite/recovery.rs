@@ -2,7 +2,7 @@
 //! or a connection that goes silent, and then a real Redis again. The Redlock client and
 //! the Redis rate limiter must use the node again within the bound their docs give.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! service is tonic-health's prebuilt `grpc.health.v1.Health` (unary `Check`,
 //! server-streaming `Watch`), so no `.proto` is compiled.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

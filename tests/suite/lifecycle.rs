@@ -1,6 +1,6 @@
 //! The lease lifecycle on real Redis: renewal, the lock-loss guarantee, fencing tokens.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! LockLayer and Locked<T> through a real server on 127.0.0.1 and a real HTTP client.
 
-mod support;
+use crate::support;
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The flash-sale example, end to end: two example processes sharing three real Redis
 //! nodes, driven over HTTP.
 
-mod support;
+use crate::support;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

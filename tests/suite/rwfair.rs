@@ -1,7 +1,7 @@
 //! Shared and exclusive access (`LockLayer::shared`, `exclusive`) and fair waiting
 //! (`LockLayer::fair`), on real Redis nodes and over real HTTP, with node faults.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

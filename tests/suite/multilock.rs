@@ -2,7 +2,7 @@
 //! order, one quorum verdict for the set, node faults, and the HTTP answers of a handler
 //! that locks two accounts; on the in-process backend and on real `redis-server` nodes.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

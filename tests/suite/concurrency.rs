@@ -1,7 +1,7 @@
 //! ConcurrencyLimitLayer through real servers on 127.0.0.1, a real HTTP client, and real
 //! Redis; one test kills a whole replica process.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -354,7 +354,12 @@ async fn replica_process() {
 async fn a_killed_replica_frees_its_permits_within_their_ttl() {
     let node = RedisNode::start();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "replica_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "concurrency::replica_process",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("CONCURRENCY_REPLICA_REDIS", node.url())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -1,7 +1,7 @@
 //! IdempotencyLayer through a real server and a real HTTP client, on the in-process
 //! backend and on Redlock over real Redis nodes.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -9,7 +9,7 @@
 //! acquisition is refused and there is never a second holder. On a primary with one
 //! replica (`REPLICAOF NO ONE`) and on a Redis Cluster (`CLUSTER FAILOVER TAKEOVER`).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! bound `burst + rate × t` over any interval of a run, two replicas sharing one limit,
 //! the server's clock, and the layer's answers.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

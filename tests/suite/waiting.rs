@@ -1,6 +1,6 @@
 //! Bounded waiting for a held lock, woken by release notifications, on real Redis.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

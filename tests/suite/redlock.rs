@@ -1,7 +1,7 @@
 //! The Redlock client and the in-process backend against their contract, on real
 //! `redis-server` processes.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

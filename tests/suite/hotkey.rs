@@ -3,7 +3,7 @@
 //! Redis commands are counted with `INFO commandstats` before and after, on every node;
 //! commands run inside a script (`PTTL`, `SET`) count as well as the `EVALSHA` itself.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

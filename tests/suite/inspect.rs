@@ -2,7 +2,7 @@
 //! fencing token, readers and waiters; `Locks::force_unlock` frees a lock that a dead job
 //! left, and its holder then finds the lease gone.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

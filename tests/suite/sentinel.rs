@@ -2,7 +2,7 @@
 //! node and as the rate limiter's store, with the primary killed mid-test.
 #![cfg(feature = "sentinel")]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

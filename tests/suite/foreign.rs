@@ -5,7 +5,7 @@
 //! Needs `python3` with the `redis` package (`python3 -m pip install redis`; scripts/test
 //! installs it).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

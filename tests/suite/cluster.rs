@@ -3,7 +3,7 @@
 //! FAILOVER` mid-test.
 #![cfg(feature = "cluster-async")]
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

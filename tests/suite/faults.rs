@@ -3,7 +3,7 @@
 //! `Taken` needs a quorum of answers, `Expired` needs proof that the token cannot be on a
 //! quorum, and a hung node costs nothing once the answers in hand decide the verdict.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! RateLimitLayer through real servers on 127.0.0.1, a real HTTP client, and real Redis.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

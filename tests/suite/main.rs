@@ -1,0 +1,39 @@
+//! The integration tests, in one test binary: each module is one area, against real
+//! `redis-server` processes and real HTTP. One binary builds and links once, where a binary
+//! per file would compile `support` and the generic app code again for each.
+//!
+//! The tests that change something process-wide run in binaries of their own:
+//! `tests/default_backend.rs` (the app's default backend), `tests/log_keys.rs` (full keys
+//! in logs), `tests/observability.rs` (the global metrics recorder and tracing subscriber),
+//! `tests/outage.rs` (the outage log's interval) and `tests/plain_hyper.rs` (built without
+//! axum as well).
+//!
+//! Run one area with `cargo test --test suite <module>::`, for example
+//! `cargo test --test suite waiting::`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster;
+mod concurrency;
+mod example;
+mod faults;
+mod foreign;
+mod gcra;
+mod grpc;
+mod hotkey;
+mod http;
+mod idempotency;
+mod inspect;
+mod lifecycle;
+mod memory_store;
+mod multilock;
+mod rate_limit;
+mod recovery;
+mod redlock;
+mod replica_ack;
+mod rwfair;
+mod sentinel;
+mod tls;
+mod versions;
+mod waiting;
