@@ -59,16 +59,28 @@ pub struct MemoryRateLimiter {
     inner: Arc<Mutex<Windows>>,
 }
 
+/// The store; its times are whole µs since `epoch`, in `u64` (no overflow for 500,000
+/// years), so that a hit does integer arithmetic rather than `Instant` arithmetic.
 struct Windows {
     counts: KeyMap<Arc<str>, Window>,
-    /// Every window by the instant it ends, soonest first: one entry per key of `counts`.
-    ends: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    /// Every window by the time it ends, soonest first: one entry per key of `counts`.
+    ends: BinaryHeap<Reverse<(u64, Arc<str>)>>,
     max_keys: usize,
+    epoch: Instant,
 }
 
 struct Window {
     count: u64,
-    resets_at: Instant,
+    /// When the window ends (for GCRA, the theoretical arrival time), in µs since `epoch`.
+    resets_at: u64,
+}
+
+/// `duration` in whole µs, saturating.
+fn micros(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(duration.subsec_micros()))
 }
 
 /// Capacity kept when the store shrinks.
@@ -113,6 +125,7 @@ impl MemoryRateLimiter {
                 counts: KeyMap::default(),
                 ends: BinaryHeap::new(),
                 max_keys: max_keys.max(1),
+                epoch: Instant::now(),
             })),
         }
     }
@@ -181,7 +194,8 @@ impl MemoryRateLimiter {
     fn hit_untraced(&self, resource: &str, quota: Quota) -> Result<Usage, RateLimitError> {
         let now = Instant::now();
         let mut windows = self.windows();
-        windows.evict_ended(now.checked_sub(REUSE_FOR).unwrap_or(now));
+        let now = micros(now.saturating_duration_since(windows.epoch));
+        windows.evict_ended(now.saturating_sub(micros(REUSE_FOR)));
         if windows.counts.len() >= windows.max_keys {
             windows.evict_ended(now);
             let max_keys = windows.max_keys;
@@ -202,23 +216,24 @@ impl MemoryRateLimiter {
             Some(window) => {
                 *window = Window {
                     count: 1,
-                    resets_at: now + quota.window(),
+                    resets_at: now.saturating_add(micros(quota.window())),
                 };
                 (1, window.resets_at)
             }
             None => {
-                let resets_at = now + quota.window();
+                let resets_at = now.saturating_add(micros(quota.window()));
                 windows.open(resource, 1, resets_at);
                 (1, resets_at)
             }
         };
-        Ok(Usage::fixed(count, quota.limit(), resets_at - now))
+        let reset_after = Duration::from_micros(resets_at - now);
+        Ok(Usage::fixed(count, quota.limit(), reset_after))
     }
 }
 
 impl Windows {
     /// A new entry for `resource`, queued for eviction at `resets_at`.
-    fn open(&mut self, resource: &str, count: u64, resets_at: Instant) {
+    fn open(&mut self, resource: &str, count: u64, resets_at: u64) {
         let key: Arc<str> = Arc::from(resource);
         self.ends.push(Reverse((resets_at, key.clone())));
         self.counts.insert(key, Window { count, resets_at });
@@ -228,38 +243,42 @@ impl Windows {
     /// `resets_at` is its theoretical arrival time (TAT); a TAT that has passed counts as
     /// now (a fresh key is in the same state), and the key is dropped one second after
     /// it.
-    fn gcra(&mut self, resource: &str, quota: Quota, now: Instant) -> Usage {
-        let emission_us = quota.emission_us();
-        let emission = Duration::from_micros(emission_us);
-        let tolerance = Duration::from_micros(quota.tolerance_us());
+    fn gcra(&mut self, resource: &str, quota: Quota, now: u64) -> Usage {
+        let emission = quota.emission_us();
+        let tolerance = quota.tolerance_us();
         let tat = match self.counts.get_mut(resource) {
             Some(window) => {
                 let tat = window.resets_at.max(now);
                 let ahead = tat - now;
                 if ahead > tolerance {
-                    return Usage::gcra(&quota, false, 0, ahead, ahead - tolerance);
+                    let wait = Duration::from_micros(ahead - tolerance);
+                    return Usage::gcra(&quota, false, 0, Duration::from_micros(ahead), wait);
                 }
-                window.resets_at = tat + emission;
+                window.resets_at = tat.saturating_add(emission);
                 window.resets_at
             }
             None => {
-                let tat = now + emission;
+                let tat = now.saturating_add(emission);
                 self.open(resource, 0, tat);
                 tat
             }
         };
         let ahead = tat - now;
-        // What is left of the burst: floor((tolerance + emission - ahead) / emission), in
-        // whole microseconds (a quota's emission interval is at least 1 µs).
-        let left = (tolerance + emission).saturating_sub(ahead);
-        let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
-        let remaining = left_us / emission_us;
-        Usage::gcra(&quota, true, remaining, ahead, Duration::ZERO)
+        // What is left of the burst: floor((tolerance + emission - ahead) / emission) (a
+        // quota's emission interval is at least 1 µs).
+        let remaining = tolerance.saturating_add(emission).saturating_sub(ahead) / emission;
+        Usage::gcra(
+            &quota,
+            true,
+            remaining,
+            Duration::from_micros(ahead),
+            Duration::ZERO,
+        )
     }
 
     /// Evicts the windows that ended by `by`, soonest first, `O(log n)` each; a key whose
     /// window moved on since it was queued is queued again at its new end.
-    fn evict_ended(&mut self, by: Instant) {
+    fn evict_ended(&mut self, by: u64) {
         let mut evicted = false;
         while self.ends.peek().is_some_and(|end| end.0.0 <= by) {
             let Some(Reverse((_, key))) = self.ends.pop() else {
