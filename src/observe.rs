@@ -103,11 +103,6 @@ results! {
     }
 }
 
-/// Counts one lock request.
-pub(crate) fn lock_request(result: LockResult) {
-    result.count();
-}
-
 /// Counts one lock request by its acquisition's outcome, and records how long it took.
 pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, started: Instant) {
     use crate::error::LockError;
@@ -115,7 +110,7 @@ pub(crate) fn lock_outcome<T>(acquired: &Result<T, crate::error::LockError>, sta
     metrics::histogram!("tower_redlock_lock_acquire_duration_seconds").record(Since(started));
     #[cfg(not(feature = "metrics"))]
     let _ = started;
-    lock_request(match acquired {
+    LockResult::count(match acquired {
         Ok(_) => LockResult::Acquired,
         Err(LockError::Taken { .. }) => LockResult::Taken,
         Err(LockError::InvalidKey(_) | LockError::Unsupported(_)) => LockResult::Invalid,

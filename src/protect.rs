@@ -9,13 +9,20 @@ use std::task::{Context, Poll};
 use std::{future::Future, pin::Pin};
 
 /// What tells that the guarantee over some work is gone (a lease's watchdog or status).
+/// The defaults are a guarantee that is never lost (a count).
 #[doc(hidden)]
 pub trait Watch {
     /// Before a poll of the work: whether the guarantee is gone now (timers may stay unarmed).
-    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool;
+    fn lost_before_poll(&mut self, cx: &mut Context<'_>) -> bool {
+        let _ = cx;
+        false
+    }
 
     /// After the work returned `Pending`: drives renewals, arms wake-ups; `Ready` once lost.
-    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let _ = cx;
+        Poll::Pending
+    }
 }
 
 /// The guarantee was gone before the work completed; the work was not polled again.

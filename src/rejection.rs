@@ -330,8 +330,8 @@ impl Rejection {
     }
 }
 
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub(crate) static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// Percent-encodes a `grpc-message` (gRPC over HTTP/2: every byte outside printable ASCII

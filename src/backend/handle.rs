@@ -230,8 +230,9 @@ impl Locks {
     /// # Errors
     ///
     /// [`LockError::Expired`] when the lease ran out (`taken_over` when another holder has
-    /// the key now); on Redis, [`LockError::NoQuorum`] or [`LockError::TooSlow`]. The
-    /// lease is left as it was.
+    /// the key now); on Redis, [`LockError::NoQuorum`] when the nodes that failed leave it
+    /// undecided (retry: it may still hold) or [`LockError::TooSlow`] when the answers came
+    /// too late. The lease is left as it was.
     pub async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         if lease.reentered {
             // The request's own lease: its holder renews it.
@@ -249,8 +250,9 @@ impl Locks {
     ///
     /// # Errors
     ///
-    /// [`LockError::Expired`] when it had already run out, [`LockError::NoQuorum`] when
-    /// too few nodes answered.
+    /// [`LockError::Expired`] when it had already run out (`taken_over` when another holder
+    /// has the key now); on Redis, [`LockError::NoQuorum`] when the nodes that failed leave
+    /// it undecided (the keys left behind expire by their TTL).
     pub async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         if lease.reentered {
             // The request's own lease: its holder releases it.
@@ -304,25 +306,18 @@ impl Locks {
         }
     }
 
-    /// The `Retry-After` for a request that found `key` held with `holder_left` of its TTL
-    /// (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
-    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.retry_estimate(key, holder_left),
-            LockStore::Memory(m) => m.retry_estimate(key, holder_left),
-        }
-    }
-
     /// A lock error with the `Retry-After` of a contended `key` estimated from the hold
-    /// times (see [`retry_estimate`](Self::retry_estimate)).
+    /// times and the holder's remaining TTL (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn estimated(&self, key: &str, error: LockError) -> LockError {
-        match error {
-            LockError::Taken { retry_after } => LockError::Taken {
-                retry_after: self.retry_estimate(key, retry_after),
-            },
-            other => other,
-        }
+        let LockError::Taken { retry_after: left } = error else {
+            return error;
+        };
+        let retry_after = match &self.backend {
+            #[cfg(feature = "redis")]
+            LockStore::Redis(r) => r.retry_estimate(key, left),
+            LockStore::Memory(m) => m.retry_estimate(key, left),
+        };
+        LockError::Taken { retry_after }
     }
 
     /// What the backend holds for `resource`, for an operator: whether it is held, for
@@ -347,7 +342,7 @@ impl Locks {
     /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
     /// [`LockError::NoQuorum`] when no node answered.
     pub async fn inspect(&self, resource: &str) -> Result<LockInspection, LockError> {
-        let key = self.full_key(resource)?;
+        let key = self.policy().full_key(resource)?;
         match &self.backend {
             #[cfg(feature = "redis")]
             LockStore::Redis(r) => r.inspect_key(&key).await,
@@ -371,7 +366,7 @@ impl Locks {
     /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
     /// [`LockError::NoQuorum`] when no node answered.
     pub async fn force_unlock(&self, resource: &str) -> Result<usize, LockError> {
-        let key = self.full_key(resource)?;
+        let key = self.policy().full_key(resource)?;
         let deleted = match &self.backend {
             #[cfg(feature = "redis")]
             LockStore::Redis(r) => r.force_unlock_key(&key).await?,
@@ -379,11 +374,6 @@ impl Locks {
         };
         tracing::warn!(key = %LogKey(&key), nodes = deleted, "force_unlock: the lock was deleted whoever held it");
         Ok(deleted)
-    }
-
-    /// The full key of `resource`: the prefix, then the resource escaped.
-    pub(crate) fn full_key(&self, resource: &str) -> Result<std::sync::Arc<str>, LockError> {
-        Ok(self.policy().full_key(resource)?)
     }
 
     /// Whether `lease` is the lock on `resource` in this backend: the key that

@@ -304,13 +304,7 @@ impl MemoryLocks {
         }
     }
 
-    /// Extends the lease to a full TTL from now, if it is still held (every key of a lease
-    /// on several keys).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Expired`] when the lease ran out (`taken_over` when someone else holds
-    /// the key now); the lease is then left as it was.
+    /// [`Locks::extend`](crate::Locks::extend) in process: never `NoQuorum` or `TooSlow`.
     pub(crate) fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.extend", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.extend_untraced(lease), observe::lock_verdict)
@@ -330,13 +324,7 @@ impl MemoryLocks {
         }
     }
 
-    /// Releases the lease (every key of a lease on several keys that still holds its
-    /// token).
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Expired`] when it had already run out (`taken_over` when someone else
-    /// holds the key now). Another holder's lock is never touched.
+    /// [`Locks::unlock`](crate::Locks::unlock) in process: never `NoQuorum`.
     pub(crate) fn unlock(&self, lease: &Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)

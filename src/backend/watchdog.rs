@@ -133,7 +133,7 @@ impl Watchdog {
             },
         );
         if polled.is_ready() {
-            crate::observe::lock_request(crate::observe::LockResult::Lost);
+            crate::observe::LockResult::Lost.count();
             self.status.lost.store(true, Ordering::Release);
             notify(&self.status);
         }

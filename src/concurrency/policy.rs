@@ -105,11 +105,6 @@ impl Policy for ConcurrencyPolicy {
     const REJECTED_BY: RejectedBy = RejectedBy::ConcurrencyLimit;
     const FAIL_OPEN: bool = true;
 
-    fn prefix(&self) -> &str {
-        // The store puts its own prefix before the key.
-        ""
-    }
-
     fn bad_key(&self, _missing: bool) {
         ConcurrencyResult::Invalid.count();
     }

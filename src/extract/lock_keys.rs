@@ -115,15 +115,16 @@ pub(super) async fn lock<T: LockKeys>(
     let mut resources = Vec::with_capacity(keys.len());
     for key in keys {
         validate_value(&key).map_err(|e| {
-            crate::observe::lock_request(crate::observe::LockResult::Invalid);
+            crate::observe::LockResult::Invalid.count();
             reject(e.into())
         })?;
         resources.push(format!("{}:{}", T::SCOPE, key));
     }
-    if let Some(status) = existing {
-        if !resources.is_empty() && resources.iter().all(|r| locks.names(status.lease(), r)) {
-            return Ok(Locked::new(value, status.clone(), None));
-        }
+    if let Some(status) = existing
+        && !resources.is_empty()
+        && resources.iter().all(|r| locks.names(status.lease(), r))
+    {
+        return Ok(Locked::new(value, status.clone(), None));
     }
     let started = std::time::Instant::now();
     let acquired = match &resources[..] {

@@ -209,11 +209,11 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ReadBody::new(
-            Keyed::new(inner, self.keyed.clone()),
-            self.max_request_body,
-            self.fingerprint.clone(),
-            self.keyed.core.on_rejection.clone(),
-        )
+        ReadBody {
+            inner: Keyed::new(inner, self.keyed.clone()),
+            max: self.max_request_body,
+            fingerprint: self.fingerprint.clone(),
+            on_rejection: self.keyed.core.on_rejection.clone(),
+        }
     }
 }

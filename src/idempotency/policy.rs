@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header, response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::handle::{LeaseGuard, Locks};
@@ -23,7 +23,7 @@ use crate::lease::Lease;
 use crate::lock::policy::{LockPermit, refused};
 use crate::observe::IdempotencyResult;
 use crate::protect::Watch;
-use crate::rejection::{RejectedBy, Rejection, RejectionKind};
+use crate::rejection::{GRPC_MESSAGE, GRPC_STATUS, RejectedBy, Rejection, RejectionKind};
 
 /// The header set on a replayed response: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -131,8 +131,6 @@ impl Policy for IdempotencyPolicy {
     }
 }
 
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// The HTTP status of a gRPC status code (`google.rpc.Code`'s mapping; 500 for others),
@@ -193,15 +191,11 @@ fn replay(raw: &[u8], fingerprint: &Fingerprint) -> Response<Bytes> {
             IdempotencyResult::Replayed.count();
             let mut response = Response::new(body);
             *response.status_mut() = status;
-            for (name, value) in headers {
-                response.headers_mut().append(name, value);
-            }
+            // `Extend` and `FromIterator` append: order and repeated fields are kept.
+            response.headers_mut().extend(headers);
             if !trailers.is_empty() {
-                let mut map = HeaderMap::with_capacity(trailers.len());
-                for (name, value) in trailers {
-                    map.append(name, value);
-                }
-                response.extensions_mut().insert(Trailers(map));
+                let trailers: HeaderMap = trailers.into_iter().collect();
+                response.extensions_mut().insert(Trailers(trailers));
             }
             response
                 .headers_mut()
@@ -320,11 +314,7 @@ impl Permit for IdempotencyPermit {
         }
         let mut kept = kept_headers(&head.headers, &self.stored_headers);
         // A trailers-only gRPC response has its status in the head: judged and kept too.
-        let content_type = match kept.iter().find(|(name, _)| name == header::CONTENT_TYPE) {
-            Some((_, value)) => Some(value),
-            None => head.headers.get(header::CONTENT_TYPE),
-        };
-        let grpc = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let grpc = crate::keyed::answers::is_grpc(&head.headers);
         if let Some(code) = grpc.then(|| head.headers.get(&GRPC_STATUS)).flatten() {
             if !(self.storable)(http_status_of_grpc(code)) {
                 return Hold::BodyEnd;

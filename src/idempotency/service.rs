@@ -27,27 +27,13 @@ pub type Idempotency<S> = ReadBody<Keyed<S, IdempotencyKey, IdempotencyPolicy>>;
 /// and hands the request on with the same bytes as a [`Full<Bytes>`] body.
 #[derive(Clone)]
 pub struct ReadBody<S> {
-    inner: S,
-    max: usize,
-    fingerprint: Arc<FingerprintFn>,
-    on_rejection: Option<Arc<RenderFn>>,
+    pub(super) inner: S,
+    pub(super) max: usize,
+    pub(super) fingerprint: Arc<FingerprintFn>,
+    pub(super) on_rejection: Option<Arc<RenderFn>>,
 }
 
 impl<S> ReadBody<S> {
-    pub(crate) fn new(
-        inner: S,
-        max: usize,
-        fingerprint: Arc<FingerprintFn>,
-        on_rejection: Option<Arc<RenderFn>>,
-    ) -> Self {
-        Self {
-            inner,
-            max,
-            fingerprint,
-            on_rejection,
-        }
-    }
-
     crate::keyed::inner_service_accessors!();
 }
 

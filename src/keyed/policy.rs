@@ -46,9 +46,12 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     const FAIL_OPEN: bool;
 
-    /// The prefix before `{scope}:{value}` (the backend's own, for lock keys).
+    /// The prefix before `{scope}:{value}`: the backend's own for lock keys; none by default
+    /// (a limiter's store puts its own before the key).
     #[doc(hidden)]
-    fn prefix(&self) -> &str;
+    fn prefix(&self) -> &str {
+        ""
+    }
 
     /// Runs first, before the key is read: the lock layer takes a client's own fencing
     /// header off the request here.

@@ -100,7 +100,7 @@ impl Policy for LockPolicy {
     }
 
     fn bad_key(&self, _missing: bool) {
-        observe::lock_request(observe::LockResult::Invalid);
+        observe::LockResult::Invalid.count();
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
@@ -123,11 +123,11 @@ impl LockPolicy {
     /// Acquires at once on the in-process backend when not waiting, else as a future.
     fn decide_claim(&self, claim: Claim, options: Options) -> Decision<LockPermit> {
         let started = Instant::now();
-        if options.wait == Wait::Once {
-            if let Some(memory) = self.locks.as_memory() {
-                let acquired = memory.attempt(&claim, options.mode, started);
-                return Decision::Ready(self.verdict(claim.first(), acquired, started));
-            }
+        if options.wait == Wait::Once
+            && let Some(memory) = self.locks.as_memory()
+        {
+            let acquired = memory.attempt(&claim, options.mode, started);
+            return Decision::Ready(self.verdict(claim.first(), acquired, started));
         }
         let policy = self.clone();
         Decision::Pending(Box::pin(async move {
@@ -267,10 +267,10 @@ impl Permit for LockPermit {
         // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks, lease);
         Release::Pending(Box::pin(async move {
-            if let Some((locks, lease)) = guard.cloned() {
-                if let Err(e) = locks.unlock(lease).await {
-                    tracing::debug!(error = %e, "lease release");
-                }
+            if let Some((locks, lease)) = guard.cloned()
+                && let Err(e) = locks.unlock(lease).await
+            {
+                tracing::debug!(error = %e, "lease release");
             }
             guard.disarm();
         }))

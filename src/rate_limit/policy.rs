@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -102,11 +101,6 @@ impl Policy for RateLimitPolicy {
     const REJECTED_BY: RejectedBy = RejectedBy::RateLimit;
     const FAIL_OPEN: bool = true;
 
-    fn prefix(&self) -> &str {
-        // The store puts its own prefix before the key.
-        ""
-    }
-
     fn bad_key(&self, _missing: bool) {
         RateLimitResult::Invalid.count();
     }
@@ -135,15 +129,7 @@ pub struct RatePermit {
 }
 
 /// A count cannot be lost.
-impl Watch for RatePermit {
-    fn lost_before_poll(&mut self, _: &mut Context<'_>) -> bool {
-        false
-    }
-
-    fn poll_lost(&mut self, _: &mut Context<'_>) -> Poll<()> {
-        Poll::Pending
-    }
-}
+impl Watch for RatePermit {}
 
 impl Permit for RatePermit {
     fn admit<B>(&mut self, request: &mut Request<B>) {

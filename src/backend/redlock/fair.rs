@@ -21,10 +21,8 @@ use redis::Script;
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Auxiliary, Keys};
-use super::round::Stragglers;
 use super::scripts::{Attempted, COUNTER_VALID, evalsha, run, run_attempt};
 use super::shared::NOW;
-use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
@@ -162,13 +160,7 @@ impl Drop for LeaveOnDrop {
         let (redlock, key, id) = (self.redlock.clone(), self.key.clone(), self.id);
         handle.spawn(async move {
             redlock
-                .on_nodes(
-                    Instant::now(),
-                    |conn| leave(conn, key.clone(), id),
-                    |()| Vote::For,
-                    Rule::Held,
-                    Stragglers::Await,
-                )
+                .on_every_node(|conn| leave(conn, key.clone(), id))
                 .await;
         });
     }

@@ -159,15 +159,7 @@ impl Redlock {
         let left = max_wait.saturating_sub(started.elapsed());
         let lease = self.lock_key_within(key.clone(), left).await?;
         // The holder we waited for stored its record before it released: look for it.
-        let round = self
-            .on_nodes(
-                Instant::now(),
-                |conn| read_on(conn, key.clone()),
-                |found| Vote::of(found.is_some()),
-                Rule::Held,
-                Stragglers::Await,
-            )
-            .await;
+        let round = self.on_every_node(|conn| read_on(conn, key.clone())).await;
         if let Some(record) = round.values().flatten().next().cloned() {
             self.release_detached(Keys::Lock(lease.key), lease.token, true);
             return Ok(Begin::Found(record));

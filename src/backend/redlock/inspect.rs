@@ -2,15 +2,13 @@
 //! [`Locks::force_unlock`](crate::Locks::force_unlock) over the Redlock nodes.
 
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::Script;
 
 use super::Redlock;
 use super::keys::Auxiliary;
-use super::round::Stragglers;
 use super::scripts::{evalsha, run};
-use super::tally::{Rule, Vote};
 use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
 use crate::error::{LockError, NodeFailureReason};
@@ -78,15 +76,7 @@ async fn force_release(mut conn: Connection, key: Arc<str>) -> Result<i64, NodeF
 impl Redlock {
     /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
     pub(crate) async fn inspect_key(&self, key: &Arc<str>) -> Result<LockInspection, LockError> {
-        let round = self
-            .on_nodes(
-                Instant::now(),
-                |conn| view(conn, key.clone()),
-                |_| Vote::For,
-                Rule::Held,
-                Stragglers::Await,
-            )
-            .await;
+        let round = self.on_every_node(|conn| view(conn, key.clone())).await;
         let views: Vec<&NodeView> = round.values().collect();
         if views.is_empty() {
             return Err(self.no_quorum(round));
@@ -120,13 +110,7 @@ impl Redlock {
     /// nodes it was there.
     pub(crate) async fn force_unlock_key(&self, key: &Arc<str>) -> Result<usize, LockError> {
         let round = self
-            .on_nodes(
-                Instant::now(),
-                |conn| force_release(conn, key.clone()),
-                |_| Vote::For,
-                Rule::Held,
-                Stragglers::Await,
-            )
+            .on_every_node(|conn| force_release(conn, key.clone()))
             .await;
         self.inner.local.forget(key);
         self.inner.waiters.wake(key);

@@ -171,16 +171,8 @@ impl Redlock {
         .await
     }
 
-    /// Extends the lease to a full TTL on every node where it still holds the token (a
-    /// set: where every key does); with a quorum and a positive validity, moves
-    /// `lease.valid_until()`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Expired`] when N - quorum + 1 nodes answered that the token is gone
-    /// (the lease is lost), [`LockError::NoQuorum`] when the nodes that failed leave it
-    /// undecided (retry: the lease may still hold), [`LockError::TooSlow`] when the
-    /// answers came too late. On error the lease is left as it was.
+    /// [`Locks::extend`](crate::Locks::extend) on the nodes (a set: where every key holds
+    /// the token), with the verdicts of the module docs; on error the lease is unchanged.
     pub(crate) async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.extend",
@@ -227,14 +219,8 @@ impl Redlock {
         }
     }
 
-    /// Releases the lease: deletes its keys on every node where they hold the token.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Expired`] when N - quorum + 1 nodes answered that the token was gone
-    /// (it had run out; `taken_over` says whether another holder has it now), or
-    /// [`LockError::NoQuorum`] when the nodes that failed leave it undecided (the keys
-    /// left behind expire by their TTL).
+    /// [`Locks::unlock`](crate::Locks::unlock) on the nodes: deletes the keys where they
+    /// hold the token, with the verdicts of the module docs.
     pub(crate) async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.release",
@@ -331,6 +317,18 @@ impl Redlock {
             observe::nodes_answered(round.values().count());
             round
         })
+    }
+
+    /// [`on_nodes`](Self::on_nodes) from now, every node awaited, for the answers alone
+    /// (the verdict is not read).
+    fn on_every_node<F, Fut, T>(&self, op: F) -> impl Future<Output = Answers<T>>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let vote = |_: &T| Vote::For;
+        self.on_nodes(Instant::now(), op, vote, Rule::Held, Stragglers::Await)
     }
 
     /// How long a request that found `key` held should wait before trying again (see
