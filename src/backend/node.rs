@@ -366,32 +366,41 @@ impl Connector {
         &self,
         config: &AsyncConnectionConfig,
     ) -> BoxFuture<'static, Result<Conn, RedisError>> {
-        let (target, config, timeout) = (self.target.clone(), config.clone(), self.connect_timeout);
-        async move {
-            Ok(match target {
-                Endpoint::Single(client) => {
+        match &self.target {
+            Endpoint::Single(client) => {
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
+                async move {
                     let connect = client.get_multiplexed_async_connection_with_config(&config);
-                    Conn::Single(bounded("connection", timeout, connect).await?)
+                    Ok(Conn::Single(bounded("connection", timeout, connect).await?))
                 }
-                #[cfg(feature = "cluster-async")]
-                Endpoint::Cluster { client, .. } => {
+                .boxed()
+            }
+            #[cfg(feature = "cluster-async")]
+            Endpoint::Cluster { client, .. } => {
+                let (client, timeout) = (client.clone(), self.connect_timeout);
+                async move {
                     let connect = client.get_async_connection();
-                    Conn::Cluster(bounded("cluster", timeout, connect).await?)
+                    Ok(Conn::Cluster(bounded("cluster", timeout, connect).await?))
                 }
-                #[cfg(feature = "sentinel")]
-                Endpoint::Sentinel(client) => {
+                .boxed()
+            }
+            #[cfg(feature = "sentinel")]
+            Endpoint::Sentinel(client) => {
+                let (client, config, timeout) =
+                    (client.clone(), config.clone(), self.connect_timeout);
+                async move {
                     let connect = async {
-                        // Its own statement: the guard is not held across the connect.
                         let primary = client.lock().await.async_get_client().await?;
                         primary
                             .get_multiplexed_async_connection_with_config(&config)
                             .await
                     };
-                    Conn::Single(bounded("sentinel", timeout, connect).await?)
+                    Ok(Conn::Single(bounded("sentinel", timeout, connect).await?))
                 }
-            })
+                .boxed()
+            }
         }
-        .boxed()
     }
 
     /// A subscriber connection: to the server, the first seed node that answers, or the
