@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::RateLimitError;
-use super::quota::{Quota, Usage};
+use super::quota::{Quota, Usage, micros};
 use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 
@@ -73,14 +73,6 @@ struct Window {
     count: u64,
     /// When the window ends (for GCRA, the theoretical arrival time), in µs since `epoch`.
     resets_at: u64,
-}
-
-/// `duration` in whole µs, saturating.
-fn micros(duration: Duration) -> u64 {
-    duration
-        .as_secs()
-        .saturating_mul(1_000_000)
-        .saturating_add(u64::from(duration.subsec_micros()))
 }
 
 /// Capacity kept when the store shrinks.

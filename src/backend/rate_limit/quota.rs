@@ -52,6 +52,11 @@ pub struct Quota {
     burst: Option<u64>,
 }
 
+/// `duration` in whole µs, saturating.
+pub(crate) fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Why a [`Quota`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -118,7 +123,7 @@ impl Quota {
     /// a tolerance over 2^51 µs.
     pub fn gcra(limit: u64, window: Duration, burst: u64) -> Result<Self, QuotaError> {
         let mut quota = Self::new(limit, window)?;
-        let window_us = u64::try_from(quota.window.as_micros()).unwrap_or(u64::MAX);
+        let window_us = micros(quota.window);
         if window_us / limit == 0 {
             return Err(QuotaError::RateTooHigh {
                 limit,
@@ -140,7 +145,7 @@ impl Quota {
 
     /// GCRA's emission interval, `window / limit`, in whole µs (at least 1).
     pub(crate) fn emission_us(&self) -> u64 {
-        let window_us = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+        let window_us = micros(self.window);
         (window_us / self.limit).max(1)
     }
 
