@@ -121,45 +121,15 @@ pub use idempotency::IdempotencyLayer;
 ))]
 pub mod guide {
     #![doc = include_str!("docs/guide.md")]
-    pub mod configuration {
-        #![doc = include_str!("docs/guide_configuration.md")]
+    // Chapter `name` is src/docs/guide_name.md.
+    macro_rules! chapters {
+        ($($name:ident)*) => {$(
+            #[doc = include_str!(concat!("docs/guide_", stringify!($name), ".md"))]
+            pub mod $name {}
+        )*};
     }
-    pub mod lifecycle {
-        #![doc = include_str!("docs/guide_lifecycle.md")]
-    }
-    pub mod shared_exclusive {
-        #![doc = include_str!("docs/guide_shared_exclusive.md")]
-    }
-    pub mod fair {
-        #![doc = include_str!("docs/guide_fair.md")]
-    }
-    pub mod several_keys {
-        #![doc = include_str!("docs/guide_several_keys.md")]
-    }
-    pub mod http_answers {
-        #![doc = include_str!("docs/guide_http_answers.md")]
-    }
-    pub mod idempotency {
-        #![doc = include_str!("docs/guide_idempotency.md")]
-    }
-    pub mod rate_limit {
-        #![doc = include_str!("docs/guide_rate_limit.md")]
-    }
-    pub mod concurrency {
-        #![doc = include_str!("docs/guide_concurrency.md")]
-    }
-    pub mod observability {
-        #![doc = include_str!("docs/guide_observability.md")]
-    }
-    pub mod topologies {
-        #![doc = include_str!("docs/guide_topologies.md")]
-    }
-    pub mod performance {
-        #![doc = include_str!("docs/guide_performance.md")]
-    }
-    pub mod algorithm {
-        #![doc = include_str!("docs/guide_algorithm.md")]
-    }
+    chapters!(configuration lifecycle shared_exclusive fair several_keys http_answers
+        idempotency rate_limit concurrency observability topologies performance algorithm);
 }
 
 // The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).

@@ -271,19 +271,30 @@ impl Rejection {
                     .with_status(taken_status)
                     .retry_after(*retry_after)
             }
-            LockError::InvalidKey(e) => Rejection::new(
-                by,
-                RejectionKind::InvalidKey,
-                format!("Invalid lock key: {e}."),
-            ),
+            LockError::InvalidKey(e) => Rejection::invalid_key(by, "lock key", e),
             LockError::Unsupported(_) => Rejection::misconfigured(by),
-            _ => Rejection::new(
-                by,
-                RejectionKind::Unavailable,
-                "The lock service is unavailable; retry later.",
-            )
-            .retry_after(Duration::from_secs(1)),
+            _ => Rejection::unavailable(by),
         }
+    }
+
+    /// 400 for a key the backend refused: "Invalid {noun}: {error}."
+    pub(crate) fn invalid_key(by: RejectedBy, noun: &str, error: &dyn std::fmt::Display) -> Self {
+        Rejection::new(
+            by,
+            RejectionKind::InvalidKey,
+            format!("Invalid {noun}: {error}."),
+        )
+    }
+
+    /// 503 with `Retry-After: 1` for a store that cannot answer, with nothing internal in it.
+    pub(crate) fn unavailable(by: RejectedBy) -> Self {
+        let detail = match by {
+            RejectedBy::Lock | RejectedBy::Idempotency => "The lock service",
+            RejectedBy::RateLimit => "The rate limit service",
+            RejectedBy::ConcurrencyLimit => "The concurrency limit service",
+        };
+        let detail = format!("{detail} is unavailable; retry later.");
+        Rejection::new(by, RejectionKind::Unavailable, detail).retry_after(Duration::from_secs(1))
     }
 
     /// The answer to a server mistake: 500 with nothing internal in it (the details go

@@ -121,13 +121,9 @@ impl<K> ConcurrencyLimitLayer<K> {
         fn backend(limiter: impl Into<ConcurrencyLimiter>) => limiter;
 
         /// How long a request over the limit waits for a permit before it is answered 503.
-        /// Default zero: answered at once. While it waits it is woken by every release of
-        /// a permit on its key, as a lock's waiters are: in this process directly, and on
-        /// Redis by any replica's release, through pub/sub (the store's release channel
-        /// `{<set key>}:released`, published only while waiters marked the set). For
-        /// expired permits, and releases whose notice was lost, it also tries again after
-        /// 5 ms, then after twice as long each time up to 100 ms, with jitter. It never
-        /// waits past `max_wait`. The inner service is not called while it waits.
+        /// Default zero: answered at once. It is woken by any replica's release of a permit
+        /// on its key (on Redis through pub/sub), with a timer from 5 ms doubling to 100 ms
+        /// as fallback, and never waits past `max_wait`.
         fn max_wait(max_wait: Duration) => max_wait;
 
         /// How a Redis permit is renewed while its request runs. Default: every TTL/3, for

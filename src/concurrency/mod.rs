@@ -7,15 +7,12 @@
 //! 1. takes the key value with its [`KeyExtractor`](crate::key::KeyExtractor) (a header,
 //!    a path parameter, your function, or one global key) and checks it;
 //! 2. takes a permit on `{scope}:{value}` from its store ([`ConcurrencyLimiter`]): on
-//!    Redis one Lua script over a sorted set of permit tokens scored by their expiry (drop
-//!    the expired, count, add ours under the limit), as Redisson's
-//!    `RPermitExpirableSemaphore`; in process, a count under a short mutex;
-//! 3. runs the inner service, renewing a Redis permit (every TTL/3 by default, see
-//!    [`Renewal`](crate::Renewal));
-//! 4. releases the permit when the response body has ended or the inner service failed
-//!    (one `ZREM` on Redis), and in the background when the future or body is dropped. A
-//!    replica that dies frees its permits as they expire
-//!    ([`RedisConcurrencyLimiterBuilder::permit_ttl`], default 10 s).
+//!    Redis one Lua script over a sorted set of expiring permit tokens; in process, a
+//!    count under a short mutex;
+//! 3. runs the inner service, renewing a Redis permit ([`Renewal`](crate::Renewal));
+//! 4. releases the permit when the response body has ended or the inner service failed,
+//!    and in the background when the future or body is dropped. A replica that dies
+//!    frees its permits as they expire ([`RedisConcurrencyLimiterBuilder::permit_ttl`]).
 //!
 //! | situation | status | headers |
 //! | --- | --- | --- |
@@ -29,26 +26,10 @@
 //! The layer's own answers have an `application/problem+json` body (RFC 9457); the
 //! service's error type stays the inner service's (no `HandleErrorLayer` needed).
 //!
-//! # Why 503 and not 429
-//!
-//! 429 (RFC 6585, section 4) says that *this client* sent too many requests in a given
-//! time: a rate limit ([`RateLimitLayer`]). Requests in flight are the server's load,
-//! shared by every client on the key. 503 (RFC 9110, section 15.6.4) is for a server
-//! "currently unable to handle the request due to a temporary overload", with
-//! `Retry-After` (section 10.2.3); clients and proxies retry it elsewhere or later.
-//!
-//! # When to use it, and when [`RateLimitLayer`]
-//!
-//! A rate limit bounds requests per time window (fair use, quotas); a concurrency limit
-//! bounds work at once (a downstream that takes N calls in parallel). They compose: rate
-//! limit the client outside, the costly route's concurrency inside.
-//!
-//! # One node, no quorum
-//!
-//! Permits need no quorum: a concurrency limit protects capacity, not correctness. One
-//! Redis node (or a replicated primary) holds them; a failover that loses the set lets up
-//! to `limit` more requests in until the old ones end. Each key's set is one key inside a
-//! Redis Cluster hash tag (`{prefix}{<key>}`), so the scripts touch one slot.
+//! Over the limit is a 503, not a 429: requests in flight are the server's load, shared by
+//! every client on the key. Permits need no quorum (one Redis node, or a replicated
+//! primary). The guide's [concurrency chapter](crate::guide::concurrency) gives the why of
+//! both, the Redis keys and scripts, and when to use [`RateLimitLayer`] instead.
 //!
 //! # Failing open
 //!

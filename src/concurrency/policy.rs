@@ -1,7 +1,6 @@
 //! What [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer) does with a key: take a
 //! permit (503 when `limit` are held), renew it while the request runs, release it when done.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,7 +21,7 @@ use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, limit,
 /// wait for a permit and renewals. Set through the layer's builder methods.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ConcurrencyPolicy {
     pub(crate) limiter: ConcurrencyLimiter,
     pub(crate) limit: u32,
@@ -31,18 +30,6 @@ pub struct ConcurrencyPolicy {
     pub(crate) retry_after: Duration,
     /// The 503 detail over the limit, built once.
     detail: Arc<str>,
-}
-
-impl fmt::Debug for ConcurrencyPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyPolicy")
-            .field("limiter", &self.limiter)
-            .field("limit", &self.limit)
-            .field("max_wait", &self.max_wait)
-            .field("renewal", &self.renewal)
-            .field("retry_after", &self.retry_after)
-            .finish()
-    }
 }
 
 impl ConcurrencyPolicy {
@@ -70,26 +57,24 @@ impl ConcurrencyPolicy {
             Err(ConcurrencyError::InvalidKey(_)) => ConcurrencyResult::Invalid,
             Err(_) => ConcurrencyResult::Unavailable,
         });
-        let refusal = |kind, detail: Cow<'static, str>| {
-            Rejection::new(RejectedBy::ConcurrencyLimit, kind, detail)
-        };
         match acquired {
             Ok(slot) => Verdict::Admit(ConcurrencyPermit::new(slot, self.renewal)),
             // 503 with `Retry-After` (RFC 9110, sections 15.6.4 and 10.2.3).
             Err(ConcurrencyError::LimitReached { .. }) => Verdict::answer(
-                refusal(RejectionKind::Limited, self.detail.to_string().into())
-                    .with_status(StatusCode::SERVICE_UNAVAILABLE)
-                    .retry_after(self.retry_after)
-                    .into(),
+                Rejection::new(
+                    Self::REJECTED_BY,
+                    RejectionKind::Limited,
+                    self.detail.to_string(),
+                )
+                .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                .retry_after(self.retry_after)
+                .into(),
             ),
-            Err(ConcurrencyError::InvalidKey(e)) => {
-                let detail = format!("Invalid concurrency limit key: {e}.");
-                Verdict::answer(refusal(RejectionKind::InvalidKey, detail.into()).into())
-            }
+            Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
+                Rejection::invalid_key(Self::REJECTED_BY, Self::KEY_NOUN, &e).into(),
+            ),
             Err(e) => {
-                let detail = "The concurrency limit service is unavailable; retry later.";
-                let answer = refusal(RejectionKind::Unavailable, detail.into());
-                let answer = answer.retry_after(Duration::from_secs(1)).into();
+                let answer = Rejection::unavailable(Self::REJECTED_BY).into();
                 Verdict::unavailable(Box::new(e), answer, None)
             }
         }

@@ -34,7 +34,7 @@ pub(crate) struct RequestFingerprint(pub(crate) Fingerprint);
 
 /// The policy of [`IdempotencyLayer`](super::IdempotencyLayer): its backend and what it
 /// stores. Set through the layer's builder methods.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct IdempotencyPolicy {
     pub(crate) locks: Locks,
     pub(crate) record_ttl: Duration,
@@ -43,19 +43,6 @@ pub struct IdempotencyPolicy {
     pub(crate) storable: fn(StatusCode) -> bool,
     pub(crate) max_wait: Duration,
     pub(crate) renewal: Renewal,
-}
-
-impl fmt::Debug for IdempotencyPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyPolicy")
-            .field("locks", &self.locks)
-            .field("record_ttl", &self.record_ttl)
-            .field("max_response_body", &self.max_response_body)
-            .field("stored_headers", &self.stored_headers)
-            .field("max_wait", &self.max_wait)
-            .field("renewal", &self.renewal)
-            .finish_non_exhaustive()
-    }
 }
 
 impl IdempotencyPolicy {

@@ -69,4 +69,4 @@ pub use layer::KeyedLayer;
 pub use policy::Policy;
 pub use service::Keyed;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -161,7 +161,7 @@ impl Permit for ProbePermit {
 
 /// A body that yields its frames one per poll, each after a `Pending` when `slow`; it
 /// reports its exact size when `sized`, and its end (without a last poll) when `tells_end`.
-struct Frames {
+pub(crate) struct Frames {
     frames: VecDeque<&'static str>,
     slow: bool,
     ready: bool,
@@ -357,7 +357,7 @@ async fn a_permit_lost_before_the_response_answers_instead() {
 }
 
 /// A service that is ready only once: its clones have not been driven to readiness.
-struct ReadyOnce(bool);
+pub(crate) struct ReadyOnce(pub(crate) bool);
 
 impl Clone for ReadyOnce {
     fn clone(&self) -> Self {

@@ -213,15 +213,11 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// How the request holds its key; default [`LockMode::Plain`]. With
-    /// [`LockMode::Shared`], requests through this layer hold the key together (readers,
-    /// such as a report that must not see a half-applied change), while a request
-    /// through a [`LockMode::Exclusive`] layer on the same key (scope and value) waits for
-    /// them all and excludes them; every writer of a key that has readers must be
-    /// exclusive. [`LockMode::Fair`] makes waiters ([`max_wait`](Self::max_wait)) acquire
-    /// in arrival order across every replica. Contention is answered as usual (423/409
-    /// with `Retry-After`). The [module docs](crate::lock#modes) give the guarantees and
-    /// costs.
+    /// How the request holds its key; default [`LockMode::Plain`]. Readers
+    /// ([`LockMode::Shared`]) hold a key together; every writer of a key that has readers
+    /// must be [`LockMode::Exclusive`]; [`LockMode::Fair`] waiters acquire in arrival
+    /// order. Contention is answered as usual (423/409 with `Retry-After`); the
+    /// [module docs](crate::lock#modes) link the guarantees and costs.
     ///
     /// A layer on several keys ([`by_fn_all`](LockLayer::by_fn_all)) holds them in
     /// [`LockMode::Plain`] and has no mode to set: calling this on it does not compile.

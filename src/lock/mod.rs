@@ -41,11 +41,8 @@
 //! # Waiting
 //!
 //! A waiter ([`LockRequest::wait`], [`LockLayer::max_wait`]) is woken when the holder
-//! releases: on Redis it subscribes to `{<key>}:released` on every node and sets a
-//! short-lived mark `{<key>}:waiters` beside the lock, and the release of a marked lock
-//! publishes there. It also retries on a jittered timer (the holder's remaining TTL, at
-//! most 1 s), for a missed notification, a holder that does not publish, or an expiry.
-//! Behind a holder of the same client, it queues in process without touching Redis.
+//! releases, with a jittered timer as fallback; the guide's
+//! [bounded waiting](crate::guide::lifecycle#bounded-waiting) says how, on Redis.
 //!
 //! # Reentrancy
 //!
@@ -77,13 +74,12 @@
 //! # Fencing tokens
 //!
 //! A holder can outlive its lease (a long pause, a slow network) and write after another
-//! took the key. A fencing token stops that write at the storage: each lease carries a
-//! number greater than every earlier lease's on the same key ([`Lease::fencing_token`]),
-//! and the storage refuses a write with a number below the highest it has seen (Martin
-//! Kleppmann, "How to do distributed locking"). Turn them on with `fencing_tokens(true)`
-//! on either backend's builder
+//! took the key. With `fencing_tokens(true)` on either backend's builder
 //! ([`RedlockBuilder::fencing_tokens`](crate::RedlockBuilder::fencing_tokens),
-//! [`MemoryLocksBuilder::fencing_tokens`]). Shared leases carry none.
+//! [`MemoryLocksBuilder::fencing_tokens`]) each exclusive lease carries a number greater
+//! than every earlier lease's on the same key ([`Lease::fencing_token`]), and the storage
+//! refuses a write with a number below the highest it has seen (Martin Kleppmann, "How to
+//! do distributed locking"). Shared leases carry none.
 //!
 //! A handler reads its token from the lease ([`Locked::lease`](crate::Locked::lease), the
 //! [`Lease`] extractor, or [`LockLayer::fencing_header`]) and passes it with the write:
@@ -151,24 +147,15 @@
 //! return 1
 //! ```
 //!
-//! In process, one counter serves every key. On Redis, each lock key has a counter
-//! `{<lock key>}:fence` on every node (in its Cluster slot): an acquisition reads it
-//! atomically with its `SET NX`, takes one above the highest seen, and writes it back
-//! (never lowering) on every node where it holds the key, needing a quorum of those
-//! writes. Tokens grow across quorums, not just per node: any two quorums share a node,
-//! where the later `SET NX` succeeded only after the earlier holder's write-back.
-//!
-//! Limits. A counter expires `max(24 h, 100 × TTL)` after the last write-back or renewal
-//! ([`Locks::extend`]) of a fenced lease of its key on that node; after a longer idle time
-//! tokens start again from 1 (storage that keeps tokens longer refuses them, and a holder
-//! paused that long could write with a higher token). A counter that is not a decimal
-//! integer below 2^53 was not written by this crate: it is left alone, and the node counts
-//! as failed for that key
-//! ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason);
-//! [`LockError::NoQuorum`](crate::LockError::NoQuorum) when too few nodes are left). A
-//! node restarted empty forgets its counter, and with another failure a smaller token can
-//! be issued: run the nodes with persistence (`appendonly yes`, `appendfsync always`)
-//! where fencing matters. Tokens are exact up to 2^53 (Lua numbers).
+//! On Redis each lock key has a counter `{<lock key>}:fence` on every node, which expires
+//! `max(24 h, 100 × TTL)` after the last write-back or renewal ([`Locks::extend`]) of a
+//! fenced lease of its key; after a longer idle time tokens start again from 1. A counter
+//! that is not a decimal integer below 2^53 was not written by this crate: it is left
+//! alone, and the node counts as failed for that key
+//! ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason)). Why the
+//! tokens grow across quorums, and why the nodes need persistence (`appendonly yes`,
+//! `appendfsync always`) where fencing matters: the guide's
+//! [fencing tokens](crate::guide::lifecycle#fencing-tokens).
 //!
 //! # Failing open
 //!

@@ -1,7 +1,6 @@
 //! What [`LockLayer`](super::LockLayer) does with a key: take a lease, hold it while the
 //! request runs (renewed, never past its validity), release it when the response is done.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -141,6 +140,7 @@ impl LockPolicy {
 /// A held lease, renewed until the response is done, then released (in the background
 /// if dropped still held).
 #[doc(hidden)]
+#[derive(Debug)]
 pub struct LockPermit {
     watchdog: Watchdog,
     /// Still to be released.
@@ -148,16 +148,6 @@ pub struct LockPermit {
     abort: bool,
     release_at_head: bool,
     fencing_header: Option<HeaderName>,
-}
-
-impl fmt::Debug for LockPermit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockPermit")
-            .field("watchdog", &self.watchdog)
-            .field("armed", &self.armed)
-            .field("abort", &self.abort)
-            .finish_non_exhaustive()
-    }
 }
 
 impl LockPermit {

@@ -35,37 +35,25 @@
 //!
 //! # Headers
 //!
-//! From the IETF draft "RateLimit header fields for HTTP"
-//! (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>):
-//!
-//! - `RateLimit-Policy: "default";q=100;w=60`: the quota `q` per window of `w` seconds
-//!   (rounded up).
-//! - `RateLimit: "default";r=42;t=17`: `r` requests left in this window, `t` seconds until
-//!   it resets (rounded up, at least 1). On 429, `Retry-After` (RFC 9110, section 10.2.3)
-//!   is the same `t`.
-//! - [`RateLimitLayer::legacy_headers`] adds `X-RateLimit-Limit`, `X-RateLimit-Remaining`
-//!   and `X-RateLimit-Reset` (seconds, a delay).
+//! `RateLimit-Policy` and `RateLimit` from the IETF draft "RateLimit header fields for
+//! HTTP" (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>), and
+//! `Retry-After` (RFC 9110, section 10.2.3) on 429; [`RateLimitLayer::legacy_headers`] adds
+//! the `X-RateLimit-*` ones. The guide's [rate-limit chapter](crate::guide::rate_limit)
+//! gives their values for each algorithm.
 //!
 //! # Fixed window
 //!
-//! [`Quota::new`]: a key's window starts with its first request; requests over the limit
-//! are counted too and do not move it. On Redis, one Lua script `INCR`s the key, sets its
-//! expiry (`PEXPIRE`) on the window's first hit only, and returns the count and `PTTL`,
-//! atomically: the "Pattern: Rate limiter" of <https://redis.io/docs/latest/commands/incr/>
-//! without its race between `INCR` and `EXPIRE`. One round trip per request, one small key
-//! per client. The price: `limit` requests at the end of one window and `limit` more at
-//! the start of the next pass within a short time.
+//! [`Quota::new`]: a key's window starts with its first request; on Redis one Lua script
+//! `INCR`s the key and sets its expiry on the window's first hit (the "Pattern: Rate
+//! limiter" of <https://redis.io/docs/latest/commands/incr/>, without its race). The price:
+//! `limit` requests at the end of one window and `limit` more at the start of the next.
 //!
 //! # GCRA
 //!
 //! [`Quota::gcra`]: a steady rate with bounded bursts (the generic cell rate algorithm,
-//! as in redis-cell and tower_governor). Each key holds its theoretical arrival time; on
-//! Redis one script reads the server's clock (`TIME`), so replicas with skewed clocks
-//! share one limit, and writes the key only when the request is allowed. In any interval
-//! of length `t`, at most `burst + t × limit / window` requests pass. Unlike
-//! tower_governor (one process's memory: N replicas allow N times its limit), every
-//! replica on the same Redis shares the limit; [`MemoryRateLimiter`] is the per-process
-//! form.
+//! as in redis-cell and tower_governor): in any interval of length `t`, at most
+//! `burst + t × limit / window` requests pass. On Redis the script reads the server's
+//! clock (`TIME`), so every replica shares one limit, whatever their clocks.
 //!
 //! # Example
 //!

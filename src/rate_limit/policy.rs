@@ -1,7 +1,6 @@
 //! What [`RateLimitLayer`](super::RateLimitLayer) does with a key: count it, answer 429
 //! over the limit, and tell the client where it stands in the `RateLimit` headers.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,21 +28,10 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 
 /// The policy of [`RateLimitLayer`](super::RateLimitLayer): its store, its quota and its
 /// headers. Set through the layer's builder methods.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RateLimitPolicy {
     pub(crate) limiter: RateLimiter,
     pub(crate) headers: Arc<Headers>,
-}
-
-impl fmt::Debug for RateLimitPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitPolicy")
-            .field("limiter", &self.limiter)
-            .field("quota", &self.headers.quota)
-            .field("legacy_headers", &self.headers.legacy)
-            .field("policy", &self.headers.policy_value)
-            .finish()
-    }
 }
 
 impl RateLimitPolicy {
@@ -77,12 +65,7 @@ impl RateLimitPolicy {
             Ok(usage) if usage.is_exceeded() => Verdict::answer(self.headers.too_many(&usage)),
             Ok(usage) => Verdict::Admit(permit(Some(usage))),
             Err(RateLimitError::InvalidKey(e)) => Verdict::answer(
-                Rejection::new(
-                    RejectedBy::RateLimit,
-                    RejectionKind::InvalidKey,
-                    format!("Invalid rate limit key: {e}."),
-                )
-                .into(),
+                Rejection::invalid_key(RejectedBy::RateLimit, Self::KEY_NOUN, &e).into(),
             ),
             // Failing open, the request runs uncounted, with the policy header.
             Err(e) => {
@@ -244,13 +227,7 @@ impl Headers {
 
     /// 503 with `Retry-After: 1` and the policy, without internal details.
     pub(crate) fn unavailable(&self) -> Response<Bytes> {
-        let mut response: Response<Bytes> = Rejection::new(
-            RejectedBy::RateLimit,
-            RejectionKind::Unavailable,
-            "The rate limit service is unavailable; retry later.",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into();
+        let mut response: Response<Bytes> = Rejection::unavailable(RejectedBy::RateLimit).into();
         self.decorate(response.headers_mut(), None);
         response
     }

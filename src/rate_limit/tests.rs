@@ -2,7 +2,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -142,30 +141,10 @@ async fn scope_separates_layers_and_shared_scope_shares_counts() {
 
 #[tokio::test]
 async fn the_readied_service_is_the_one_called() {
-    // A service that is ready only once: calling an unreadied clone would panic.
-    struct Once(bool);
-    impl Clone for Once {
-        fn clone(&self) -> Self {
-            Once(false) // a clone has not been driven to readiness
-        }
-    }
-    impl tower::Service<http::Request<()>> for Once {
-        type Response = http::Response<Full<Body>>;
-        type Error = Infallible;
-        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            self.0 = true;
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
-            assert!(self.0, "called without poll_ready");
-            self.0 = false;
-            std::future::ready(Ok(http::Response::new(Full::new(Body::new()))))
-        }
-    }
+    // Calling an unreadied clone of `ReadyOnce` would panic.
     let svc = ServiceBuilder::new()
         .layer(RateLimitLayer::global(quota("5/60")).backend(MemoryRateLimiter::new()))
-        .service(Once(false));
+        .service(crate::keyed::tests::ReadyOnce(false));
     let r = svc.oneshot(request(None)).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Redlock;
-use super::multi::scripts::{extend_on, fence_on, release_on};
+use super::multi::scripts::{extend_group, extend_on, fence_group, fence_on, release_on};
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, ReleaseReply};
 use super::shared;
@@ -68,7 +68,9 @@ impl Keys {
         fence_ms: Option<u64>,
     ) -> Result<i64, NodeFailureReason> {
         match self {
-            Keys::Lock(key) => scripts::extend(conn, key, token, ttl_ms, fence_ms).await,
+            Keys::Lock(key) => {
+                extend_group(conn, std::slice::from_ref(&key), token, ttl_ms, fence_ms).await
+            }
             Keys::Readers { set, .. } => shared::extend_reader(conn, set, token, ttl_ms).await,
             Keys::Set(keys) => extend_on(conn, keys, token, ttl_ms, fence_ms).await,
         }
@@ -102,7 +104,8 @@ impl Keys {
     ) -> Result<i64, NodeFailureReason> {
         match self {
             Keys::Lock(key) | Keys::Readers { set: key, .. } => {
-                scripts::raise_fence(conn, key, token, fencing_token, fence_ms).await
+                let key = std::slice::from_ref(&key);
+                fence_group(conn, key, token, fencing_token, fence_ms).await
             }
             Keys::Set(keys) => fence_on(conn, keys, token, fencing_token, fence_ms).await,
         }

@@ -28,10 +28,8 @@ pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
 /// Every script, to load on each node when the client is built.
 pub(super) static ALL: &[&LazyLock<Script>] = &[
     &RELEASE,
-    &EXTEND,
     &ACQUIRE,
     &ACQUIRE_FENCED,
-    &FENCE,
     &super::shared::SHARED_ACQUIRE,
     &super::shared::EXCLUSIVE_ACQUIRE,
     &super::shared::SHARED_EXTEND,
@@ -72,48 +70,23 @@ pub(super) async fn run<T: FromRedisValue>(
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&if_ours(
+    Script::new(
         r"
+local v = redis.pcall('GET', KEYS[1])
+if v == ARGV[1] then
   if not KEYS[2] then
     redis.call('DEL', KEYS[1])
   elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
     redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
-  end",
-    ))
-});
-
-/// Sets a new TTL (ARGV[2], ms) on the lock key KEYS[1] only if it holds our token
-/// ARGV[1]; with the fencing counter KEYS[2], refreshes its expiry to ARGV[3] ms too.
-///
-/// Returns 1 when extended, 0 when the key is gone, -1 when it holds anything else.
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&if_ours(&format!(
-        r"
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[2] then
-    {READ_COUNTER}
-    if c and {COUNTER_VALID} then
-      redis.call('PEXPIRE', KEYS[2], ARGV[3])
-    end
-  end"
-    )))
-});
-
-/// A script that runs `action` and returns 1 while the lock key KEYS[1] holds our token
-/// ARGV[1]; else 0 when the key is gone, -1 when it holds anything else.
-fn if_ours(action: &str) -> String {
-    format!(
-        r"
-local v = redis.pcall('GET', KEYS[1])
-if v == ARGV[1] then{action}
+  end
   return 1
 elseif not v then
   return 0
 end
 return -1
-"
+",
     )
-}
+});
 
 /// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the
 /// holder's `PTTL` and, when ARGV[3] is not `0`, the waiters' mark KEYS[2] set for ARGV[3]
@@ -122,9 +95,8 @@ return -1
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
-/// Reads the fencing counter KEYS[2] into `c`: `false` when unset, and `COUNTER_VALID`
-/// holds when it is unset or a decimal integer below 2^53 (exact as a Lua number).
-const READ_COUNTER: &str = "local c = redis.pcall('GET', KEYS[2])";
+/// Holds for the fencing counter `c` (read with `redis.pcall('GET', ..)`) when it is unset
+/// or a decimal integer below 2^53 (exact as a Lua number).
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
 
 /// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
@@ -132,7 +104,7 @@ pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <=
 static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
-{READ_COUNTER}
+local c = redis.pcall('GET', KEYS[2])
 if not {COUNTER_VALID} then
   return {{-1, 1}}
 end{}",
@@ -157,29 +129,6 @@ return {{0, t}}
 "
     )
 }
-
-/// Raises the fencing counter KEYS[2] to ARGV[2] (expiring in ARGV[3] ms) while the lock
-/// key KEYS[1] holds our token ARGV[1]. Returns 1 when done (or already higher), 0 when
-/// the key does not hold our token, -2 when the counter is not an integer below 2^53.
-static FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-{READ_COUNTER}
-if not {COUNTER_VALID} then
-  return -2
-end
-if tonumber(c or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-else
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
-return 1
-"
-    ))
-});
 
 /// One node's answer to a release.
 pub(super) enum ReleaseReply {
@@ -340,26 +289,6 @@ pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
     }
 }
 
-/// [`EXTEND`] on one node.
-pub(super) async fn extend(
-    mut conn: Connection,
-    key: Arc<str>,
-    token: Token,
-    ttl_ms: u64,
-    fence_ms: Option<u64>,
-) -> Result<i64, NodeFailureReason> {
-    let mut cmd = evalsha(&EXTEND, if fence_ms.is_some() { 2 } else { 1 });
-    cmd.arg(&*key);
-    if fence_ms.is_some() {
-        cmd.arg(Auxiliary::fence(&key));
-    }
-    cmd.arg(token.as_bytes()).arg(ttl_ms);
-    if let Some(fence_ms) = fence_ms {
-        cmd.arg(fence_ms);
-    }
-    run_acked(&mut conn, Some(&EXTEND), &cmd, |&extended| extended == 1).await
-}
-
 /// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.
 pub(super) async fn release(
     mut conn: Connection,
@@ -374,27 +303,6 @@ pub(super) async fn release(
     }
     cmd.arg(token.as_bytes());
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
-}
-
-/// [`FENCE`] on one node.
-pub(super) async fn raise_fence(
-    mut conn: Connection,
-    key: Arc<str>,
-    token: Token,
-    fencing_token: u64,
-    fence_ms: u64,
-) -> Result<i64, NodeFailureReason> {
-    let mut cmd = evalsha(&FENCE, 2);
-    cmd.arg(&*key)
-        .arg(Auxiliary::fence(&key))
-        .arg(token.as_bytes())
-        .arg(fencing_token)
-        .arg(fence_ms);
-    let reply = run_acked(&mut conn, Some(&FENCE), &cmd, |&written| written == 1).await?;
-    if reply == -2 {
-        return Err(invalid_counter(&key));
-    }
-    Ok(reply)
 }
 
 /// Connects to the node, which loads every script ([`ALL`]), and checks that it answers.

@@ -288,19 +288,30 @@ pub(in crate::backend::redlock) async fn fence_on(
     fencing_token: u64,
     fence_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    on_every_slot(conn, keys, |mut conn, keys| async move {
-        let mut cmd = set_command(&FENCE_ALL, &keys, Some(Beside::Fence));
-        cmd.arg(token.as_bytes())
-            .arg(fencing_token)
-            .arg(fence_ms)
-            .arg(keys.len());
-        let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
-        if reply == -2 {
-            return Err(invalid_counter(&keys[0]));
-        }
-        Ok(reply)
+    on_every_slot(conn, keys, |conn, keys| async move {
+        fence_group(conn, &keys, token, fencing_token, fence_ms).await
     })
     .await
+}
+
+/// [`FENCE_ALL`] on keys of one slot (one lock key, too).
+pub(in crate::backend::redlock) async fn fence_group(
+    mut conn: Connection,
+    keys: &[Arc<str>],
+    token: Token,
+    fencing_token: u64,
+    fence_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&FENCE_ALL, keys, Some(Beside::Fence));
+    cmd.arg(token.as_bytes())
+        .arg(fencing_token)
+        .arg(fence_ms)
+        .arg(keys.len());
+    let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
+    if reply == -2 {
+        return Err(invalid_counter(&keys[0]));
+    }
+    Ok(reply)
 }
 
 /// [`EXTEND_ALL`] on one node, in every slot at once on a cluster.
@@ -311,15 +322,26 @@ pub(in crate::backend::redlock) async fn extend_on(
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    on_every_slot(conn, keys, |mut conn, keys| async move {
-        let mut cmd = set_command(&EXTEND_ALL, &keys, fence_ms.map(|_| Beside::Fence));
-        cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
-        if let Some(fence_ms) = fence_ms {
-            cmd.arg(fence_ms);
-        }
-        run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&done| done == 1).await
+    on_every_slot(conn, keys, |conn, keys| async move {
+        extend_group(conn, &keys, token, ttl_ms, fence_ms).await
     })
     .await
+}
+
+/// [`EXTEND_ALL`] on keys of one slot (one lock key, too).
+pub(in crate::backend::redlock) async fn extend_group(
+    mut conn: Connection,
+    keys: &[Arc<str>],
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&EXTEND_ALL, keys, fence_ms.map(|_| Beside::Fence));
+    cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
+    if let Some(fence_ms) = fence_ms {
+        cmd.arg(fence_ms);
+    }
+    run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&done| done == 1).await
 }
 
 /// [`RELEASE_ALL`] on one node, in every slot at once on a cluster.
