@@ -241,15 +241,6 @@ impl ConcurrencyLimiter {
         }
     }
 
-    /// The requests of this process waiting for a permit of this store.
-    fn waiters(&self) -> &Waiters {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            PermitStore::Redis(r) => r.waiters(),
-            PermitStore::Memory(m) => m.waiters(),
-        }
-    }
-
     /// A permit on `resource`, trying again while the limit is reached, until `max_wait`
     /// has passed. A waiter is woken by every release on `resource` (on Redis, any
     /// replica's, through pub/sub); an expired permit or a lost notification is found by
@@ -268,12 +259,12 @@ impl ConcurrencyLimiter {
             other => return other,
         }
         // Waiters go by the key of their permits: the set's on Redis, the resource in process.
-        let key: Arc<str> = match &self.backend {
+        let (key, waiters): (Arc<str>, &Waiters) = match &self.backend {
             #[cfg(feature = "redis")]
-            PermitStore::Redis(r) => Arc::from(r.key(resource)),
-            PermitStore::Memory(_) => Arc::from(resource),
+            PermitStore::Redis(r) => (Arc::from(r.key(resource)), r.waiters()),
+            PermitStore::Memory(m) => (Arc::from(resource), m.waiters()),
         };
-        let ticket = self.waiters().register(&key);
+        let ticket = waiters.register(&key);
         // On Redis, subscribed before the first try, whose mark makes releases publish.
         #[cfg(feature = "redis")]
         let _subscription = match &self.backend {

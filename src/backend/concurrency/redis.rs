@@ -220,18 +220,6 @@ impl RedisConcurrencyLimiter {
         self.inner.ttl
     }
 
-    /// Runs `call` bounded by the timeout; a failure makes the store unavailable.
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, ConcurrencyError> {
-        self.inner
-            .store
-            .bounded(call)
-            .await
-            .map_err(ConcurrencyError::Unavailable)
-    }
-
     /// The key of `resource`'s permit set: `{prefix}{<resource>}`.
     pub(crate) fn key(&self, resource: &str) -> String {
         let prefix = &self.inner.store.prefix;
@@ -301,8 +289,10 @@ impl RedisConcurrencyLimiter {
         invocation.arg(token).arg(self.inner.ttl.as_millis() as u64);
         let start = Instant::now();
         let renewed = self
-            .bounded(invocation.invoke_async::<i64>(&mut conn))
-            .await?;
+            .inner
+            .store
+            .bounded(invocation.invoke_async::<i64>(&mut conn));
+        let renewed = renewed.await.map_err(ConcurrencyError::Unavailable)?;
         if renewed != 1 {
             return Err(ConcurrencyError::Expired {
                 key: key.to_owned(),
@@ -321,8 +311,10 @@ impl RedisConcurrencyLimiter {
             .arg(token)
             .arg(released(key));
         let released = self
-            .bounded(invocation.invoke_async::<i64>(&mut conn))
-            .await;
+            .inner
+            .store
+            .bounded(invocation.invoke_async::<i64>(&mut conn));
+        let released = released.await.map_err(ConcurrencyError::Unavailable);
         self.inner.waiters.wake(key);
         released.map(drop)
     }

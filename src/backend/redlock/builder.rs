@@ -7,8 +7,6 @@ use crate::backend::connection::Connection;
 use crate::backend::node::Node;
 
 use super::local::LocalHolders;
-use super::round::{self, Stragglers};
-use super::tally::{Rule, Vote};
 use super::{Redlock, RedlockCore, failure, scripts};
 use crate::backend::notify::Notifier;
 use crate::backend::settings::{Settings, policy_setters};
@@ -170,22 +168,7 @@ impl RedlockBuilder {
             }),
         };
         // Connecting now loads every script and checks that the nodes answer.
-        let loads = round::run(
-            round::Ops::new(
-                redlock
-                    .inner
-                    .nodes
-                    .iter()
-                    .map(|node| scripts::connect(node.clone())),
-            ),
-            std::time::Instant::now(),
-            node_timeout,
-            quorum,
-            |()| Vote::For,
-            Rule::Held,
-            Stragglers::Await,
-        )
-        .await;
+        let loads = redlock.on_every_node(scripts::connect).await;
         for (node, load) in redlock.inner.nodes.iter().zip(loads.answers) {
             if let Some(Err(reason)) = load {
                 tracing::warn!(failure = %failure(node, reason), "Redis node not reachable yet; it will be retried");
