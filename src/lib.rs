@@ -124,8 +124,9 @@ pub mod guide {
     // Chapter `name` is src/docs/guide_name.md.
     macro_rules! chapters {
         ($($name:ident)*) => {$(
-            #[doc = include_str!(concat!("docs/guide_", stringify!($name), ".md"))]
-            pub mod $name {}
+            pub mod $name {
+                #![doc = include_str!(concat!("docs/guide_", stringify!($name), ".md"))]
+            }
         )*};
     }
     chapters!(configuration lifecycle shared_exclusive fair several_keys http_answers

@@ -365,7 +365,10 @@ mod tests {
         let windows = limiter.windows();
         assert_eq!((windows.counts.len(), windows.ends.len()), (1, 1));
         let capacities = (windows.counts.capacity(), windows.ends.capacity());
-        assert!(capacities.0.max(capacities.1) <= 2 * MIN_CAPACITY, "{capacities:?}");
+        assert!(
+            capacities.0.max(capacities.1) <= 2 * MIN_CAPACITY,
+            "{capacities:?}"
+        );
     }
 
     #[test]
