@@ -62,9 +62,10 @@ pub(crate) type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + S
 /// `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field",
 /// draft-ietf-httpapi-idempotency-key-header-07).
 ///
-/// See the [module docs](crate::idempotency) for the answers and guarantees. It is a
-/// keyed layer ([`KeyedLayer`]) with an idempotency policy, behind a step that reads the
-/// request body to fingerprint it. Cloning this layer shares its settings.
+/// The guide's [idempotency chapter](crate::guide::idempotency) gives the answers and
+/// guarantees. It is a keyed layer ([`KeyedLayer`]) with an idempotency policy, behind a
+/// step that reads the request body to fingerprint it. Cloning this layer shares its
+/// settings.
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyLayer {
