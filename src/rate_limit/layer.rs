@@ -81,7 +81,9 @@ impl RateLimitLayer<HeaderKey> {
 
 impl RateLimitLayer<HeaderOrPeerIp> {
     /// Limits each value of a header when the request has it (a client id), else each peer
-    /// IP ([`HeaderOrPeerIp`]). The scope is `"client"`.
+    /// IP ([`HeaderOrPeerIp`]). The scope is `"client"`. A client that sets the header
+    /// itself can send a new value with each request, and a new quota with it: use it for
+    /// ids that an earlier layer has verified.
     ///
     /// `name` is a [`HeaderName`] or a string ([`IntoHeaderName`]).
     ///
