@@ -41,7 +41,8 @@
 //! # Waiting
 //!
 //! A waiter ([`LockRequest::wait`], [`LockLayer::max_wait`]) is woken when the holder
-//! releases, with a jittered timer as fallback; the guide's
+//! releases, with a jittered timer as fallback; behind a holder of the same client it
+//! queues in process without touching Redis. The guide's
 //! [bounded waiting](crate::guide::lifecycle#bounded-waiting) says how, on Redis.
 //!
 //! # Reentrancy
