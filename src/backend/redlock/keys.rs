@@ -84,12 +84,14 @@ impl Keys {
         token: Token,
         publish: bool,
     ) -> Result<ReleaseReply, NodeFailureReason> {
+        // The other shapes boxed: the future of every release is then the size of a
+        // single key's, which each level of the release moves once.
         match self {
             Keys::Lock(key) => scripts::release(conn, key, token, publish).await,
             Keys::Readers { set, lock } => {
-                shared::release_reader(conn, set, lock, token, publish).await
+                Box::pin(shared::release_reader(conn, set, lock, token, publish)).await
             }
-            Keys::Set(keys) => release_on(conn, keys, token, publish).await,
+            Keys::Set(keys) => Box::pin(release_on(conn, keys, token, publish)).await,
         }
     }
 
