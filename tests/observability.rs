@@ -15,7 +15,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use support::{RedisNode, eventually, nodes, serve, urls};
+use support::{RedisNode, eventually, nodes, redlock, serve};
 use tokio::sync::Notify;
 use tower_redlock::{
     ConcurrencyLimitLayer, IdempotencyLayer, LockLayer, Locks, RateLimitLayer, RateLimiter,
@@ -27,17 +27,6 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// A key value that must never show up in a label or a span field.
 const SECRET: &str = "k3y-v4lue-n0t-f0r-dashboards";
-
-async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
-    Locks::from(
-        Redlock::builder(urls(nodes))
-            .ttl(ttl)
-            .node_timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap(),
-    )
-}
 
 /// The counters and histograms recorded so far, by name and labels.
 #[derive(Debug)]

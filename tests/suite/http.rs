@@ -11,20 +11,9 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use support::{Logs, RedisNode, eventually, exists, nodes, serve, urls};
+use support::{Logs, eventually, exists, nodes, redlock, serve};
 use tokio::sync::Notify;
-use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks, Redlock};
-
-async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
-    Locks::from(
-        Redlock::builder(urls(nodes))
-            .ttl(ttl)
-            .node_timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap(),
-    )
-}
+use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks};
 
 /// A handler that stays in flight until `release` is notified.
 #[derive(Clone, Default)]

@@ -9,21 +9,10 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::{get, post};
-use support::{RedisNode, eventually, nodes, serve, urls};
+use support::{RedisNode, eventually, nodes, redlock, serve, urls};
 use tokio::sync::Semaphore;
 use tower_redlock::{LockError, LockLayer, Locks, Redlock};
 use tower_redlock::{LockMode, LockRequest};
-
-async fn redlock(nodes: &[RedisNode], ttl: Duration) -> Locks {
-    Locks::from(
-        Redlock::builder(urls(nodes))
-            .ttl(ttl)
-            .node_timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap(),
-    )
-}
 
 /// A service whose handlers count themselves in and hold until the gate lets them out.
 struct App {

@@ -198,6 +198,17 @@ pub fn urls(nodes: &[RedisNode]) -> Vec<String> {
     nodes.iter().map(RedisNode::url).collect()
 }
 
+/// A `Redlock` over `nodes` with lease TTL `ttl` and a 200 ms node timeout, as `Locks`.
+pub async fn redlock(nodes: &[RedisNode], ttl: Duration) -> tower_redlock::Locks {
+    let redlock = tower_redlock::Redlock::builder(urls(nodes))
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    tower_redlock::Locks::from(redlock)
+}
+
 /// Serves `app` on a free loopback port; returns its base URL. The server lives until the
 /// test's runtime ends.
 pub async fn serve(app: axum::Router) -> String {
