@@ -216,23 +216,18 @@ impl Node {
             #[cfg(feature = "sentinel")]
             Topology::Sentinel { sentinels, service } => {
                 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-                let first = sentinels.first().map(|info| {
-                    (
-                        info.redis_settings().clone(),
-                        matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
-                    )
-                });
                 let addrs = sentinels.iter().map(|info| info.addr().clone());
                 let mut builder =
                     SentinelClientBuilder::new(addrs, &service, SentinelServerType::Master)?;
-                if let Some((settings, tls)) = first {
+                if let Some(first) = sentinels.first() {
+                    let settings = first.redis_settings();
                     if let Some(user) = settings.username() {
                         builder = builder.set_client_to_sentinel_username(user);
                     }
                     if let Some(password) = settings.password() {
                         builder = builder.set_client_to_sentinel_password(password);
                     }
-                    if tls {
+                    if matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. }) {
                         builder = builder
                             .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
                             .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
@@ -354,10 +349,8 @@ impl Connector {
     pub(crate) fn db(&self) -> i64 {
         match &self.target {
             Endpoint::Single(client) => client.get_connection_info().redis_settings().db(),
-            #[cfg(feature = "cluster-async")]
-            Endpoint::Cluster { .. } => 0,
-            #[cfg(feature = "sentinel")]
-            Endpoint::Sentinel(_) => 0,
+            #[cfg(any(feature = "cluster-async", feature = "sentinel"))]
+            _ => 0,
         }
     }
 
@@ -366,41 +359,31 @@ impl Connector {
         &self,
         config: &AsyncConnectionConfig,
     ) -> BoxFuture<'static, Result<Conn, RedisError>> {
-        match &self.target {
-            Endpoint::Single(client) => {
-                let (client, config, timeout) =
-                    (client.clone(), config.clone(), self.connect_timeout);
-                async move {
+        let (target, config, timeout) = (self.target.clone(), config.clone(), self.connect_timeout);
+        async move {
+            Ok(match target {
+                Endpoint::Single(client) => {
                     let connect = client.get_multiplexed_async_connection_with_config(&config);
-                    Ok(Conn::Single(bounded("connection", timeout, connect).await?))
+                    Conn::Single(bounded("connection", timeout, connect).await?)
                 }
-                .boxed()
-            }
-            #[cfg(feature = "cluster-async")]
-            Endpoint::Cluster { client, .. } => {
-                let (client, timeout) = (client.clone(), self.connect_timeout);
-                async move {
+                #[cfg(feature = "cluster-async")]
+                Endpoint::Cluster { client, .. } => {
                     let connect = client.get_async_connection();
-                    Ok(Conn::Cluster(bounded("cluster", timeout, connect).await?))
+                    Conn::Cluster(bounded("cluster", timeout, connect).await?)
                 }
-                .boxed()
-            }
-            #[cfg(feature = "sentinel")]
-            Endpoint::Sentinel(client) => {
-                let (client, config, timeout) =
-                    (client.clone(), config.clone(), self.connect_timeout);
-                async move {
+                #[cfg(feature = "sentinel")]
+                Endpoint::Sentinel(client) => {
                     let connect = async {
                         let primary = client.lock().await.async_get_client().await?;
                         primary
                             .get_multiplexed_async_connection_with_config(&config)
                             .await
                     };
-                    Ok(Conn::Single(bounded("sentinel", timeout, connect).await?))
+                    Conn::Single(bounded("sentinel", timeout, connect).await?)
                 }
-                .boxed()
-            }
+            })
         }
+        .boxed()
     }
 
     /// A subscriber connection: to the server, the first seed node that answers, or the

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Redlock;
-use super::multi::scripts::{extend_group, extend_on, fence_group, fence_on, release_on};
+use super::multi::{extend_group, fence_group, on_every_slot, release_group};
 use super::round::{Answers, Stragglers};
 use super::scripts::{self, ReleaseReply};
 use super::shared;
@@ -72,7 +72,12 @@ impl Keys {
                 extend_group(conn, std::slice::from_ref(&key), token, ttl_ms, fence_ms).await
             }
             Keys::Readers { set, .. } => shared::extend_reader(conn, set, token, ttl_ms).await,
-            Keys::Set(keys) => extend_on(conn, keys, token, ttl_ms, fence_ms).await,
+            Keys::Set(keys) => {
+                on_every_slot(conn, keys, |conn, keys| async move {
+                    extend_group(conn, &keys, token, ttl_ms, fence_ms).await
+                })
+                .await
+            }
         }
     }
 
@@ -91,7 +96,12 @@ impl Keys {
             Keys::Readers { set, lock } => {
                 Box::pin(shared::release_reader(conn, set, lock, token, publish)).await
             }
-            Keys::Set(keys) => Box::pin(release_on(conn, keys, token, publish)).await,
+            Keys::Set(keys) => {
+                let release = on_every_slot(conn, keys, move |conn, keys| {
+                    release_group(conn, keys, token, publish)
+                });
+                Box::pin(release).await.map(ReleaseReply::of)
+            }
         }
     }
 
@@ -109,7 +119,12 @@ impl Keys {
                 let key = std::slice::from_ref(&key);
                 fence_group(conn, key, token, fencing_token, fence_ms).await
             }
-            Keys::Set(keys) => fence_on(conn, keys, token, fencing_token, fence_ms).await,
+            Keys::Set(keys) => {
+                on_every_slot(conn, keys, |conn, keys| async move {
+                    fence_group(conn, &keys, token, fencing_token, fence_ms).await
+                })
+                .await
+            }
         }
     }
 }

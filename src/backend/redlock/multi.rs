@@ -10,18 +10,23 @@
 //! A Redis Cluster refuses a script over keys of several slots (`CROSSSLOT`), and a set's
 //! keys hash to different slots: on a cluster node each script runs once per slot, in slot
 //! order, all or none on the node though not atomically across its shards
-//! ([`scripts::acquire_on`]).
+//! ([`acquire_on`]).
 
-pub(super) mod scripts;
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
 
-use std::sync::Arc;
+use futures_util::future::join_all;
+use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
-use super::keys::Keys;
-use crate::error::LockError;
-use crate::lease::Lease;
-use scripts::acquire_on;
+use super::keys::{Auxiliary, Keys};
+use super::scripts::{
+    Attempted, COUNTER_VALID, evalsha, invalid_counter, run, run_acked, run_attempt,
+};
+use crate::backend::connection::Connection;
+use crate::error::{LockError, NodeFailureReason};
+use crate::lease::{Lease, Token};
 
 impl Redlock {
     /// One attempt on the sorted, distinct `keys`.
@@ -41,5 +46,334 @@ impl Redlock {
             )
             .await?;
         acquisition.won(&round, self.inner.fence_ms).await
+    }
+}
+
+/// Takes every key of the set, or none. KEYS: the N lock keys, then (fenced) their N
+/// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced. Answers as every
+/// acquisition script ([`Attempted::decode`]), with the highest counter, or the longest
+/// time a holder has left.
+pub(in crate::backend::redlock) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[3])
+local held, longest = false, 0
+for i = 1, n do
+  local p = redis.call('PTTL', KEYS[i])
+  if p == -1 then
+    held, longest = true, -1
+  elseif p >= 0 then
+    held = true
+    if longest ~= -1 and p > longest then longest = p end
+  end
+end
+if held then
+  return {{0, longest}}
+end
+local top = 0
+if ARGV[4] == '1' then
+  for i = 1, n do
+    local c = redis.pcall('GET', KEYS[n + i])
+    if not {COUNTER_VALID} then
+      return {{-1, i}}
+    end
+    if c and tonumber(c) > top then top = tonumber(c) end
+  end
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return {{1, top}}
+"
+    ))
+});
+
+/// Raises the counters KEYS[N+1..2N] to ARGV[2] (expiring in ARGV[3] ms) while every lock
+/// key KEYS[1..N] holds our token ARGV[1]; N is ARGV[4]. Returns 1 when done, 0 when a key
+/// does not hold the token, -2 when a counter is not an integer below 2^53 (none written).
+pub(in crate::backend::redlock) static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[4])
+for i = 1, n do
+  if redis.pcall('GET', KEYS[i]) ~= ARGV[1] then return 0 end
+end
+for i = 1, n do
+  local c = redis.pcall('GET', KEYS[n + i])
+  if not {COUNTER_VALID} then return -2 end
+end
+for i = 1, n do
+  local c = redis.call('GET', KEYS[n + i])
+  if tonumber(c or '0') < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[n + i], ARGV[2], 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[n + i], ARGV[3])
+  end
+end
+return 1
+"
+    ))
+});
+
+/// Sets a new TTL (ARGV[2] ms) on every lock key KEYS[1..N] (N = ARGV[3]) if every one
+/// holds our token ARGV[1]; fenced, refreshes the counters KEYS[N+1..2N] to ARGV[4] ms.
+/// Returns 1 when extended, else (nothing extended) -1 when a key holds anything else, 0
+/// when a key is gone.
+pub(in crate::backend::redlock) static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local n = tonumber(ARGV[3])
+local gone = false
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  if not v then
+    gone = true
+  elseif v ~= ARGV[1] then
+    return -1
+  end
+end
+if gone then return 0 end
+for i = 1, n do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+if #KEYS > n then
+  for i = 1, n do
+    local c = redis.pcall('GET', KEYS[n + i])
+    if c and {COUNTER_VALID} then
+      redis.call('PEXPIRE', KEYS[n + i], ARGV[4])
+    end
+  end
+end
+return 1
+"
+    ))
+});
+
+/// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
+/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]). Answers as
+/// the single-key release ([`ReleaseReply::of`](super::scripts::ReleaseReply::of)): 1 all deleted, 0 some gone, -1 any held
+/// by another.
+pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = tonumber(ARGV[3])
+local deleted, other = 0, false
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  if v == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    deleted = deleted + 1
+    if ARGV[2] == '1' and redis.call('DEL', KEYS[n + i]) == 1 then
+      redis.call('PUBLISH', '{' .. KEYS[i] .. '}:released', '')
+    end
+  elseif v then
+    other = true
+  end
+end
+if other then return -1 end
+if deleted == n then return 1 end
+return 0
+",
+    )
+});
+
+/// Which auxiliary key of each lock key a script also gets.
+#[derive(Clone, Copy)]
+enum Beside {
+    Fence,
+    Waiters,
+}
+
+/// The lock keys, then one auxiliary key per lock key.
+fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> redis::Cmd {
+    let mut cmd = evalsha(script, keys.len() * if beside.is_some() { 2 } else { 1 });
+    for key in keys {
+        cmd.arg(&**key);
+    }
+    for key in keys {
+        match beside {
+            Some(Beside::Fence) => cmd.arg(Auxiliary::fence(key)),
+            Some(Beside::Waiters) => cmd.arg(Auxiliary::waiters(key)),
+            None => break,
+        };
+    }
+    cmd
+}
+
+async fn acquire_group(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fenced: bool,
+) -> Result<Attempted, NodeFailureReason> {
+    let mut cmd = set_command(&ACQUIRE_ALL, &keys, fenced.then_some(Beside::Fence));
+    cmd.arg(token.as_bytes())
+        .arg(ttl_ms)
+        .arg(keys.len())
+        .arg(if fenced { "1" } else { "0" });
+    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &keys).await
+}
+
+/// [`RELEASE_ALL`] on one slot's keys: its reply code (see [`ReleaseReply::of`](super::scripts::ReleaseReply::of)).
+pub(in crate::backend::redlock) async fn release_group(
+    mut conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    publish: bool,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&RELEASE_ALL, &keys, Some(Beside::Waiters));
+    cmd.arg(token.as_bytes())
+        .arg(if publish { "1" } else { "0" })
+        .arg(keys.len());
+    Ok(run(&mut conn, &RELEASE_ALL, &cmd).await?)
+}
+
+/// The set's keys by Redis Cluster hash slot, in slot order (the same for every set), on
+/// a cluster node when they lie in several slots; `None` where one script takes them all.
+#[cfg_attr(not(feature = "cluster-async"), allow(unused_variables))]
+fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str>]>>> {
+    #[cfg(feature = "cluster-async")]
+    if conn.connector().is_cluster() {
+        let mut slotted: Vec<(u16, &Arc<str>)> = keys.iter().map(|key| (slot(key), key)).collect();
+        if slotted.iter().all(|(s, _)| *s == slotted[0].0) {
+            return None;
+        }
+        // Stable: within a slot the keys keep their (sorted) order.
+        slotted.sort_by_key(|(s, _)| *s);
+        let groups = slotted
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|group| group.iter().map(|(_, key)| Arc::clone(key)).collect())
+            .collect();
+        return Some(groups);
+    }
+    None
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the first
+/// non-empty `{...}`), or of the whole key, modulo 16384 (the Redis Cluster
+/// specification, "Key distribution model").
+#[cfg(feature = "cluster-async")]
+fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(bytes)) % 16384
+}
+
+/// Takes every key of the set on one node, or none: on a cluster whose slots the set
+/// spans, one script per slot in slot order, a refusal releasing the slots already taken.
+async fn acquire_on(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    token: Token,
+    ttl_ms: u64,
+    fenced: bool,
+) -> Result<Attempted, NodeFailureReason> {
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return acquire_group(conn, keys, token, ttl_ms, fenced).await;
+    };
+    let mut highest = 0;
+    for (i, group) in groups.iter().enumerate() {
+        match acquire_group(conn.clone(), group.clone(), token, ttl_ms, fenced).await {
+            Ok(Attempted::Set(counter)) => highest = highest.max(counter),
+            refused => {
+                // The slots taken are ours to delete; the caller deletes the rest.
+                join_all(
+                    groups[..i]
+                        .iter()
+                        .map(|taken| release_group(conn.clone(), taken.clone(), token, false)),
+                )
+                .await;
+                return refused;
+            }
+        }
+    }
+    Ok(Attempted::Set(highest))
+}
+
+/// `op` on the set's keys, on a cluster on every slot's at once: the lowest answer of
+/// the slots' (1 done, 0 or -1 short), or the failure of any.
+pub(in crate::backend::redlock) async fn on_every_slot<Fut>(
+    conn: Connection,
+    keys: Arc<[Arc<str>]>,
+    op: impl Fn(Connection, Arc<[Arc<str>]>) -> Fut,
+) -> Result<i64, NodeFailureReason>
+where
+    Fut: Future<Output = Result<i64, NodeFailureReason>>,
+{
+    let Some(groups) = by_slot(&conn, &keys) else {
+        return op(conn, keys).await;
+    };
+    let answers = join_all(groups.into_iter().map(|group| op(conn.clone(), group))).await;
+    answers
+        .into_iter()
+        .try_fold(1, |worst, answer| Ok(worst.min(answer?)))
+}
+
+/// [`FENCE_ALL`] on keys of one slot (one lock key, too).
+pub(in crate::backend::redlock) async fn fence_group(
+    mut conn: Connection,
+    keys: &[Arc<str>],
+    token: Token,
+    fencing_token: u64,
+    fence_ms: u64,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&FENCE_ALL, keys, Some(Beside::Fence));
+    cmd.arg(token.as_bytes())
+        .arg(fencing_token)
+        .arg(fence_ms)
+        .arg(keys.len());
+    let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
+    if reply == -2 {
+        return Err(invalid_counter(&keys[0]));
+    }
+    Ok(reply)
+}
+
+/// [`EXTEND_ALL`] on keys of one slot (one lock key, too).
+pub(in crate::backend::redlock) async fn extend_group(
+    mut conn: Connection,
+    keys: &[Arc<str>],
+    token: Token,
+    ttl_ms: u64,
+    fence_ms: Option<u64>,
+) -> Result<i64, NodeFailureReason> {
+    let mut cmd = set_command(&EXTEND_ALL, keys, fence_ms.map(|_| Beside::Fence));
+    cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
+    if let Some(fence_ms) = fence_ms {
+        cmd.arg(fence_ms);
+    }
+    run_acked(&mut conn, Some(&EXTEND_ALL), &cmd, |&done| done == 1).await
+}
+
+#[cfg(all(test, feature = "cluster-async"))]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_the_cluster_specifications() {
+        // The CRC16 check value of the specification, and redis-rs's own routing.
+        assert_eq!(slot("123456789"), 0x31C3);
+        for key in [
+            "foo",
+            "{user1000}.following",
+            "foo{}{bar}",
+            "foo{{bar}}zap",
+            "foo{bar}{zap}",
+            "tower-redlock:/transfers:account:1",
+            "",
+        ] {
+            let theirs = redis::cluster_routing::Slot::for_key(key);
+            assert_eq!(
+                format!("{theirs:?}"),
+                format!("Slot({})", slot(key)),
+                "{key}"
+            );
+        }
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
     }
 }

@@ -220,17 +220,3 @@ impl Redlock {
         acquisition.won(&round, fence_ms).await
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aux_keys_share_the_lock_keys_slot() {
-        assert_eq!(
-            Auxiliary::writer_waiting("p:k").to_string(),
-            "{p:k}:writer-waiting"
-        );
-        assert_eq!(*readers_key("p:k"), Auxiliary::readers("p:k").to_string());
-    }
-}

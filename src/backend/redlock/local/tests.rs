@@ -54,17 +54,6 @@ async fn attempts_during_a_flight_share_its_outcome_and_then_see_the_holder() {
     assert!(matches!(holders.enter(&key, false), Admission::Lead(_)));
 }
 
-#[test]
-fn a_waiting_attempt_does_not_follow_a_plain_one() {
-    let holders = LocalHolders::default();
-    let key = key();
-    let _plain = holders.enter(&key, false);
-    let waiting = holders.enter(&key, true);
-    assert!(matches!(waiting, Admission::Lead(_)));
-    // A plain attempt follows the waiting one.
-    assert!(matches!(holders.enter(&key, false), Admission::Follow(_)));
-}
-
 #[tokio::test]
 async fn the_followers_of_a_displaced_plain_attempt_follow_the_waiting_one() {
     let holders = LocalHolders::default();
