@@ -50,22 +50,6 @@ impl From<MemoryLocks> for Locks {
     }
 }
 
-impl Locks {
-    /// Whether this is the in-process backend.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, LockStore::Memory(_))
-    }
-
-    /// The in-process backend, when this is one: it answers without `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
-        match &self.backend {
-            LockStore::Memory(memory) => Some(memory),
-            #[cfg(feature = "redis")]
-            LockStore::Redis(_) => None,
-        }
-    }
-}
-
 /// The app's default backend: set once by [`Locks::set_default`], or the in-process
 /// backend from its first use on.
 static DEFAULT: OnceLock<Locks> = OnceLock::new();
@@ -83,6 +67,20 @@ impl Default for Locks {
 }
 
 impl Locks {
+    /// Whether this is the in-process backend.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, LockStore::Memory(_))
+    }
+
+    /// The in-process backend, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
+        match &self.backend {
+            LockStore::Memory(memory) => Some(memory),
+            #[cfg(feature = "redis")]
+            LockStore::Redis(_) => None,
+        }
+    }
+
     /// Makes `locks` the app's default backend: every [`LockLayer`](crate::LockLayer) and
     /// [`IdempotencyLayer`](crate::IdempotencyLayer) built afterwards without
     /// `.backend(..)`, and [`Locks::default`], use it. Call it once at start-up, before
@@ -422,11 +420,6 @@ impl LeaseGuard {
     /// A copy of what is held, leaving the guard armed.
     pub(crate) fn cloned(&self) -> Option<(Locks, Lease)> {
         self.held.clone()
-    }
-
-    /// Forgets the lease: someone else released it.
-    pub(crate) fn disarm(&mut self) {
-        self.held = None;
     }
 }
 

@@ -18,12 +18,9 @@ use crate::error::{ConfigError, LockError};
 use crate::lease::{Access, Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
-mod backend;
 #[cfg(feature = "idempotency")]
 mod idempotency;
-mod inspect;
 mod modes;
-
 mod multi;
 
 /// Locks held in this process's memory, with the same contract as [`Redlock`](crate::Redlock):
@@ -368,5 +365,95 @@ impl MemoryLocks {
         } else {
             Ok(())
         }
+    }
+
+    /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
+    pub(crate) fn inspect_key(&self, key: &str) -> crate::backend::inspect::LockInspection {
+        let now = Instant::now();
+        let state = self.state();
+        let entry = state.keys.get(key);
+        let remaining = entry
+            .and_then(|k| k.holder.as_ref())
+            .and_then(|h| h.left(now));
+        let modes = entry.and_then(|k| k.modes.as_deref());
+        crate::backend::inspect::LockInspection {
+            key: key.to_owned(),
+            nodes_answered: 1,
+            nodes_holding: usize::from(remaining.is_some()),
+            quorum: 1,
+            remaining,
+            fencing_token: None,
+            readers: modes.map_or(0, |m| m.live_readers(now)),
+            waiters: modes.is_some_and(|m| m.has_waiters()) || self.inner.waiters.is_waited(key),
+        }
+    }
+
+    /// [`Locks::force_unlock`](crate::Locks::force_unlock) for a full key: 1 when it was
+    /// held.
+    pub(crate) fn force_unlock_key(&self, key: &str) -> usize {
+        let now = Instant::now();
+        let mut state = self.state();
+        let held = state
+            .keys
+            .get(key)
+            .and_then(|k| k.holder.as_ref())
+            .is_some_and(|h| h.expires_at > now);
+        state.let_go(key);
+        drop(state);
+        self.inner.waiters.wake(key);
+        usize::from(held)
+    }
+}
+
+impl LockBackend for MemoryLocks {
+    fn policy(&self) -> &Settings {
+        &self.inner.policy
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn try_one(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send {
+        std::future::ready(self.acquire(key))
+    }
+
+    fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send {
+        std::future::ready(self.acquire_all(&keys))
+    }
+
+    async fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> LockResult {
+        if mode == LockMode::Fair {
+            self.lock_fair_key_within(key, max_wait).await
+        } else {
+            self.lock_within(key, mode.access(), max_wait).await
+        }
+    }
+}
+
+/// Requests by resource name, for this module's tests.
+#[cfg(test)]
+impl MemoryLocks {
+    pub(crate) fn try_lock(&self, resource: &str) -> LockResult {
+        let key = self.inner.policy.full_key(resource)?;
+        self.acquire(key)
+    }
+
+    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> LockResult
+    where
+        I: IntoIterator,
+        I::Item: Into<std::borrow::Cow<'a, str>>,
+    {
+        let request = crate::backend::request::LockRequest::all(resources);
+        let (claim, _) = request.resolve(&self.inner.policy)?;
+        self.attempt(&claim, LockMode::Plain, Instant::now())
+    }
+
+    pub(crate) async fn take(
+        &self,
+        request: crate::backend::request::LockRequest<'_>,
+    ) -> LockResult {
+        let (claim, options) = request.resolve(&self.inner.policy)?;
+        crate::backend::request::acquire(self, claim, options).await
     }
 }

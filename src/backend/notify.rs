@@ -145,7 +145,9 @@ impl Notifier {
             let mut sink = node.sink.lock().await;
             if !alive(&sink) {
                 *sink = None;
-                *sink = Some(self.connect(index).await?);
+                let (subscriber, reading) = self.open(index).await?;
+                tokio::spawn(read(Arc::downgrade(self), index, reading));
+                *sink = Some(subscriber);
             }
             let Some(open) = sink.as_mut() else {
                 return Ok(());
@@ -194,14 +196,6 @@ impl Notifier {
                 }
             }
         });
-    }
-
-    /// Opens a subscriber connection to node `index` and the task that reads it (see
-    /// [`read`]).
-    async fn connect(self: &Arc<Self>, index: usize) -> redis::RedisResult<Subscriber> {
-        let (subscriber, reading) = self.open(index).await?;
-        tokio::spawn(read(Arc::downgrade(self), index, reading));
-        Ok(subscriber)
     }
 
     /// A subscriber connection to node `index`, subscribed to the keys waited on now: the

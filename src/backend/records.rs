@@ -105,7 +105,7 @@ impl MemoryRecords {
             .unwrap_or(now + Duration::from_secs(86_400 * 365));
         let mut inner = self.lock();
         inner.remove(&key);
-        inner.evict_expired(now);
+        while inner.by_expiry.first().is_some_and(|(at, _)| *at <= now) && inner.evict_first() {}
         while inner.records.len() >= self.max_records
             || inner.bytes.saturating_add(size) > self.max_bytes
         {
@@ -133,10 +133,6 @@ impl RecordTable {
             self.by_expiry.remove(&(entry.expires, key.clone()));
             self.bytes = self.bytes.saturating_sub(cost(key, &entry.raw));
         }
-    }
-
-    fn evict_expired(&mut self, now: Instant) {
-        while self.by_expiry.first().is_some_and(|(at, _)| *at <= now) && self.evict_first() {}
     }
 
     fn evict_first(&mut self) -> bool {

@@ -73,14 +73,6 @@ impl Renewal {
         self.max_hold = Some(max_hold);
         self
     }
-
-    /// `(every, max_hold)` for a lease of `ttl`; `every` is `None` when renewal is off.
-    pub(crate) fn resolve(&self, ttl: Duration) -> (Option<Duration>, Duration) {
-        let every = self.every.unwrap_or(ttl / 3).min(ttl / 2);
-        let every = (self.enabled && !every.is_zero()).then_some(every);
-        let max_hold = self.max_hold.unwrap_or(ttl.saturating_mul(10));
-        (every, max_hold)
-    }
 }
 
 /// Why a renewal failed: the hold is gone (lost), or the backend could not say (retried).
@@ -106,7 +98,9 @@ pub(crate) struct Schedule<E> {
 impl<E: RenewError> Schedule<E> {
     /// The schedule of a hold of `ttl` valid until `valid_until`.
     pub(crate) fn new(valid_until: Instant, ttl: Duration, renewal: Renewal) -> Self {
-        let (every, max_hold) = renewal.resolve(ttl);
+        let every = renewal.every.unwrap_or(ttl / 3).min(ttl / 2);
+        let every = (renewal.enabled && !every.is_zero()).then_some(every);
+        let max_hold = renewal.max_hold.unwrap_or(ttl.saturating_mul(10));
         // The acquisition started a little before `valid_until - ttl` (by the time it took
         // and the drift allowance): counting from there renews and stops renewing a little
         // early, never late, and reads no clock.

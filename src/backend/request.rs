@@ -178,12 +178,16 @@ impl<'a> LockRequest<'a> {
                 let mut keys = policy.key_set(resources)?;
                 if keys.len() == 1 {
                     Claim::One(keys.swap_remove(0))
+                } else if self.options.mode != LockMode::Plain {
+                    // What no backend does: a set in another mode than plain, or waiting.
+                    return Err(LockError::Unsupported(SET_MODE));
+                } else if let Wait::Within(_) = self.options.wait {
+                    return Err(LockError::Unsupported(SET_WAIT));
                 } else {
                     Claim::Set(keys.into())
                 }
             }
         };
-        claim.check(self.options)?;
         Ok((claim, self.options))
     }
 }
@@ -234,19 +238,6 @@ impl Claim {
             Claim::Set(keys) => keys,
         }
     }
-
-    /// Refuses what no backend does: a set in another mode than plain, or waiting on one.
-    pub(crate) fn check(&self, options: Options) -> Result<(), LockError> {
-        if let Claim::Set(_) = self {
-            if options.mode != LockMode::Plain {
-                return Err(LockError::Unsupported(SET_MODE));
-            }
-            if let Wait::Within(_) = options.wait {
-                return Err(LockError::Unsupported(SET_WAIT));
-            }
-        }
-        Ok(())
-    }
 }
 
 /// What a lock backend does, mode by mode, for [`acquire`]: one attempt, and a wait of up
@@ -285,11 +276,23 @@ pub(crate) async fn acquire<B: LockBackend>(
     let mode = options.mode;
     match (options.wait, claim) {
         (Wait::Once, claim) => attempt(backend, claim, mode).await,
+        // Again after a random retry delay, up to the retry count, while it fails on
+        // anything but the request itself.
         (Wait::Retries, claim) => {
             let policy = backend.policy();
-            policy
-                .with_retries(|| attempt(backend, claim.clone(), mode))
-                .await
+            let mut retries = 0;
+            loop {
+                match attempt(backend, claim.clone(), mode).await {
+                    Err(e)
+                        if !matches!(e, LockError::InvalidKey(_) | LockError::Unsupported(_))
+                            && retries < policy.retry_count =>
+                    {
+                        retries += 1;
+                        tokio::time::sleep(policy.retry_delay()).await;
+                    }
+                    result => return result,
+                }
+            }
         }
         (Wait::Within(max_wait), Claim::One(key)) => backend.wait(key, mode, max_wait).await,
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.

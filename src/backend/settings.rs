@@ -7,11 +7,7 @@ use std::time::Duration;
 
 #[cfg(any(feature = "lock", feature = "redis"))]
 use crate::error::ConfigError;
-#[cfg(feature = "lock")]
-use crate::error::LockError;
 use crate::key::{KeyError, MAX_RESOURCE_LEN};
-#[cfg(feature = "lock")]
-use crate::lease::Lease;
 
 /// Default lease TTL: 10 s.
 #[cfg(feature = "lock")]
@@ -152,28 +148,6 @@ impl Settings {
             });
         }
         Ok(keys.into_iter().collect())
-    }
-
-    /// Runs `attempt`, and again after a random [`retry_delay`](Self::retry_delay) up to
-    /// the retry count while it fails on anything but the key itself; the last result.
-    pub(crate) async fn with_retries<F, Fut>(&self, mut attempt: F) -> Result<Lease, LockError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Lease, LockError>>,
-    {
-        let mut retries = 0;
-        loop {
-            match attempt().await {
-                Err(e)
-                    if !matches!(e, LockError::InvalidKey(_) | LockError::Unsupported(_))
-                        && retries < self.retry_count =>
-                {
-                    retries += 1;
-                    tokio::time::sleep(self.retry_delay()).await;
-                }
-                result => return result,
-            }
-        }
     }
 
     /// A random delay in `retry_delay`, uniformly, in whole milliseconds.

@@ -41,13 +41,8 @@ impl StoreSettings {
     }
 
     /// Checks the prefix, sets up the connection and pings the node, bounded by the
-    /// timeout; a node that does not answer now is only a warning.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::InvalidUrl`] for a node redis-rs cannot use,
-    /// [`ConfigError::InvalidPrefix`] or [`ConfigError::BraceInPrefix`] for a prefix that
-    /// [`check_prefix`] refuses.
+    /// timeout; a node that does not answer now is only a warning. Errors: as the public
+    /// `build()` methods'.
     pub(crate) async fn connect(self) -> Result<NodeStore, ConfigError> {
         check_prefix(&self.prefix)?;
         let (label, conn) = Connection::for_store(self.node, self.timeout)?;

@@ -98,8 +98,9 @@ impl Waiters {
     }
 }
 
-impl WaitTicket<'_> {
-    fn leave(&self) {
+impl Drop for WaitTicket<'_> {
+    fn drop(&mut self) {
+        crate::observe::Held::Waiter.end();
         let mut keys = self.waiters.keys();
         match keys.get_mut(&self.key) {
             Some(waiting) if waiting.count > 1 => waiting.count -= 1,
@@ -112,25 +113,14 @@ impl WaitTicket<'_> {
     }
 }
 
-impl Drop for WaitTicket<'_> {
-    fn drop(&mut self) {
-        crate::observe::Held::Waiter.end();
-        self.leave();
-    }
-}
-
-/// A random delay in `[0, max / 10]`, to spread waiters that fall back to the timer.
-#[cfg(feature = "lock")]
-pub(crate) fn jitter(max: Duration) -> Duration {
-    let span = u64::try_from((max / 10).as_micros()).unwrap_or(u64::MAX);
-    Duration::from_micros(rand::random::<u64>() % span.saturating_add(1))
-}
-
-/// How long to sleep after a `Taken` with `retry_after`, given `left` until the deadline.
+/// How long to sleep after a `Taken` with `retry_after`, given `left` until the deadline:
+/// at most [`MAX_FALLBACK`], plus up to a tenth more at random to spread the waiters.
 #[cfg(feature = "lock")]
 fn fallback(retry_after: Duration, left: Duration) -> Duration {
     let base = retry_after.min(MAX_FALLBACK);
-    base.saturating_add(jitter(base)).min(left)
+    let span = u64::try_from((base / 10).as_micros()).unwrap_or(u64::MAX);
+    let jitter = Duration::from_micros(rand::random::<u64>() % span.saturating_add(1));
+    base.saturating_add(jitter).min(left)
 }
 
 /// Waits up to `max_wait` for `key`: registers as a waiter, runs `subscribe` (done once

@@ -1,6 +1,7 @@
 //! The lease lifecycle: a [`Watchdog`] renews a lease on its [`Schedule`] while the
 //! protected work runs, and reports it lost. Renewal uses the token-checked extend, which
-//! never creates a key, so a renewal racing a release cannot resurrect the lock.
+//! never creates a key, so a renewal racing a release cannot resurrect the lock. Also
+//! [`Locks::with_lock`] and [`Locks::with_lease`]: work run under a lease.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,15 +9,14 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::backend::handle::Locks;
+use crate::backend::handle::{LeaseGuard, Locks};
 pub use crate::backend::renewal::Renewal;
 use crate::backend::renewal::{RenewError, Schedule};
+use crate::backend::request::LockRequest;
 use crate::backend::status::{LeaseState, LeaseStatus};
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::protect::Watch;
-
-mod work;
+use crate::protect::{Lost, Protected, Watch};
 
 /// What the [`LockLayer`](crate::LockLayer) does when the lease is lost while the inner
 /// service runs (a renewal found the token gone, or the validity ran out).
@@ -50,7 +50,7 @@ impl fmt::Debug for Watchdog {
         f.debug_struct("Watchdog")
             .field("key", &self.lease().key())
             .field("renewal", &self.status.renewal)
-            .field("lost", &self.is_lost())
+            .field("lost", &self.schedule.as_ref().is_some_and(|s| s.is_lost()))
             .finish()
     }
 }
@@ -88,11 +88,6 @@ impl Watchdog {
     /// Whether an extension is in flight.
     pub(crate) fn is_renewing(&self) -> bool {
         self.schedule.as_ref().is_some_and(|s| s.is_renewing())
-    }
-
-    /// Whether the lease was found lost.
-    fn is_lost(&self) -> bool {
-        self.schedule.as_ref().is_some_and(|s| s.is_lost())
     }
 
     /// Whether the validity is still running, checked on the clock now.
@@ -178,12 +173,97 @@ impl Watch for Watchdog {
     }
 }
 
+impl Locks {
+    /// Takes what `request` asks for (as [`acquire`](Self::acquire)), runs `work` while the
+    /// lease is renewed (every TTL/3 by default, see [`Renewal`]), and releases it at the
+    /// end. `work` gets a [`LeaseStatus`]: the lease itself ([`LeaseStatus::lease`], with
+    /// its token and fencing token), its validity, and its loss.
+    ///
+    /// The lock-loss guarantee: `work` is never polled once the lease is lost (a renewal
+    /// found the token gone, or the validity ended without a successful renewal); it is
+    /// dropped and the call returns [`LockError::Lost`]. Dropping the returned future
+    /// releases the lease in the background.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{LockRequest, Locks, Renewal};
+    ///
+    /// let locks = Locks::default();
+    /// let rows = locks
+    ///     .with_lock(LockRequest::new("nightly-report").retry(), Renewal::default(), |status| async move {
+    ///         // ... long work; status.remaining() says how much validity is left ...
+    ///         let _fence = status.lease().fencing_token();
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The acquisition's error (see [`acquire`](Self::acquire)), or [`LockError::Lost`]
+    /// when the lease was lost while `work` ran.
+    pub async fn with_lock<'a, Fut: Future>(
+        &self,
+        request: impl Into<LockRequest<'a>>,
+        renewal: Renewal,
+        work: impl FnOnce(LeaseStatus) -> Fut,
+    ) -> Result<Fut::Output, LockError> {
+        let lease = self.acquire(request).await?;
+        self.with_lease(lease, renewal, work).await
+    }
+
+    /// Runs `work` under a lease already taken from this backend, as
+    /// [`with_lock`](Self::with_lock) does (renewed while `work` runs, `work` never polled
+    /// once it is lost, released at the end).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), tower_redlock::LockError> {
+    /// use tower_redlock::{LockRequest, Locks, Renewal};
+    ///
+    /// let locks = Locks::default();
+    /// // One attempt (answer "locked" at once rather than wait), then the work under it.
+    /// let lease = locks.acquire(&LockRequest::all(["account:alice", "account:bob"])).await?;
+    /// let moved = locks
+    ///     .with_lease(lease, Renewal::default(), |_status| async { 25 })
+    ///     .await?;
+    /// assert_eq!(moved, 25);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Lost`] when the lease was lost while `work` ran.
+    pub async fn with_lease<Fut: Future>(
+        &self,
+        lease: Lease,
+        renewal: Renewal,
+        work: impl FnOnce(LeaseStatus) -> Fut,
+    ) -> Result<Fut::Output, LockError> {
+        let mut guard = LeaseGuard::new(self.clone(), lease.clone());
+        let watchdog = Watchdog::new(self.clone(), lease, renewal);
+        let status = watchdog.status();
+        let result = Protected::new(work(status), watchdog)
+            .await
+            .map_err(|Lost| LockError::Lost);
+        if let Some((locks, lease)) = guard.take() {
+            if let Err(e) = locks.unlock(lease).await {
+                if result.is_ok() {
+                    tracing::warn!(error = %e, "the work completed, but releasing its lease failed");
+                }
+            }
+        }
+        result
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
     use super::{LeaseStatus, Renewal, Watchdog};
-    use crate::{Locks, MemoryLocks};
+    use crate::{LockRequest, Locks, MemoryLocks};
 
     fn locks(ttl: Duration) -> Locks {
         Locks::from(MemoryLocks::builder().ttl(ttl).build().unwrap())
@@ -275,5 +355,31 @@ mod tests {
             .expect("lost() resolves on the loss")
             .unwrap();
         assert!(status.is_lost());
+    }
+
+    #[tokio::test]
+    async fn with_lock_gives_the_work_its_lease_and_fencing_token() {
+        let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
+        let (key, token, fence) = locks
+            .with_lock(
+                LockRequest::new("fenced").retry(),
+                Renewal::default(),
+                |status| async move {
+                    let lease = status.lease();
+                    (
+                        lease.key().to_owned(),
+                        lease.token().to_string(),
+                        lease.fencing_token(),
+                    )
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(key, "tower-redlock:fenced");
+        assert_eq!(token.len(), 32);
+        assert!(fence.is_some());
+        // Released at the end: the next holder gets a greater fencing token.
+        let next = locks.try_lock("fenced").await.unwrap();
+        assert!(next.fencing_token() > fence);
     }
 }

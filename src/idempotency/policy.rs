@@ -354,7 +354,7 @@ impl Permit for IdempotencyPermit {
             if let Err(e) = locks.finish_idempotent(lease, record, ttl).await {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
-            guard.disarm();
+            guard.take();
         }))
     }
 }

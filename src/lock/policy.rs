@@ -109,7 +109,7 @@ impl Policy for LockPolicy {
     const SEVERAL_KEYS: bool = true;
 
     fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Decision<LockPermit> {
-        // One attempt: a set does not wait (`Claim::check`).
+        // One attempt: a set does not wait (`LockRequest::resolve`).
         let options = Options {
             wait: Wait::Once,
             ..self.options
@@ -262,7 +262,7 @@ impl Permit for LockPermit {
             {
                 tracing::debug!(error = %e, "lease release");
             }
-            guard.disarm();
+            guard.take();
         }))
     }
 }

@@ -110,22 +110,6 @@ impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
     }
 }
 
-impl ConcurrencyLimiter {
-    /// Whether this is the in-process store.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, PermitStore::Memory(_))
-    }
-
-    /// The in-process store, when this is one: it answers without `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
-        match &self.backend {
-            PermitStore::Memory(memory) => Some(memory),
-            #[cfg(feature = "redis")]
-            PermitStore::Redis(_) => None,
-        }
-    }
-}
-
 impl Default for ConcurrencyLimiter {
     /// The process-wide [`MemoryConcurrencyLimiter`], shared by every layer that was given
     /// no backend. It limits per process: with several replicas, each allows the full
@@ -222,6 +206,20 @@ impl Drop for PermitSlot {
 const WAIT_STEP: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
 
 impl ConcurrencyLimiter {
+    /// Whether this is the in-process store.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, PermitStore::Memory(_))
+    }
+
+    /// The in-process store, when this is one: it answers without `.await`.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
+        match &self.backend {
+            PermitStore::Memory(memory) => Some(memory),
+            #[cfg(feature = "redis")]
+            PermitStore::Redis(_) => None,
+        }
+    }
+
     /// One try at a permit on `resource`; on Redis, a `waiting` one (subscribed to the
     /// set's release channel) marks the set when it gets none, so that releases publish.
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]

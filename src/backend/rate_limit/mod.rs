@@ -92,6 +92,16 @@ impl From<MemoryRateLimiter> for RateLimiter {
     }
 }
 
+impl Default for RateLimiter {
+    /// The process-wide [`MemoryRateLimiter`], shared by every layer that was given no
+    /// backend. It counts per process: with several replicas, each allows the full limit;
+    /// use [`RedisRateLimiter`] to share one limit.
+    fn default() -> Self {
+        static SHARED: OnceLock<MemoryRateLimiter> = OnceLock::new();
+        RateLimiter::from(SHARED.get_or_init(MemoryRateLimiter::new).clone())
+    }
+}
+
 impl RateLimiter {
     /// Whether this is the in-process store.
     pub fn is_in_process(&self) -> bool {
@@ -106,19 +116,7 @@ impl RateLimiter {
             RateStore::Redis(_) => None,
         }
     }
-}
 
-impl Default for RateLimiter {
-    /// The process-wide [`MemoryRateLimiter`], shared by every layer that was given no
-    /// backend. It counts per process: with several replicas, each allows the full limit;
-    /// use [`RedisRateLimiter`] to share one limit.
-    fn default() -> Self {
-        static SHARED: OnceLock<MemoryRateLimiter> = OnceLock::new();
-        RateLimiter::from(SHARED.get_or_init(MemoryRateLimiter::new).clone())
-    }
-}
-
-impl RateLimiter {
     /// Counts one request on `resource` under `quota`; see [`RedisRateLimiter::hit`] and
     /// [`MemoryRateLimiter::hit`].
     ///

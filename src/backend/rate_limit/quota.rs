@@ -160,14 +160,12 @@ impl Quota {
     /// limit`), so that the `r` of `RateLimit` (what is left of the burst) counts down
     /// from `q`.
     pub(crate) fn policy(&self) -> (u64, u64) {
+        use crate::problem::retry_after_secs as secs;
         match self.burst {
-            None => (self.limit, self.window_secs()),
+            None => (self.limit, secs(self.window)),
             Some(burst) => {
                 let refill_us = self.tolerance_us().saturating_add(self.emission_us());
-                (
-                    burst,
-                    crate::problem::retry_after_secs(Duration::from_micros(refill_us)),
-                )
+                (burst, secs(Duration::from_micros(refill_us)))
             }
         }
     }
@@ -187,11 +185,6 @@ impl Quota {
     pub(crate) fn window_ms(&self) -> u64 {
         // Bounded by MAX_WINDOW in new().
         u64::try_from(self.window.as_millis()).unwrap_or(u64::from(u32::MAX))
-    }
-
-    /// The window in whole seconds, rounded up: the `w` of `RateLimit-Policy`.
-    pub(crate) fn window_secs(&self) -> u64 {
-        crate::problem::retry_after_secs(self.window)
     }
 }
 
@@ -440,13 +433,9 @@ mod tests {
         ));
         // A fixed window's policy is its limit and window.
         assert_eq!("100/60".parse::<Quota>().unwrap().policy(), (100, 60));
-    }
-
-    #[test]
-    fn window_secs_round_up() {
-        assert_eq!("1/1500ms".parse::<Quota>().unwrap().window_secs(), 2);
-        assert_eq!("1/60".parse::<Quota>().unwrap().window_secs(), 60);
-        assert_eq!("1/1ms".parse::<Quota>().unwrap().window_secs(), 1);
+        // Its window in whole seconds, rounded up.
+        assert_eq!("1/1500ms".parse::<Quota>().unwrap().policy(), (1, 2));
+        assert_eq!("1/1ms".parse::<Quota>().unwrap().policy(), (1, 1));
     }
 
     #[test]
