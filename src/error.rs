@@ -21,7 +21,7 @@ pub enum LockError {
 
     /// The answers that came in time decide nothing: fewer than a quorum answered, or the
     /// failed nodes could still hold the token on a quorum. Retry later; check the nodes.
-    #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), DisplayFailures(failures))]
+    #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     NoQuorum {
         /// How many nodes must agree.
         quorum: usize,
@@ -151,20 +151,6 @@ impl fmt::Display for NodeFailure {
                 f.write_str(" within the replica timeout")
             }
         }
-    }
-}
-
-struct DisplayFailures<'a>(&'a [NodeFailure]);
-
-impl fmt::Display for DisplayFailures<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, failure) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            fmt::Display::fmt(failure, f)?;
-        }
-        Ok(())
     }
 }
 

@@ -34,28 +34,10 @@
 //! # Failing open
 //!
 //! When the store cannot answer (Redis down, or slower than its timeout), the layer runs
-//! the request unguarded by default, for the reason the rate limiter does
-//! ([failing open](crate::rate_limit#failing-open)).
+//! the request unguarded by default, as the rate limiter does
+//! ([failing open](crate::rate_limit#failing-open));
 //! [`fail_open(false)`](ConcurrencyLimitLayer::fail_open) answers **503** with
-//! `Retry-After: 1` instead, where the limit is a hard bound a downstream relies on. Either
-//! way `tower_redlock_store_unavailable_total` counts the request, and a warning is logged
-//! at most once per 10 s per kind of layer.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use axum::{Router, routing::post};
-//! use tower_redlock::{ConcurrencyLimitLayer, RedisConcurrencyLimiter};
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redis = RedisConcurrencyLimiter::builder("redis://127.0.0.1:6379").build().await?;
-//!
-//! // At most 5 payments in flight across every replica.
-//! let app: Router = Router::new()
-//!     .route("/pay", post(|| async { "paid" }))
-//!     .route_layer(ConcurrencyLimitLayer::global(5).scope("pay").backend(redis));
-//! # Ok(()) }
-//! ```
+//! `Retry-After: 1`, for a hard bound a downstream relies on.
 //!
 //! [`RateLimitLayer`]: crate::RateLimitLayer
 

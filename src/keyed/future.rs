@@ -96,16 +96,6 @@ where
     P: Policy,
 {
     #[inline]
-    pub(crate) fn answered(response: Response<Bytes>, answers: Rendering) -> Self {
-        Self {
-            state: Phase::Answered {
-                response: Some(response),
-            },
-            answers,
-        }
-    }
-
-    #[inline]
     pub(crate) fn unguarded(service: &mut S, request: Request<ReqB>) -> Self {
         Self {
             state: run(service, request, None),

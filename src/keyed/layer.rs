@@ -8,7 +8,7 @@ use http::Response;
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::policy::{Decision, Policy};
+use super::policy::{Decision, Policy, Verdict};
 use super::service::Keyed;
 #[cfg(feature = "axum")]
 use crate::key::PathParamKey;
@@ -246,24 +246,14 @@ impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
     type Service = Keyed<S, K, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Keyed::from_core(inner, self.core.clone())
+        Keyed::new(inner, self.clone())
     }
-}
-
-/// What the layer does with a request, before the inner service is called.
-pub(crate) enum Step<H> {
-    /// The policy's decision on the request's key.
-    Decided(Decision<H>),
-    /// No key, and none needed: the request runs unguarded.
-    Unkeyed,
-    /// The layer answers itself (400, 500); boxed, as the rarer case.
-    Answer(Box<Response<Bytes>>),
 }
 
 impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// Reads and checks the request's key, written whole in a scratch buffer (the policy
     /// copies it only if it keeps it), and asks the policy about it.
-    pub(crate) fn step(&self, parts: &mut Parts) -> Step<P::Permit> {
+    pub(crate) fn step(&self, parts: &mut Parts) -> Option<Decision<P::Permit>> {
         if K::SEVERAL {
             return self.step_all(parts);
         }
@@ -276,7 +266,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             }
         });
         match read {
-            Ok(decision) => Step::Decided(decision),
+            Ok(decision) => Some(decision),
             Err(error) => self.unread(error, parts),
         }
     }
@@ -299,7 +289,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
 
     /// [`step`](Self::step) for an extractor of several keys: each value is checked and
     /// written as one key would be, and the policy decides for the set (sorted, distinct).
-    fn step_all(&self, parts: &mut Parts) -> Step<P::Permit> {
+    fn step_all(&self, parts: &mut Parts) -> Option<Decision<P::Permit>> {
         let values = match self.extractor.extract_all(parts) {
             Ok(Some(values)) if !values.is_empty() => values,
             Ok(_) => return self.unread(None, parts),
@@ -323,22 +313,20 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                 count: keys.len(),
                 max: crate::key::MAX_KEYS_PER_LEASE,
             };
-            return Step::Answer(Box::new(invalid_key::<P>(&error)));
+            return answer(invalid_key::<P>(&error));
         }
         if keys.len() == 1 {
-            return Step::Decided(self.policy.decide(&keys[0], parts));
+            return Some(self.policy.decide(&keys[0], parts));
         }
-        Step::Decided(self.policy.decide_all(keys, parts))
+        Some(self.policy.decide_all(keys, parts))
     }
 
     /// The answer when no key was read: `error` when the key is invalid, else why the
     /// request has none.
-    fn unread(&self, error: Option<KeyError>, parts: &mut Parts) -> Step<P::Permit> {
+    fn unread(&self, error: Option<KeyError>, parts: &mut Parts) -> Option<Decision<P::Permit>> {
         let Some(error) = error else {
             return match self.extractor.no_key(parts) {
-                NoKey::Misconfigured(mistake) => {
-                    Step::Answer(Box::new(self.misconfiguration(&mistake)))
-                }
+                NoKey::Misconfigured(mistake) => answer(self.misconfiguration(&mistake)),
                 NoKey::Missing if self.required => {
                     self.policy.bad_key(true);
                     let rejection = Rejection::new(
@@ -346,13 +334,13 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
                         RejectionKind::MissingKey,
                         self.missing.clone(),
                     );
-                    Step::Answer(Box::new(rejection.into()))
+                    answer(rejection.into())
                 }
-                _ => Step::Unkeyed,
+                _ => None,
             };
         };
         self.policy.bad_key(false);
-        Step::Answer(Box::new(invalid_key::<P>(&error)))
+        answer(invalid_key::<P>(&error))
     }
 
     /// 500, and the mistake in the log the first time.
@@ -365,6 +353,11 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         }
         Rejection::misconfigured(P::REJECTED_BY).into()
     }
+}
+
+/// The layer's own answer (400, 500), decided at once.
+fn answer<H>(response: Response<Bytes>) -> Option<Decision<H>> {
+    Some(Decision::Ready(Verdict::answer(response)))
 }
 
 /// 400 for a key that cannot be used.

@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::layer::{Core, KeyedLayer, Step};
+use super::layer::{Core, KeyedLayer};
 use super::policy::{Decision, Permit, Policy, Verdict};
 use crate::key::KeyExtractor;
 use crate::keyed::answers::Rendering;
@@ -25,11 +25,10 @@ impl<S, K, P> Keyed<S, K, P> {
     /// Wraps `inner` in the middleware that `layer` describes; the same as
     /// `layer.layer(inner)`.
     pub fn new(inner: S, layer: KeyedLayer<K, P>) -> Self {
-        Self::from_core(inner, layer.core)
-    }
-
-    pub(crate) fn from_core(inner: S, core: Arc<Core<K, P>>) -> Self {
-        Self { inner, core }
+        Self {
+            inner,
+            core: layer.core,
+        }
     }
 
     crate::keyed::inner_service_accessors!();
@@ -77,17 +76,10 @@ where
         let answers =
             |parts: &Parts| Rendering::for_request(&parts.headers, core.on_rejection.as_ref());
         core.policy.prepare(&mut parts);
-        let decision = match core.step(&mut parts) {
-            Step::Answer(response) => {
-                return ResponseFuture::answered(*response, answers(&parts));
-            }
-            Step::Unkeyed => {
-                return ResponseFuture::unguarded(
-                    &mut self.inner,
-                    Request::from_parts(parts, body),
-                );
-            }
-            Step::Decided(decision) => decision,
+        // No key, and none needed: the request runs unguarded.
+        let Some(decision) = core.step(&mut parts) else {
+            let req = Request::from_parts(parts, body);
+            return ResponseFuture::unguarded(&mut self.inner, req);
         };
         match decision {
             // Decided at once: the service that was driven to readiness is called now. An

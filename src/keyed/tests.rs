@@ -357,7 +357,7 @@ async fn a_permit_lost_before_the_response_answers_instead() {
 }
 
 /// A service that is ready only once: its clones have not been driven to readiness.
-pub(crate) struct ReadyOnce(pub(crate) bool);
+struct ReadyOnce(bool);
 
 impl Clone for ReadyOnce {
     fn clone(&self) -> Self {
@@ -458,7 +458,9 @@ fn a_verdict_moves_at_about_the_size_of_its_permit() {
     use std::mem::size_of;
     let word = size_of::<usize>();
     assert!(size_of::<super::policy::Verdict<LockPermit>>() <= size_of::<LockPermit>() + word);
-    assert!(size_of::<super::layer::Step<LockPermit>>() <= size_of::<LockPermit>() + word);
+    assert!(
+        size_of::<Option<super::policy::Decision<LockPermit>>>() <= size_of::<LockPermit>() + word
+    );
     // The watchdog inside the permit makes its schedule only once the work waits.
     assert!(size_of::<crate::backend::watchdog::Watchdog>() <= 2 * word);
 }

@@ -7,7 +7,7 @@
 //!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
 //!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
 //! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step, by the
-//!    [`Quota`]'s algorithm: a [fixed window](#fixed-window) or [GCRA](#gcra);
+//!    [`Quota`]'s algorithm: a fixed window ([`Quota::new`]) or GCRA ([`Quota::gcra`]);
 //! 3. runs the inner service with the [`Usage`] in its extensions, or answers itself.
 //!
 //! | situation | status | headers |
@@ -24,61 +24,22 @@
 //!
 //! # Failing open
 //!
-//! When the store cannot count (Redis down or slower than its timeout),
-//! [`RateLimitLayer::fail_open`]`(true)`, the default, runs the inner service uncounted
+//! When the store cannot count (Redis down or slower than its timeout), the default
+//! [`RateLimitLayer::fail_open`]`(true)` runs the inner service uncounted
 //! (`RateLimit-Policy` but no `RateLimit` header, no [`Usage`] on the request); `false`
-//! answers **503** with `Retry-After: 1`. Either way the request is counted
-//! (`tower_redlock_store_unavailable_total`) and a warning logged, at most once per 10 s
-//! per kind of layer. A rate limit protects capacity, not correctness: failing closed
-//! would turn an outage of its Redis into one of every limited route. Choose `false`
-//! where the limit is a security control, such as login attempts or a paid quota.
+//! answers **503** with `Retry-After: 1`, for a limit that is a security control (login
+//! attempts, a paid quota). A rate limit protects capacity, not correctness.
 //!
-//! # Headers
+//! # Headers and algorithms
 //!
-//! `RateLimit-Policy` and `RateLimit` from the IETF draft "RateLimit header fields for
-//! HTTP" (<https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>), and
+//! `RateLimit-Policy` and `RateLimit` (IETF draft "RateLimit header fields for HTTP",
+//! <https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/>), and
 //! `Retry-After` (RFC 9110, section 10.2.3) on 429; [`RateLimitLayer::legacy_headers`] adds
-//! the `X-RateLimit-*` ones. The guide's [rate-limit chapter](crate::guide::rate_limit)
-//! gives their values for each algorithm.
-//!
-//! # Fixed window
-//!
-//! [`Quota::new`]: a key's window starts with its first request; on Redis one Lua script
-//! `INCR`s the key and sets its expiry on the window's first hit (the "Pattern: Rate
-//! limiter" of <https://redis.io/docs/latest/commands/incr/>, without its race). The price:
-//! `limit` requests at the end of one window and `limit` more at the start of the next.
-//!
-//! # GCRA
-//!
-//! [`Quota::gcra`]: a steady rate with bounded bursts (the generic cell rate algorithm,
-//! as in redis-cell and tower_governor): in any interval of length `t`, at most
-//! `burst + t × limit / window` requests pass. On Redis the script reads the server's
-//! clock (`TIME`), so every replica shares one limit, whatever their clocks.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use std::net::SocketAddr;
-//! use axum::{Router, routing::post};
-//! use tower_redlock::{Quota, RateLimitLayer, RedisRateLimiter};
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let redis = RedisRateLimiter::builder("redis://127.0.0.1:6379").build().await?;
-//! let quota: Quota = std::env::var("RATE_LIMIT").as_deref().unwrap_or("100/60").parse()?;
-//!
-//! let app = Router::new()
-//!     .route("/items/{item_id}/buy", post(|| async { "bought" }))
-//!     .route_layer(
-//!         RateLimitLayer::by_header_or_peer_ip("X-Client-Id", quota)
-//!             .scope("buy")
-//!             .backend(redis),
-//!     );
-//!
-//! let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
-//! // The peer IP comes from ConnectInfo.
-//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
-//! # Ok(()) }
-//! ```
+//! the `X-RateLimit-*` ones. [`Quota::new`] counts in a fixed window that starts with a
+//! key's first request (up to twice the limit across a window's edge); [`Quota::gcra`]
+//! allows a steady rate with bounded bursts. The guide's
+//! [rate-limit chapter](crate::guide::rate_limit) gives the headers' values, the Redis
+//! scripts and each algorithm's bound, with an example on Redis.
 
 mod key;
 mod layer;
