@@ -4,22 +4,8 @@
 //! No label and no span field ever holds a key's value: a span carries the key's *scope*,
 //! and node errors are labelled with the node's `host:port`.
 //!
-//! | metric | kind | label: values | counted where |
-//! | --- | --- | --- | --- |
-//! | `tower_redlock_lock_requests_total` | counter | `result`: `acquired`, `taken`, `unavailable`, `invalid`, `lost` | the lock policy and `Locked` (the first four), the keyed core (a bad key), the watchdog (`lost`) |
-//! | `tower_redlock_lock_acquire_duration_seconds` | histogram | | the lock policy and `Locked` |
-//! | `tower_redlock_lock_held_duration_seconds` | histogram | | the watchdog, as it is dropped |
-//! | `tower_redlock_rate_limit_requests_total` | counter | `result`: `allowed`, `limited`, `unavailable`, `invalid` | the rate-limit policy, the keyed core |
-//! | `tower_redlock_concurrency_requests_total` | counter | `result`: `admitted`, `limited`, `unavailable`, `invalid` | the concurrency policy, the keyed core |
-//! | `tower_redlock_idempotency_requests_total` | counter | `result`: `new`, `replayed`, `in_flight`, `mismatch`, `missing`, `invalid`, `unavailable` | the idempotency policy, the keyed core |
-//! | `tower_redlock_node_errors_total` | counter | `node`: `host:port` | a Redlock round, the Redis rate limiter |
-//! | `tower_redlock_leases_held` | gauge | | the watchdog: made with the lease, dropped with it |
-//! | `tower_redlock_waiters` | gauge | | a waiter's registration (`backend::wait`) |
-//! | `tower_redlock_concurrency_permits_held` | gauge | | the concurrency limiter's permit slot |
-//!
-//! Spans (`DEBUG`, once a `tracing` subscriber is set; else one check each, [`op_span!`]):
-//! `tower_redlock.acquire`, `.extend`, `.release`, `.rate_limit`, `.idempotency.lookup`,
-//! `.idempotency.store`, with `scope`, `quorum`, `nodes_answered`, `verdict`, `elapsed_ms`.
+//! Each metric and span, with its labels and fields, is listed in the guide's observability
+//! chapter (`src/docs/guide_observability.md`): keep the two in step.
 
 // Each layer and backend uses its part: with some of them left out, the rest goes unused.
 #![cfg_attr(
@@ -61,7 +47,7 @@ macro_rules! results {
     };
 }
 
-// The counters' `result` values (see the table above and the observability guide).
+// The counters' `result` values (see the observability guide).
 results! {
     LockResult counts "tower_redlock_lock_requests_total" {
         Acquired => "acquired",

@@ -7,10 +7,6 @@
 //! average of its hold times, each new one weighing 1/4. After [`WARM_UP`] releases, a
 //! release of the same scope as the last one recorded is sampled once in [`SAMPLE_EVERY`]
 //! (then it costs a comparison, not a lookup); another scope's is always recorded.
-//!
-//! The answer to a contended request is that estimate bounded by the holder's remaining
-//! TTL (a handler holding a key 50 ms answers `Retry-After: 1`, not the 10 s left on the
-//! lease); without an observation, the remaining TTL.
 
 use std::time::Duration;
 

@@ -209,8 +209,6 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    /// How long a request that found `key` held should wait before trying again (see
-    /// [`HoldTimes`]).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         self.state()
             .holds

@@ -1,9 +1,5 @@
-//! The backends and the one handle over them: [`handle`] ([`Locks`](crate::Locks) and the
-//! lease guard); [`watchdog`] (renewal and loss of a held lease) and [`status`] (the live
-//! view handlers read); the lock backends [`memory`] and [`redlock`]; the [`rate_limit`]
-//! and [`concurrency`] stores; [`renewal`] (the schedule of whatever expires unless
-//! renewed); and what they share: [`settings`], [`wait`], [`hold`], and for Redis [`node`]
-//! (the topologies), [`connection`] and `store`.
+//! The backends, the [`Locks`](crate::Locks) handle over them, and what they share; each
+//! submodule's docs open with what it holds.
 
 /// The hash map of the per-key tables: foldhash's fast hasher, seeded at random per map
 /// (keys come from clients, so a fixed seed would let them aim collisions).

@@ -1,14 +1,6 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per node, waking
 //! this process's waiters (see [`Waiters`]) when a holder releases, for the lock backend
 //! and the Redis concurrency limiter. A key's release channel is `{<key>}:released`.
-//!
-//! The subscriber connections open when the client is built and live as long as it (every
-//! handle of the [`Redlock`]). They watch their nodes: one that the node drops (a restart,
-//! a failover) has the node's command connection replaced at once, and is itself replaced
-//! in the background (at once, then pauses doubling from 100 ms to 1 s), resubscribing the
-//! keys waited on.
-//!
-//! [`Redlock`]: crate::Redlock
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

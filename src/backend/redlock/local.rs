@@ -187,8 +187,6 @@ impl LocalHolders {
         true
     }
 
-    /// How long a request that found `key` held should wait before trying again (see
-    /// [`HoldTimes::retry_after`]).
     pub(super) fn retry_after(&self, key: &str, prefix: &str, holder_left: Duration) -> Duration {
         self.state().holds.retry_after(key, prefix, holder_left)
     }

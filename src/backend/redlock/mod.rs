@@ -331,8 +331,6 @@ impl Redlock {
         self.on_nodes(Instant::now(), op, vote, Rule::Held, Stragglers::Await)
     }
 
-    /// How long a request that found `key` held should wait before trying again (see
-    /// [`HoldTimes`](crate::backend::hold::HoldTimes)).
     pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
         self.inner
             .local
