@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use support::{RedisNode, eventually, nodes, urls};
+use support::{RedisNode, eventually, nodes, post_to, retry_after, urls};
 
 struct Example {
     child: Child,
@@ -417,11 +417,7 @@ async fn example_max_concurrent_buys_limits_buys_in_flight_across_processes() {
     );
     assert_eq!(bought + busy, items.len());
     // Once they are done, the next buy gets in.
-    let resp = client
-        .post(format!("{}/items/f/buy", examples[0].base))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_to(&client, format!("{}/items/f/buy", examples[0].base)).await;
     assert!(matches!(resp.status().as_u16(), 200 | 410));
 }
 
@@ -722,11 +718,7 @@ async fn example_transfer_answers() {
     for (from, to) in [("x", "y"), ("y", "x")] {
         let resp = post_transfer(&client, &example, from, to, 1).await;
         assert_eq!(resp.status(), 423, "{from} -> {to}");
-        let retry_after: u64 = resp.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let retry_after = retry_after(&resp);
         assert!((15..=20).contains(&retry_after), "{retry_after}");
     }
     other.unlock(held).await.unwrap();

@@ -7,7 +7,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use support::{RedisNode, calls, eventually, exists, nodes, urls};
+use support::{RedisNode, calls, eventually, exists, nodes, pttl, urls};
 use tower_redlock::LockRequest;
 use tower_redlock::{LockError, Locks, Redlock, Renewal};
 
@@ -183,12 +183,7 @@ async fn watchdog_keeps_a_lease_through_unprovable_renewals() {
     );
     // A renewal with the node back succeeds (3 of 5 hold the token).
     let renewed = eventually(Duration::from_secs(3), || async {
-        let mut conn = nodes[2].conn().await;
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let pttl = pttl(&nodes[2], key).await;
         pttl > 1_700
     })
     .await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
-use support::{RedisNode, serve};
+use support::{RedisNode, pttl, serve};
 use tower_redlock::{MemoryRateLimiter, Quota, RateLimitLayer, RateLimiter, RedisRateLimiter};
 
 async fn redis(node: &RedisNode) -> RateLimiter {
@@ -168,11 +168,7 @@ async fn the_arrival_time_is_on_the_servers_clock_and_expires() {
         (9_000_000..=10_000_000).contains(&ahead),
         "{ahead} µs ahead of the server"
     );
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg("tower-redlock-rate:clock")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let pttl = pttl(&node, "tower-redlock-rate:clock").await;
     assert!(
         (9_000..=10_000).contains(&pttl),
         "expires with its arrival time: {pttl}"

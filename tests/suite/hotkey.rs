@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, command_calls, eventually, nodes, serve, subscribers, urls};
+use support::{
+    RedisNode, command_calls, eventually, nodes, post_to, retry_after, serve, subscribers, urls,
+};
 use tokio::sync::Notify;
 use tower_redlock::LockRequest;
 use tower_redlock::{LockError, LockLayer, Locks, Redlock};
@@ -394,14 +396,6 @@ fn timed_app(locks: Locks, gate: Gate) -> Router {
         .layer(LockLayer::by_path_param("id").backend(locks))
 }
 
-fn retry_after(resp: &reqwest::Response) -> u64 {
-    resp.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn retry_after_of_a_50_ms_handler_is_1_s_not_the_holders_10_s() {
     let nodes = nodes(3);
@@ -465,11 +459,7 @@ async fn retry_after_is_never_above_the_holders_remaining_ttl() {
             .await
             .unwrap();
     }
-    let resp = client
-        .post(format!("{base}/items/short/buy"))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_to(&client, format!("{base}/items/short/buy")).await;
     assert_eq!(resp.status(), 423);
     assert_eq!(
         retry_after(&resp),

@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use support::{Logs, eventually, exists, nodes, redlock, serve};
+use support::{Logs, eventually, exists, nodes, post_to, redlock, retry_after, serve};
 use tokio::sync::Notify;
 use tower_redlock::{Lease, LockKey, LockLayer, Locked, Locks, MemoryLocks};
 
@@ -70,11 +70,7 @@ async fn same_key_exactly_one_201(locks: Locks) {
     let others = futures_util::future::join_all((0..20).map(|_| send())).await;
     for resp in others {
         let resp = resp.unwrap();
-        let retry_after: u64 = resp.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let retry_after = retry_after(&resp);
         assert!(retry_after >= 1);
         assert_problem(resp, 409).await;
     }
@@ -286,30 +282,18 @@ async fn path_param_scopes_keep_items_and_users_apart() {
     gate.wait_entered(1).await;
     // Same id, other resource: not locked.
     assert_eq!(
-        client
-            .post(format!("{base}/users/1"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        post_to(&client, format!("{base}/users/1")).await.status(),
         200
     );
     // Other item: not locked.
     assert_eq!(
-        client
-            .post(format!("{base}/items/2/buy"))
-            .send()
+        post_to(&client, format!("{base}/items/2/buy"))
             .await
-            .unwrap()
             .status(),
         200
     );
     // Same item through a sub-route: locked, 423 with Retry-After.
-    let resp = client
-        .post(format!("{base}/items/1/buy"))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_to(&client, format!("{base}/items/1/buy")).await;
     assert!(resp.headers().contains_key("retry-after"));
     assert_problem(resp, 423).await;
     gate.release.notify_one();
@@ -443,11 +427,7 @@ async fn locked_extractor_423_and_release_on_drop() {
     let first = tokio::spawn(client.post(format!("{base}/orders/9/pay")).send());
     gate.wait_entered(1).await;
     assert!(exists(&nodes[1], "tower-redlock:order:9").await);
-    let resp = client
-        .post(format!("{base}/orders/9/pay"))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_to(&client, format!("{base}/orders/9/pay")).await;
     assert!(resp.headers().contains_key("retry-after"));
     assert_problem(resp, 423).await;
     gate.release.notify_one();
@@ -677,11 +657,7 @@ async fn peer_ip_without_connect_info_is_a_500_logged_once() {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::new();
     for _ in 0..3 {
-        let resp = client
-            .post(format!("http://{addr}/search"))
-            .send()
-            .await
-            .unwrap();
+        let resp = post_to(&client, format!("http://{addr}/search")).await;
         assert_misconfigured(resp, "connect_info").await;
     }
     assert_eq!(
@@ -698,22 +674,9 @@ async fn unmatched_requests_under_router_layer_reach_the_fallback() {
         .layer(LockLayer::by_path_param("id"));
     let base = serve(app).await;
     let client = reqwest::Client::new();
+    assert_eq!(post_to(&client, format!("{base}/nope")).await.status(), 404);
     assert_eq!(
-        client
-            .post(format!("{base}/nope"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
-    assert_eq!(
-        client
-            .post(format!("{base}/items/1"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        post_to(&client, format!("{base}/items/1")).await.status(),
         200
     );
 }
@@ -809,11 +772,8 @@ async fn locked_path_of_an_integer_or_a_string() {
         let client = client.clone();
         let base = base.clone();
         async move {
-            client
-                .post(format!("{base}{path}"))
-                .send()
+            post_to(&client, format!("{base}{path}"))
                 .await
-                .unwrap()
                 .text()
                 .await
                 .unwrap()

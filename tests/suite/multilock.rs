@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use support::{RedisNode, eventually, exists, get, nodes, serve, urls};
+use support::{RedisNode, eventually, exists, get, nodes, retry_after, serve, urls};
 use tower_redlock::LockRequest;
 use tower_redlock::{LockError, Locks, MemoryLocks, Redlock, Rejection, Renewal};
 
@@ -391,11 +391,7 @@ async fn http_answers_for_a_set_423_then_503_without_a_majority() {
     for path in ["/transfers/a/b", "/transfers/b/c"] {
         let resp = post(path).await.unwrap();
         assert_eq!(resp.status(), 423, "{path}");
-        let retry_after: u64 = resp.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let retry_after = retry_after(&resp);
         assert!((15..=20).contains(&retry_after), "{retry_after}");
         assert_eq!(resp.headers()["content-type"], "application/problem+json");
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, serve};
+use support::{RedisNode, get, pttl, serve};
 use tokio::sync::Barrier;
 use tower_redlock::Locks;
 use tower_redlock::{MemoryRateLimiter, Quota, RateLimitLayer, RateLimiter, RedisRateLimiter};
@@ -156,19 +156,14 @@ async fn exactly_limit_requests_pass_across_two_replicas_sharing_redis() {
     let (ok, too_many) = burst(&[a, b], 300, "flash").await;
     assert_eq!((ok, too_many), (25, 275));
 
-    let mut conn = node.conn().await;
     let key = "tower-redlock-rate:buy:id:flash";
-    let count: i64 = redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(count, 300, "every request was counted once");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let count = get(&node, key).await;
+    assert_eq!(
+        count.as_deref(),
+        Some("300"),
+        "every request was counted once"
+    );
+    let pttl = pttl(&node, key).await;
     assert!(
         (1..=60_000).contains(&pttl),
         "the window's key expires with it: {pttl}"
@@ -220,12 +215,7 @@ async fn over_limit_answers_429_with_problem_headers_and_retry_after_not_before_
     );
 
     // Retry-After is not earlier than the reset Redis will do.
-    let mut conn = node.conn().await;
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg("tower-redlock-rate:buy:id:eager")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let pttl = pttl(&node, "tower-redlock-rate:buy:id:eager").await;
     assert!(
         pttl > 0 && pttl as u64 <= retry_after * 1000,
         "PTTL {pttl} ms > Retry-After {retry_after} s"
@@ -263,24 +253,14 @@ async fn keys_are_scoped_per_client_id_else_peer_ip_and_expire_with_the_window()
     // An id that spells the peer's address is not the address.
     assert_eq!(buy(&client, &base, Some("127.0.0.1")).await.status(), 200);
 
-    let mut conn = node.conn().await;
     for (key, count) in [
-        ("tower-redlock-rate:buy:id:alice", 2),
-        ("tower-redlock-rate:buy:id:bob", 1),
-        ("tower-redlock-rate:buy:ip:127.0.0.1", 2),
-        ("tower-redlock-rate:buy:id:127.0.0.1", 1),
+        ("tower-redlock-rate:buy:id:alice", "2"),
+        ("tower-redlock-rate:buy:id:bob", "1"),
+        ("tower-redlock-rate:buy:ip:127.0.0.1", "2"),
+        ("tower-redlock-rate:buy:id:127.0.0.1", "1"),
     ] {
-        let stored: Option<i64> = redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(stored, Some(count), "{key}");
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        assert_eq!(get(&node, key).await.as_deref(), Some(count), "{key}");
+        let pttl = pttl(&node, key).await;
         assert!(
             (1..=60_000).contains(&pttl),
             "{key} expires within the window: {pttl}"

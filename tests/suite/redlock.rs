@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use support::{RedisNode, eventually, exists, get, nodes, urls};
+use support::{RedisNode, eventually, exists, get, nodes, pttl, urls};
 use tower_redlock::{ConfigError, LockError, Locks, MemoryLocks, Redlock};
 
 const PREFIX: &str = "tower-redlock:";
@@ -555,15 +555,6 @@ async fn fenced(nodes: &[RedisNode]) -> Locks {
             .await
             .unwrap(),
     )
-}
-
-async fn pttl(node: &RedisNode, key: &str) -> i64 {
-    let mut conn = node.conn().await;
-    redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]

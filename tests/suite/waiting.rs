@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 
 use axum::Router;
 use axum::routing::post;
-use support::{RedisNode, calls, command_calls, eventually, nodes, serve, subscribers, urls};
+use support::{RedisNode, calls, command_calls, eventually, nodes, pttl, serve, subscribers, urls};
 use tower_redlock::LockRequest;
 use tower_redlock::{LockError, LockLayer, Locks, MemoryLocks, Redlock};
 
@@ -307,12 +307,7 @@ async fn marked_lease_extends_and_release_wakes(fencing: bool) {
         .await
         .expect("a marked lease extends");
     for node in &nodes {
-        let mut conn = node.conn().await;
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg("tower-redlock:marked")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let pttl = pttl(node, "tower-redlock:marked").await;
         assert!(pttl > 20_000, "PTTL {pttl} after extending");
     }
     let released_at = Instant::now();

@@ -551,6 +551,30 @@ pub async fn get(node: &RedisNode, key: &str) -> Option<String> {
         .unwrap()
 }
 
+/// The `PTTL` of `key` on the node, in ms (-2 without the key, -1 without an expiry).
+pub async fn pttl(node: &RedisNode, key: &str) -> i64 {
+    let mut conn = node.conn().await;
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// An empty `POST` to `url`, answered.
+pub async fn post_to(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> reqwest::Response {
+    client.post(url).send().await.unwrap()
+}
+
+/// The response's `Retry-After`, in whole seconds (it must be one).
+pub fn retry_after(resp: &reqwest::Response) -> u64 {
+    resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// What the crate logs, captured for one test: the subscriber is the default of the
 /// test's thread (its current-thread runtime runs there), at the default `INFO` level.
 #[derive(Clone, Default)]
