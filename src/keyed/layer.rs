@@ -252,7 +252,9 @@ impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
 
 impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// Reads and checks the request's key, written whole in a scratch buffer (the policy
-    /// copies it only if it keeps it), and asks the policy about it.
+    /// copies it only if it keeps it), and asks the policy about it: its decision, or the
+    /// layer's own answer (400, 500) as a decided one; `None` when the request has no key
+    /// and needs none (it runs unguarded).
     pub(crate) fn step(&self, parts: &mut Parts) -> Option<Decision<P::Permit>> {
         if K::SEVERAL {
             return self.step_all(parts);
