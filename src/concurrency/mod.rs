@@ -29,7 +29,8 @@
 //! Over the limit is a 503, not a 429: requests in flight are the server's load, shared by
 //! every client on the key. Permits need no quorum (one Redis node, or a replicated
 //! primary). The guide's [concurrency chapter](crate::guide::concurrency) gives the why of
-//! both, the Redis keys and scripts, and when to use [`RateLimitLayer`] instead.
+//! both, the Redis keys and scripts, when to use [`RateLimitLayer`] instead, and an
+//! example on Redis.
 //!
 //! # Failing open
 //!
