@@ -1,11 +1,13 @@
 //! [`MemoryConcurrencyLimiter`]: in-flight counts in this process's memory.
 
-use std::collections::hash_map::Entry;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
+
 use super::{ConcurrencyError, PermitSlot};
-use crate::backend::KeyMap;
 use crate::backend::settings::check_resource;
 use crate::backend::wait::Waiters;
 
@@ -44,9 +46,19 @@ struct MemoryPermits {
     waiters: Waiters,
 }
 
+/// The permits held per key. A key is hashed once per permit: the permit keeps the hash
+/// and the table's `Arc` of its key, and its release finds the entry by both, without
+/// hashing or comparing the key again.
 struct Counts {
-    in_flight: KeyMap<Arc<str>, u32>,
+    in_flight: HashTable<(Arc<str>, u32)>,
+    hasher: foldhash::fast::RandomState,
     max_keys: usize,
+}
+
+impl Counts {
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
 }
 
 impl fmt::Debug for MemoryConcurrencyLimiter {
@@ -80,7 +92,8 @@ impl MemoryConcurrencyLimiter {
         Self {
             inner: Arc::new(MemoryPermits {
                 counts: Mutex::new(Counts {
-                    in_flight: KeyMap::default(),
+                    in_flight: HashTable::new(),
+                    hasher: foldhash::fast::RandomState::default(),
                     max_keys: max_keys.max(1),
                 }),
                 waiters: Waiters::default(),
@@ -95,7 +108,12 @@ impl MemoryConcurrencyLimiter {
 
     /// The permits held on `key` now: the whole key the layer builds, `{scope}:{value}`.
     pub fn in_flight(&self, key: &str) -> u32 {
-        self.counts().in_flight.get(key).copied().unwrap_or(0)
+        let counts = self.counts();
+        let hash = counts.hash(key);
+        counts
+            .in_flight
+            .find(hash, |(held, _)| **held == *key)
+            .map_or(0, |(_, count)| *count)
     }
 
     /// The number of keys with permits.
@@ -134,34 +152,60 @@ impl MemoryConcurrencyLimiter {
         limit: u32,
     ) -> Result<PermitSlot, ConcurrencyError> {
         let mut counts = self.counts();
-        let max_keys = counts.max_keys;
-        let key = match counts.in_flight.get_key_value(key) {
-            Some((_, &held)) if held >= limit => {
-                return Err(ConcurrencyError::LimitReached { limit });
+        let Counts {
+            in_flight,
+            hasher,
+            max_keys,
+        } = &mut *counts;
+        let hash = hasher.hash_one(key);
+        let len = in_flight.len();
+        let entry = in_flight.entry(
+            hash,
+            |(held, _)| **held == *key,
+            |(held, _)| hasher.hash_one(&**held),
+        );
+        let key = match entry {
+            Entry::Occupied(mut held) => {
+                let (key, count) = held.get_mut();
+                if *count >= limit {
+                    return Err(ConcurrencyError::LimitReached { limit });
+                }
+                *count += 1;
+                key.clone()
             }
-            Some((key, _)) => key.clone(),
-            None if limit == 0 => return Err(ConcurrencyError::LimitReached { limit }),
-            None if counts.in_flight.len() >= max_keys => {
-                return Err(ConcurrencyError::StoreFull { max_keys });
+            Entry::Vacant(_) if limit == 0 => return Err(ConcurrencyError::LimitReached { limit }),
+            Entry::Vacant(_) if len >= *max_keys => {
+                return Err(ConcurrencyError::StoreFull {
+                    max_keys: *max_keys,
+                });
             }
-            None => Arc::from(key),
+            Entry::Vacant(vacant) => {
+                let key = Arc::<str>::from(key);
+                vacant.insert((key.clone(), 1));
+                key
+            }
         };
-        *counts.in_flight.entry(key.clone()).or_insert(0) += 1;
         drop(counts);
-        Ok(PermitSlot::memory(self.clone(), key))
+        Ok(PermitSlot::memory(self.clone(), key, hash))
     }
 
-    /// Gives back a permit on `key`, and wakes the requests waiting for one; the key is
-    /// forgotten with its last permit.
-    pub(crate) fn release(&self, key: &Arc<str>) {
+    /// Gives back a permit on `key` (the table's own `Arc`, hashed to `hash`), and wakes
+    /// the requests waiting for one; the key is forgotten with its last permit.
+    pub(crate) fn release(&self, key: &Arc<str>, hash: u64) {
         let mut counts = self.counts();
-        // One hash of the key: look and remove through the same entry.
-        if let Entry::Occupied(mut held) = counts.in_flight.entry(key.clone()) {
-            *held.get_mut() = held.get().saturating_sub(1);
-            if *held.get() == 0 {
+        if let Ok(mut held) = counts
+            .in_flight
+            .find_entry(hash, |(held, _)| Arc::ptr_eq(held, key))
+        {
+            let count = &mut held.get_mut().1;
+            *count = count.saturating_sub(1);
+            if *count == 0 {
                 held.remove();
-                if counts.in_flight.is_empty() && counts.in_flight.capacity() > 1024 {
-                    counts.in_flight.shrink_to(1024);
+                let Counts {
+                    in_flight, hasher, ..
+                } = &mut *counts;
+                if in_flight.is_empty() && in_flight.capacity() > 1024 {
+                    in_flight.shrink_to(1024, |(held, _)| hasher.hash_one(&**held));
                 }
             }
         }

@@ -128,6 +128,8 @@ enum HeldPermit {
     Memory {
         store: MemoryConcurrencyLimiter,
         key: Arc<str>,
+        /// The key's hash in the store's table.
+        hash: u64,
     },
     /// On Redis: a token in the key's sorted set, expiring unless renewed.
     #[cfg(feature = "redis")]
@@ -141,8 +143,8 @@ impl PermitSlot {
         Self(Some(permit))
     }
 
-    pub(crate) fn memory(store: MemoryConcurrencyLimiter, key: Arc<str>) -> Self {
-        Self::held(HeldPermit::Memory { store, key })
+    pub(crate) fn memory(store: MemoryConcurrencyLimiter, key: Arc<str>, hash: u64) -> Self {
+        Self::held(HeldPermit::Memory { store, key, hash })
     }
 
     /// The key, as the store keeps it.
@@ -190,7 +192,7 @@ impl Drop for PermitSlot {
         crate::observe::Held::Permit.end();
         match self.0.take() {
             None => {}
-            Some(HeldPermit::Memory { store, key }) => store.release(&key),
+            Some(HeldPermit::Memory { store, key, hash }) => store.release(&key, hash),
             #[cfg(feature = "redis")]
             Some(HeldPermit::Redis(slot)) => {
                 // No runtime (it is shutting down): the permit's TTL frees it.
