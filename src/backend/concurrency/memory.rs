@@ -55,12 +55,6 @@ struct Counts {
     max_keys: usize,
 }
 
-impl Counts {
-    fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
-    }
-}
-
 impl fmt::Debug for MemoryConcurrencyLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryConcurrencyLimiter")
@@ -109,7 +103,7 @@ impl MemoryConcurrencyLimiter {
     /// The permits held on `key` now: the whole key the layer builds, `{scope}:{value}`.
     pub fn in_flight(&self, key: &str) -> u32 {
         let counts = self.counts();
-        let hash = counts.hash(key);
+        let hash = counts.hasher.hash_one(key);
         counts
             .in_flight
             .find(hash, |(held, _)| **held == *key)
