@@ -278,6 +278,34 @@ mod tests {
     }
 
     #[test]
+    fn permits_are_released_after_the_table_grew_under_them() {
+        let store = MemoryConcurrencyLimiter::new();
+        // Held while the table grows (and rehashes) many times over.
+        let permits: Vec<_> = (0..5000)
+            .flat_map(|i| {
+                let key = format!("tenant:{i}");
+                [
+                    store.acquire_slot(&key, 2).unwrap(),
+                    store.acquire_slot(&key, 2).unwrap(),
+                ]
+            })
+            .collect();
+        assert_eq!(store.len(), 5000);
+        assert_eq!(store.in_flight("tenant:4321"), 2);
+        assert!(store.acquire_slot("tenant:4321", 2).is_err());
+        let (first, second): (Vec<_>, Vec<_>) = permits
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| i % 2 == 0);
+        drop(first);
+        assert_eq!(store.len(), 5000);
+        assert_eq!(store.in_flight("tenant:4321"), 1);
+        drop(second);
+        assert!(store.is_empty());
+        assert_eq!(store.in_flight("tenant:4321"), 0);
+    }
+
+    #[test]
     fn a_limit_of_zero_admits_nothing_and_bad_keys_are_refused() {
         let store = MemoryConcurrencyLimiter::new();
         let zero = store.acquire_slot("k", 0);
