@@ -194,6 +194,7 @@ pub(crate) use op_span;
 
 /// Runs `future` in `span` and records its verdict and elapsed time there. A disabled span
 /// costs one check per poll.
+#[inline(always)]
 pub(crate) fn traced<F, T, E>(
     span: tracing::Span,
     future: F,

@@ -132,6 +132,7 @@ impl Keys {
 impl Redlock {
     /// Deletes `keys` on every node where they hold `token`, counted by `vote` under
     /// [`Rule::Held`]; `publish` wakes the marked waiters (not for a failed attempt).
+    #[inline(always)]
     pub(super) fn release_keys(
         &self,
         keys: Keys,

@@ -285,6 +285,7 @@ impl Redlock {
     /// Runs `op` on every node at once: one [`round`] under the node timeout from
     /// `started`. The operations (and a single node's timer, which needs the Tokio
     /// runtime) are made here; the returned future borrows nothing.
+    #[inline(always)]
     fn on_nodes<F, Fut, T>(
         &self,
         started: Instant,
