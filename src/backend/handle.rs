@@ -11,6 +11,7 @@ use crate::backend::reentry;
 use crate::backend::request::{self, Claim, LockBackend, LockRequest, LockResult, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
+use crate::keyed::policy::boxed;
 use crate::lease::Lease;
 use crate::redact::LogKey;
 
@@ -216,10 +217,10 @@ impl Locks {
                 Claim::One(key) if once && options.mode == super::request::LockMode::Plain => {
                     r.acquire(key, false).await
                 }
-                claim => Box::pin(request::acquire(r, claim, options)).await,
+                claim => boxed(|| request::acquire(r, claim, options)).await,
             },
             LockStore::Memory(m) if once => m.attempt(&claim, options.mode, Instant::now()),
-            LockStore::Memory(m) => Box::pin(request::acquire(m, claim, options)).await,
+            LockStore::Memory(m) => boxed(|| request::acquire(m, claim, options)).await,
         }
     }
 

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode, response};
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
@@ -100,7 +100,7 @@ impl Policy for ConcurrencyPolicy {
         }
         let key = key.to_owned();
         let policy = self.clone();
-        Decision::Pending(Box::pin(async move {
+        Decision::Pending(boxed(|| async move {
             let acquired = policy
                 .limiter
                 .acquire_within(&key, policy.limit, policy.max_wait)

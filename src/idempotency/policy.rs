@@ -17,7 +17,7 @@ use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
 use crate::lock::policy::{LockPermit, refused};
@@ -107,7 +107,7 @@ impl Policy for IdempotencyPolicy {
             return Decision::Ready(self.verdict(begun, fingerprint));
         }
         let policy = self.clone();
-        Decision::Pending(Box::pin(async move {
+        Decision::Pending(boxed(|| async move {
             let begun = policy
                 .locks
                 .begin_idempotent(key.clone(), policy.max_wait)
@@ -350,7 +350,7 @@ impl Permit for IdempotencyPermit {
         }
         // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks.clone(), lease.clone());
-        Release::Pending(Box::pin(async move {
+        Release::Pending(boxed(|| async move {
             if let Err(e) = locks.finish_idempotent(lease, record, ttl).await {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }

@@ -72,7 +72,7 @@ where
         // so a split inside it would hold the request and its head both (1,160 bytes
         // instead of 936) and copy the head once more.
         let (mut parts, body) = req.into_parts();
-        Box::pin(async move {
+        crate::keyed::policy::boxed(|| async move {
             let bytes = match Limited::new(body, max).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {

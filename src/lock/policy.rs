@@ -14,7 +14,7 @@ use crate::backend::request::{Claim, Options, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
 use crate::observe;
@@ -129,7 +129,7 @@ impl LockPolicy {
             return Decision::Ready(self.verdict(claim.first(), acquired, started));
         }
         let policy = self.clone();
-        Decision::Pending(Box::pin(async move {
+        Decision::Pending(boxed(|| async move {
             let first = claim.first().clone();
             let acquired = policy.locks.acquire_claim(claim, options).await;
             policy.verdict(&first, acquired, started)
@@ -256,7 +256,7 @@ impl Permit for LockPermit {
         let (locks, lease) = self.disarm();
         // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks, lease);
-        Release::Pending(Box::pin(async move {
+        Release::Pending(boxed(|| async move {
             if let Some((locks, lease)) = guard.cloned()
                 && let Err(e) = locks.unlock(lease).await
             {

@@ -12,7 +12,7 @@ use http::{Request, Response, response};
 use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::backend::rate_limit::{RateLimitError, RateLimiter};
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::observe::RateLimitResult;
 use crate::problem::retry_after_secs;
@@ -95,7 +95,7 @@ impl Policy for RateLimitPolicy {
         }
         let key = key.to_owned();
         let policy = self.clone();
-        Decision::Pending(Box::pin(async move {
+        Decision::Pending(boxed(|| async move {
             let counted = policy.limiter.hit(&key, quota).await;
             policy.verdict(counted)
         }))

@@ -175,7 +175,7 @@ impl PermitSlot {
             Some(HeldPermit::Memory { .. }) | None => None,
             // Armed until the release is done: dropped midway, it goes on in the background.
             #[cfg(feature = "redis")]
-            Some(HeldPermit::Redis(_)) => Some(Box::pin(async move {
+            Some(HeldPermit::Redis(_)) => Some(crate::keyed::policy::boxed(|| async move {
                 let mut held = self;
                 if let Some(HeldPermit::Redis(slot)) = &held.0 {
                     slot.release().await;

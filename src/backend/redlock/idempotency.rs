@@ -24,6 +24,7 @@ use crate::backend::connection::Connection;
 use crate::backend::records::Begin;
 use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
+use crate::keyed::policy::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
@@ -180,7 +181,7 @@ impl Redlock {
                 start,
                 // Boxed: the operation is moved several times on its way into the round,
                 // and a box is cheaper to move than the script call it holds.
-                |conn| Box::pin(begin_on(conn, key.clone(), token, ttl_ms)),
+                |conn| boxed(|| begin_on(conn, key.clone(), token, ttl_ms)),
                 |found| Vote::of(matches!(found, Found::Set)),
                 Rule::Acquire,
                 Stragglers::Drop,
@@ -284,13 +285,9 @@ impl Redlock {
                 Instant::now(),
                 |conn| {
                     // Boxed, as `begin_once`'s.
-                    Box::pin(finish_on(
-                        conn,
-                        lease.key.clone(),
-                        lease.token,
-                        record.clone(),
-                        ttl_ms,
-                    ))
+                    boxed(|| {
+                        finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms)
+                    })
                 },
                 |stored| Vote::of(*stored == 1),
                 Rule::Held,
