@@ -300,11 +300,10 @@ impl Redlock {
         T: Send + 'static,
     {
         let deadline = started + self.inner.node_timeout;
-        let ops = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| round::counted(op(node.clone()), node.label().clone(), deadline));
+        let ops = self.inner.nodes.iter().map(|node| {
+            let op = &op;
+            move || round::counted(op(node.clone()), node.label().clone(), deadline)
+        });
         let round = round::run(
             round::Ops::new(ops),
             started,
