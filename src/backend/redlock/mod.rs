@@ -41,7 +41,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt as _;
 use redis::Client;
 
 use crate::backend::connection::Connection;
@@ -283,17 +282,16 @@ impl Redlock {
     }
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout from
-    /// `started`. The operations (and a single node's timer, which needs the Tokio
-    /// runtime) are made here; the returned future borrows nothing.
-    #[inline(always)]
-    fn on_nodes<F, Fut, T>(
+    /// `started`. An `async fn`, so that the round's future is built in its own, where it
+    /// is awaited (as a returned combinator it was built, then copied in).
+    async fn on_nodes<F, Fut, T>(
         &self,
         started: Instant,
         op: F,
         vote: fn(&T) -> Vote,
         rule: Rule,
         stragglers: Stragglers,
-    ) -> impl Future<Output = Answers<T>>
+    ) -> Answers<T>
     where
         F: Fn(Connection) -> Fut,
         Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
@@ -313,10 +311,9 @@ impl Redlock {
             rule,
             stragglers,
         );
-        round.map(|round| {
-            observe::nodes_answered(round.values().count());
-            round
-        })
+        let round = round.await;
+        observe::nodes_answered(round.values().count());
+        round
     }
 
     /// [`on_nodes`](Self::on_nodes) from now, every node awaited, for the answers alone
