@@ -290,6 +290,7 @@ impl Locks {
         &self,
         lease: Lease,
         record: Option<bytes::Bytes>,
+        owner: crate::backend::records::Owner,
         ttl: Duration,
     ) -> Result<(), LockError> {
         match &self.backend {
@@ -299,7 +300,7 @@ impl Locks {
                 None => r.unlock(lease).await,
             },
             LockStore::Memory(m) => {
-                m.finish_idempotent(lease, record, ttl);
+                m.finish_idempotent(lease, record, owner, ttl);
                 Ok(())
             }
         }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use crate::backend::KeyMap;
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
-use crate::backend::records::{DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, MemoryRecords};
+use crate::backend::records::{
+    DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORDS_PER_PRINCIPAL, MemoryRecords,
+};
 use crate::backend::request::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::Waiters;
@@ -147,6 +149,8 @@ pub struct MemoryLocksBuilder {
     policy: Settings,
     #[cfg(feature = "idempotency")]
     max_records: Option<(usize, usize)>,
+    #[cfg(feature = "idempotency")]
+    max_records_per_principal: Option<usize>,
 }
 
 impl MemoryLocksBuilder {
@@ -155,12 +159,26 @@ impl MemoryLocksBuilder {
     /// Bounds on the idempotency records ([`IdempotencyLayer`](crate::IdempotencyLayer))
     /// kept in process: at most `records` of them, and `bytes` in all (keys and stored
     /// responses). Defaults 10,000 and 64 MiB. When full, expired records go first, then
-    /// those closest to their expiry; a record evicted early lets a retry of its request
-    /// run again.
+    /// the oldest record of the principal that holds the most (see
+    /// [`max_records_per_principal`](Self::max_records_per_principal)); a record evicted
+    /// early lets a retry of its request run again.
     #[cfg(feature = "idempotency")]
     #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
     pub fn max_records(mut self, records: usize, bytes: usize) -> Self {
         self.max_records = Some((records, bytes));
+        self
+    }
+
+    /// The most idempotency records kept in process for one principal (the caller's
+    /// credentials, or its tenant: see
+    /// [`IdempotencyLayer::credential_headers`](crate::IdempotencyLayer::credential_headers)).
+    /// Default 1,000. A principal at this bound gives up its own oldest record for a new
+    /// one, so that one caller's requests cannot evict another's. Every anonymous caller
+    /// is one principal.
+    #[cfg(feature = "idempotency")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+    pub fn max_records_per_principal(mut self, records: usize) -> Self {
+        self.max_records_per_principal = Some(records);
         self
     }
 
@@ -189,7 +207,12 @@ impl MemoryLocksBuilder {
                 state: Mutex::new(table),
                 waiters: Waiters::default(),
                 #[cfg(feature = "idempotency")]
-                records: MemoryRecords::new(records, bytes),
+                records: MemoryRecords::new(
+                    records,
+                    self.max_records_per_principal
+                        .unwrap_or(DEFAULT_MAX_RECORDS_PER_PRINCIPAL),
+                    bytes,
+                ),
             }),
         })
     }

@@ -30,6 +30,9 @@ pub(crate) fn record_key(lock_key: &str) -> Arc<str> {
 
 /// Default bound on the number of records kept in process: 10,000.
 pub const DEFAULT_MAX_RECORDS: usize = 10_000;
+/// Default bound on the number of records kept in process for one principal (one
+/// caller's credentials, or one tenant): 1,000.
+pub const DEFAULT_MAX_RECORDS_PER_PRINCIPAL: usize = 1_000;
 /// Default bound on the bytes of the records kept in process (keys and stored
 /// responses): 64 MiB.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
@@ -37,15 +40,28 @@ pub const DEFAULT_MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 /// A fixed per-record overhead counted against the byte bound (map and index entries).
 const ENTRY_OVERHEAD: usize = 96;
 
-/// Records in this process's memory, bounded by a count and a byte total.
+/// Who a record belongs to: an id of its key's principal (see
+/// [`IdempotencyKey`](crate::idempotency::IdempotencyKey)), the same for every record of
+/// one caller in this process.
+pub(crate) type Owner = u128;
+
+/// The [`Owner`] of a request's record, put in its extensions with its key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordOwner(pub(crate) Owner);
+
+/// Records in this process's memory, bounded by a count, a count per principal and a byte
+/// total.
 ///
-/// Expired records are dropped first; when the store is still full, the records closest
-/// to their expiry go (the oldest, since they share one TTL). A record evicted early lets
-/// a retry of its request run again: size the bounds for the records a TTL can hold.
+/// Expired records are dropped first. A principal at its own bound gives up its oldest
+/// record; when the store as a whole is full, the oldest record of the principal that
+/// holds the most goes. So one caller's requests, however many, evict only that caller's
+/// records while other callers hold fewer than it does. A record evicted early lets a
+/// retry of its request run again: size the bounds for the records a TTL can hold.
 #[derive(Debug)]
 pub(crate) struct MemoryRecords {
     inner: Mutex<RecordTable>,
     max_records: usize,
+    max_per_owner: usize,
     max_bytes: usize,
 }
 
@@ -53,12 +69,17 @@ pub(crate) struct MemoryRecords {
 struct RecordTable {
     records: KeyMap<Arc<str>, StoredRecord>,
     by_expiry: BTreeSet<(Instant, Arc<str>)>,
+    /// Each principal's records, by expiry.
+    owners: KeyMap<Owner, BTreeSet<(Instant, Arc<str>)>>,
+    /// The principals by how many records they hold, the most last.
+    by_count: BTreeSet<(usize, Owner)>,
     bytes: usize,
 }
 
 #[derive(Debug)]
 struct StoredRecord {
     expires: Instant,
+    owner: Owner,
     raw: Bytes,
 }
 
@@ -70,10 +91,11 @@ fn cost(key: &str, raw: &Bytes) -> usize {
 }
 
 impl MemoryRecords {
-    pub(crate) fn new(max_records: usize, max_bytes: usize) -> Self {
+    pub(crate) fn new(max_records: usize, max_per_owner: usize, max_bytes: usize) -> Self {
         Self {
             inner: Mutex::default(),
             max_records,
+            max_per_owner,
             max_bytes,
         }
     }
@@ -93,10 +115,11 @@ impl MemoryRecords {
             .map(|e| e.raw.clone())
     }
 
-    /// Stores `raw` under `key` for `ttl`; false when it alone is over the byte bound.
-    pub(crate) fn insert(&self, key: Arc<str>, raw: Bytes, ttl: Duration) -> bool {
+    /// Stores `raw` under `key` for `ttl`, as a record of `owner`; false when it alone is
+    /// over the byte bound.
+    pub(crate) fn insert(&self, key: Arc<str>, owner: Owner, raw: Bytes, ttl: Duration) -> bool {
         let size = cost(&key, &raw);
-        if size > self.max_bytes || self.max_records == 0 {
+        if size > self.max_bytes || self.max_records == 0 || self.max_per_owner == 0 {
             return false;
         }
         let now = Instant::now();
@@ -105,17 +128,38 @@ impl MemoryRecords {
             .unwrap_or(now + Duration::from_secs(86_400 * 365));
         let mut inner = self.lock();
         inner.remove(&key);
-        while inner.by_expiry.first().is_some_and(|(at, _)| *at <= now) && inner.evict_first() {}
+        while let Some((at, key)) = inner.by_expiry.first().cloned() {
+            if at > now {
+                break;
+            }
+            inner.remove(&key);
+        }
+        while inner.count_of(owner) >= self.max_per_owner && inner.evict_oldest_of(owner) {}
         while inner.records.len() >= self.max_records
             || inner.bytes.saturating_add(size) > self.max_bytes
         {
-            if !inner.evict_first() {
+            let Some(&(_, heaviest)) = inner.by_count.last() else {
+                break;
+            };
+            if !inner.evict_oldest_of(heaviest) {
                 break;
             }
         }
         inner.bytes = inner.bytes.saturating_add(size);
         inner.by_expiry.insert((expires, key.clone()));
-        inner.records.insert(key, StoredRecord { expires, raw });
+        let count = inner.count_of(owner);
+        inner.by_count.remove(&(count, owner));
+        inner.by_count.insert((count.saturating_add(1), owner));
+        let mine = inner.owners.entry(owner).or_default();
+        mine.insert((expires, key.clone()));
+        inner.records.insert(
+            key,
+            StoredRecord {
+                expires,
+                owner,
+                raw,
+            },
+        );
         true
     }
 
@@ -128,20 +172,44 @@ impl MemoryRecords {
 }
 
 impl RecordTable {
+    fn count_of(&self, owner: Owner) -> usize {
+        self.owners.get(&owner).map_or(0, BTreeSet::len)
+    }
+
+    /// Removes the record under `key`, from every index.
     fn remove(&mut self, key: &Arc<str>) {
-        if let Some(entry) = self.records.remove(key) {
-            self.by_expiry.remove(&(entry.expires, key.clone()));
-            self.bytes = self.bytes.saturating_sub(cost(key, &entry.raw));
+        let Some(entry) = self.records.remove(key) else {
+            return;
+        };
+        let at = (entry.expires, key.clone());
+        self.by_expiry.remove(&at);
+        self.bytes = self.bytes.saturating_sub(cost(key, &entry.raw));
+        let owner = entry.owner;
+        let Some(mine) = self.owners.get_mut(&owner) else {
+            return;
+        };
+        let count = mine.len();
+        mine.remove(&at);
+        let left = mine.len();
+        if left == 0 {
+            self.owners.remove(&owner);
+        }
+        self.by_count.remove(&(count, owner));
+        if left > 0 {
+            self.by_count.insert((left, owner));
         }
     }
 
-    fn evict_first(&mut self) -> bool {
-        let Some((_, key)) = self.by_expiry.pop_first() else {
+    /// Removes `owner`'s record closest to its expiry; false when it has none.
+    fn evict_oldest_of(&mut self, owner: Owner) -> bool {
+        let oldest = self
+            .owners
+            .get(&owner)
+            .and_then(|mine| mine.first().cloned());
+        let Some((_, key)) = oldest else {
             return false;
         };
-        if let Some(entry) = self.records.remove(&key) {
-            self.bytes = self.bytes.saturating_sub(cost(&key, &entry.raw));
-        }
+        self.remove(&key);
         true
     }
 }
@@ -152,23 +220,23 @@ mod tests {
 
     /// Inserts `len` zero bytes under `key` for `ttl`.
     fn put(store: &MemoryRecords, key: &str, len: usize, ttl: Duration) -> bool {
-        store.insert(Arc::from(key), Bytes::from(vec![0u8; len]), ttl)
+        store.insert(Arc::from(key), 0, Bytes::from(vec![0u8; len]), ttl)
     }
 
     #[test]
     fn records_are_kept_until_their_ttl() {
-        let store = MemoryRecords::new(10, 1 << 20);
+        let store = MemoryRecords::new(10, 10, 1 << 20);
         let v = || Bytes::from_static(b"v");
-        assert!(store.insert(Arc::from("k"), v(), Duration::from_secs(60)));
+        assert!(store.insert(Arc::from("k"), 0, v(), Duration::from_secs(60)));
         assert_eq!(store.get("k"), Some(v()));
-        assert!(store.insert(Arc::from("gone"), v(), Duration::ZERO));
+        assert!(store.insert(Arc::from("gone"), 0, v(), Duration::ZERO));
         assert_eq!(store.get("gone"), None);
     }
 
     #[test]
     fn rotating_keys_cannot_grow_the_store_past_its_bounds() {
         let hour = Duration::from_secs(3600);
-        let store = MemoryRecords::new(100, 1 << 20);
+        let store = MemoryRecords::new(100, 100, 1 << 20);
         for i in 0..10_000 {
             put(&store, &format!("key-{i}"), 100, hour);
             let (count, _) = store.usage();
@@ -178,7 +246,7 @@ mod tests {
         assert!(store.get("key-9999").is_some());
         assert!(store.get("key-0").is_none());
 
-        let small = MemoryRecords::new(usize::MAX, 10_000);
+        let small = MemoryRecords::new(usize::MAX, usize::MAX, 10_000);
         for i in 0..1_000 {
             put(&small, &format!("key-{i}"), 500, hour);
             assert!(small.usage().1 <= 10_000);
@@ -187,18 +255,54 @@ mod tests {
 
     #[test]
     fn a_record_over_the_byte_bound_is_refused() {
-        let store = MemoryRecords::new(10, 1_000);
+        let store = MemoryRecords::new(10, 10, 1_000);
         assert!(!put(&store, "k", 2_000, Duration::from_secs(1)));
         assert_eq!(store.usage(), (0, 0));
     }
 
     #[test]
     fn replacing_a_record_does_not_leak_its_bytes() {
-        let store = MemoryRecords::new(10, 1 << 20);
+        let store = MemoryRecords::new(10, 10, 1 << 20);
         for _ in 0..100 {
             put(&store, "k", 100, Duration::from_secs(60));
         }
         assert_eq!(store.usage().0, 1);
         assert_eq!(store.usage().1, cost("k", &Bytes::from(vec![0u8; 100])));
+    }
+
+    #[test]
+    fn one_principal_evicts_only_its_own_records() {
+        let hour = Duration::from_secs(3600);
+        let store = MemoryRecords::new(100, 10, 1 << 20);
+        let v = || Bytes::from_static(b"v");
+        // A caller's one record, then a flood of another caller's, past every bound.
+        assert!(store.insert(Arc::from("victim"), 1, v(), hour));
+        for i in 0..10_000 {
+            assert!(store.insert(Arc::from(format!("flood-{i}")), 2, v(), hour));
+        }
+        assert_eq!(store.get("victim"), Some(v()));
+        // The flooder keeps its newest records, up to its own bound.
+        assert_eq!(store.usage().0, 11);
+        assert!(store.get("flood-9999").is_some());
+        assert!(store.get("flood-9989").is_none());
+    }
+
+    #[test]
+    fn a_full_store_evicts_from_the_principal_that_holds_the_most() {
+        let hour = Duration::from_secs(3600);
+        let store = MemoryRecords::new(10, 8, 1 << 20);
+        let v = || Bytes::from_static(b"v");
+        store.insert(Arc::from("a-0"), 1, v(), hour);
+        store.insert(Arc::from("a-1"), 1, v(), hour);
+        for i in 0..8 {
+            store.insert(Arc::from(format!("b-{i}")), 2, v(), hour);
+        }
+        // Full: a third caller's record evicts the oldest of the eight, not an older one
+        // of the caller with two.
+        store.insert(Arc::from("c-0"), 3, v(), hour);
+        assert_eq!(store.usage().0, 10);
+        assert!(store.get("a-0").is_some() && store.get("a-1").is_some());
+        assert!(store.get("b-0").is_none() && store.get("b-1").is_some());
+        assert!(store.get("c-0").is_some());
     }
 }

@@ -40,20 +40,28 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 8] = [
     header::LINK,
 ];
 
-/// Whether a response is stored for replay, by default: 2xx, 3xx and 4xx, except 408
-/// Request Timeout, 409 Conflict, 423 Locked, 425 Too Early, 429 Too Many Requests and
-/// 499 (a request the client cancelled), which say "not now" rather than give a result;
-/// never 1xx or 5xx, so that a retry after a server error runs again.
+/// Whether a response is stored for replay, by default: 2xx, 3xx and 4xx, except
+/// - 401 Unauthorized, 403 Forbidden and 407 Proxy Authentication Required: the caller was
+///   not allowed, and a retry with valid credentials must run the handler rather than be
+///   given the refusal (Stripe saves a result only once the endpoint has started
+///   executing; the IETF draft's security considerations warn of keys used by others);
+/// - 408 Request Timeout, 409 Conflict, 423 Locked, 425 Too Early, 429 Too Many Requests
+///   and 499 (a request the client cancelled), which say "not now" rather than give a
+///   result;
+///
+/// and never 1xx or 5xx, so that a retry after a server error runs again. A response that
+/// is not stored leaves no record: its lease is released and a retry runs the handler.
 ///
 /// A gRPC response is judged by its `grpc-status`, as the HTTP status that
 /// `google.rpc.Code` maps it to: `OK` 200 (stored); `INVALID_ARGUMENT`,
-/// `FAILED_PRECONDITION`, `OUT_OF_RANGE` 400, `UNAUTHENTICATED` 401, `PERMISSION_DENIED`
-/// 403, `NOT_FOUND` 404 (stored); `ALREADY_EXISTS`, `ABORTED` 409, `RESOURCE_EXHAUSTED`
+/// `FAILED_PRECONDITION`, `OUT_OF_RANGE` 400, `NOT_FOUND` 404 (stored); `UNAUTHENTICATED`
+/// 401, `PERMISSION_DENIED` 403, `ALREADY_EXISTS`, `ABORTED` 409, `RESOURCE_EXHAUSTED`
 /// 429, `CANCELLED` 499, and every 5xx (`UNIMPLEMENTED` 501, `UNAVAILABLE` 503,
 /// `DEADLINE_EXCEEDED` 504, `UNKNOWN`, `INTERNAL`, `DATA_LOSS` 500) not stored.
 pub fn default_storable(status: StatusCode) -> bool {
     let code = status.as_u16();
-    (200..500).contains(&code) && !matches!(code, 408 | 409 | 423 | 425 | 429 | 499)
+    (200..500).contains(&code)
+        && !matches!(code, 401 | 403 | 407 | 408 | 409 | 423 | 425 | 429 | 499)
 }
 
 pub(crate) type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;
@@ -190,18 +198,46 @@ impl IdempotencyLayer {
         self
     }
 
-    /// A tenant part of the key taken from the request (an account id, an API key's
-    /// owner), as the draft's security considerations ask: without it, two clients that
-    /// choose the same key share it, and one could be answered with the other's response.
-    /// A request for which the function returns `None` is answered 400. The tenant is part
-    /// of the key in Redis, so keep it short (the whole key is bounded: see
-    /// [`key`](crate::key)).
+    /// The principal a key belongs to, taken from the request (an account id, an API
+    /// key's owner), instead of the credentials ([`credential_headers`](Self::credential_headers)):
+    /// a record is replayed only to requests of the same tenant, and the same key sent by
+    /// two tenants names two records (the IETF draft's security considerations; Stripe
+    /// scopes keys per account). A request for which the function returns `None` is
+    /// answered 400. The tenant is part of the key in Redis, so keep it short: it is
+    /// bounded as a key value is (see [`key`](crate::key)).
     pub fn tenant<F>(mut self, f: F) -> Self
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
         let core = self.keyed.core_mut();
         core.extractor = Arc::new(core.extractor.with_tenant(Arc::new(f)));
+        self
+    }
+
+    /// The request headers whose values name the caller, when the layer has no
+    /// [`tenant`](Self::tenant); default [`DEFAULT_CREDENTIAL_HEADERS`](super::DEFAULT_CREDENTIAL_HEADERS) (`Authorization`
+    /// and `Cookie`). A record is replayed only to requests that carry the same values of
+    /// these headers: the key is bound to a digest of them (never to the values in
+    /// clear), so another caller that sends the same key gets a key of its own, and no
+    /// answer tells it whether the key was used. Requests with none of these headers
+    /// share one anonymous principal.
+    ///
+    /// Name the headers that identify a caller and stay the same across its retries: a
+    /// cookie that changes between a request and its retry (a rolling session, an
+    /// analytics cookie) makes the retry another key, which runs again. In that case,
+    /// name the principal with [`tenant`](Self::tenant).
+    ///
+    /// ```
+    /// use http::header::AUTHORIZATION;
+    /// use tower_redlock::IdempotencyLayer;
+    ///
+    /// // Bearer tokens name the caller; cookies do not.
+    /// let layer = IdempotencyLayer::new().credential_headers([AUTHORIZATION]);
+    /// ```
+    pub fn credential_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names: Arc<[HeaderName]> = names.into_iter().collect();
+        let core = self.keyed.core_mut();
+        core.extractor = Arc::new(core.extractor.with_credentials(names));
         self
     }
 }

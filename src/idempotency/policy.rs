@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, re
 
 use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::handle::{LeaseGuard, Locks};
-use crate::backend::records::Begin;
+use crate::backend::records::{Begin, Owner, RecordOwner};
 use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
@@ -50,6 +50,7 @@ impl IdempotencyPolicy {
         &self,
         begun: Result<Begin, LockError>,
         fingerprint: Fingerprint,
+        owner: Owner,
     ) -> Verdict<IdempotencyPermit> {
         match &begun {
             Ok(Begin::Acquired(_)) => IdempotencyResult::New.count(),
@@ -60,7 +61,7 @@ impl IdempotencyPolicy {
         }
         match begun {
             Ok(Begin::Acquired(lease)) => {
-                Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint))
+                Verdict::Admit(IdempotencyPermit::new(self, lease, fingerprint, owner))
             }
             Ok(Begin::Found(raw)) => Verdict::answer(replay(&raw, &fingerprint)),
             Err(e) => refused::<Self>(e, StatusCode::CONFLICT),
@@ -91,6 +92,10 @@ impl Policy for IdempotencyPolicy {
     }
 
     fn decide(&self, key: &str, parts: &Parts) -> Decision<IdempotencyPermit> {
+        let owner = parts
+            .extensions
+            .get()
+            .map_or(0, |&RecordOwner(owner)| owner);
         let Some(RequestFingerprint(fingerprint)) = parts.extensions.get().copied() else {
             // Only a service built by hand around the core gets here.
             tracing::error!(
@@ -104,7 +109,7 @@ impl Policy for IdempotencyPolicy {
         if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
             let begun = memory.begin_idempotent(key.clone());
             let begun = begun.map_err(|e| self.locks.estimated(&key, e));
-            return Decision::Ready(self.verdict(begun, fingerprint));
+            return Decision::Ready(self.verdict(begun, fingerprint, owner));
         }
         let policy = self.clone();
         Decision::Pending(boxed(|| async move {
@@ -113,7 +118,7 @@ impl Policy for IdempotencyPolicy {
                 .begin_idempotent(key.clone(), policy.max_wait)
                 .await
                 .map_err(|e| policy.locks.estimated(&key, e));
-            policy.verdict(begun, fingerprint)
+            policy.verdict(begun, fingerprint, owner)
         }))
     }
 }
@@ -198,6 +203,8 @@ pub struct IdempotencyPermit {
     /// The lease, held, renewed and released as a lock layer's.
     lease: LockPermit,
     fingerprint: Fingerprint,
+    /// The principal the record belongs to (for the in-process store's bounds).
+    owner: Owner,
     record_ttl: Duration,
     max_body: usize,
     stored_headers: Arc<[HeaderName]>,
@@ -223,8 +230,14 @@ impl fmt::Debug for IdempotencyPermit {
 }
 
 impl IdempotencyPermit {
-    fn new(policy: &IdempotencyPolicy, lease: Lease, fingerprint: Fingerprint) -> Self {
+    fn new(
+        policy: &IdempotencyPolicy,
+        lease: Lease,
+        fingerprint: Fingerprint,
+        owner: Owner,
+    ) -> Self {
         Self {
+            owner,
             lease: LockPermit::for_lease(policy.locks.clone(), lease, policy.renewal),
             fingerprint,
             record_ttl: policy.record_ttl,
@@ -342,16 +355,16 @@ impl Permit for IdempotencyPermit {
 
     fn release(mut self, end: End) -> Release {
         let record = self.record(end);
-        let ttl = self.record_ttl;
+        let (ttl, owner) = (self.record_ttl, self.owner);
         let (locks, lease) = self.lease.disarm();
         if let Some(memory) = locks.as_memory() {
-            memory.finish_idempotent(lease, record, ttl);
+            memory.finish_idempotent(lease, record, owner, ttl);
             return Release::Done;
         }
         // Should the future be dropped meanwhile, the guard releases in the background.
         let mut guard = LeaseGuard::new(locks.clone(), lease.clone());
         Release::Pending(boxed(|| async move {
-            if let Err(e) = locks.finish_idempotent(lease, record, ttl).await {
+            if let Err(e) = locks.finish_idempotent(lease, record, owner, ttl).await {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
             guard.take();

@@ -24,6 +24,7 @@ mod grpc;
 mod hotkey;
 mod http;
 mod idempotency;
+mod idempotency_trust;
 mod inspect;
 mod lifecycle;
 mod memory_store;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::MemoryLocks;
-use crate::backend::records::{Begin, record_key};
+use crate::backend::records::{Begin, Owner, record_key};
 use crate::error::LockError;
 use crate::lease::Lease;
 
@@ -45,15 +45,18 @@ impl MemoryLocks {
         }
     }
 
-    /// Stores `record` for `ttl` while the lease is valid, then releases the lease.
+    /// Stores `record` for `ttl` as one of `owner`'s while the lease is valid, then
+    /// releases the lease.
     pub(crate) fn finish_idempotent(
         &self,
         lease: Lease,
         record: Option<bytes::Bytes>,
+        owner: Owner,
         ttl: Duration,
     ) {
         if let Some(raw) = record.filter(|_| lease.is_valid()) {
-            self.records().insert(record_key(lease.key()), raw, ttl);
+            self.records()
+                .insert(record_key(lease.key()), owner, raw, ttl);
         }
         let _ = self.unlock(&lease);
     }
