@@ -287,17 +287,11 @@ async fn create_order(
             .into_response();
     }
     let lock_key = lease.as_ref().map(|lease| lease.key().to_owned());
-    // The key's value as the layer read it (after the scope), else the raw header.
-    let idempotency_key = match &lease {
-        Some(lease) => lease
-            .key()
-            .split_once(" /orders:")
-            .map(|(_, v)| v.to_owned()),
-        None => headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-    };
+    // The key as the client sent it (the lock key holds it after the caller's principal).
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let order_id = format!("ord_{:016x}", rand::random::<u64>());
     (
         StatusCode::CREATED,

@@ -79,6 +79,7 @@ pub enum RejectedBy {
 /// | [`Unreplayable`](Self::Unreplayable) | 409 | `FAILED_PRECONDITION` (9) |
 /// | [`Limited`](Self::Limited) | 429, or 503 for a concurrency limit | `RESOURCE_EXHAUSTED` (8) |
 /// | [`TooLarge`](Self::TooLarge) | 413 | `RESOURCE_EXHAUSTED` (8) |
+/// | [`RequestTimeout`](Self::RequestTimeout) | 408 | `DEADLINE_EXCEEDED` (4) |
 /// | [`Unavailable`](Self::Unavailable), [`Lost`](Self::Lost) | 503 | `UNAVAILABLE` (14) |
 /// | [`Misconfigured`](Self::Misconfigured) | 500 | `INTERNAL` (13) |
 ///
@@ -106,6 +107,10 @@ pub enum RejectionKind {
     Limited,
     /// A request body over the bound the layer reads.
     TooLarge,
+    /// A request body that did not arrive within the time the layer waits for it before
+    /// taking its lock: 408 Request Timeout (RFC 9110, section 15.5.9), gRPC
+    /// `DEADLINE_EXCEEDED`.
+    RequestTimeout,
     /// The store cannot decide: no quorum, Redis unreachable.
     Unavailable,
     /// The lease or permit was lost while the request ran.
@@ -125,6 +130,7 @@ impl RejectionKind {
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Limited => StatusCode::TOO_MANY_REQUESTS,
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unavailable | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
             Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -137,6 +143,7 @@ impl RejectionKind {
             Self::Unreplayable => 9,
             Self::MissingKey | Self::InvalidKey | Self::Mismatch => 3,
             Self::Limited | Self::TooLarge => 8,
+            Self::RequestTimeout => 4,
             Self::Unavailable | Self::Lost => 14,
             Self::Misconfigured => 13,
         }
@@ -433,6 +440,7 @@ mod tests {
             (Unreplayable, 9),
             (Limited, 8),
             (TooLarge, 8),
+            (RequestTimeout, 4),
             (Unavailable, 14),
             (Lost, 14),
             (Misconfigured, 13),

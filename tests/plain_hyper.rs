@@ -16,12 +16,14 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, service_fn};
+use tower_redlock::lock::RequestBody;
 use tower_redlock::{LockLayer, Locks, MemoryLocks, RejectionKind};
 
 /// Serves `LockLayer::by_header("x-order-id")` around a handler that waits for `release`
-/// (telling `entered`) before it answers.
+/// (telling `entered`) before it answers. The handler gets the request body the layer
+/// read before it took the lock, as a `RequestBody` over hyper's.
 async fn serve(entered: Arc<Semaphore>, release: Arc<Notify>) -> SocketAddr {
-    let handler = service_fn(move |_request: Request<Incoming>| {
+    let handler = service_fn(move |_request: Request<RequestBody<Incoming>>| {
         let (entered, release) = (entered.clone(), release.clone());
         async move {
             entered.add_permits(1);

@@ -31,6 +31,14 @@ pub type ConcurrencyLimitLayer<K> = KeyedLayer<K, ConcurrencyPolicy>;
 /// service `S`.
 pub type ConcurrencyLimit<S, K> = Keyed<S, K, ConcurrencyPolicy>;
 
+impl<S, K> tower_layer::Layer<S> for ConcurrencyLimitLayer<K> {
+    type Service = ConcurrencyLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Keyed::new(inner, self.clone())
+    }
+}
+
 impl<S, K: KeyExtractor> ConcurrencyLimit<S, K> {
     /// A [`ConcurrencyLimitLayer`] over `extractor`; the same as
     /// [`ConcurrencyLimitLayer::new`].

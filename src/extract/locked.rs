@@ -108,6 +108,13 @@ integer_lock_keys!(
 /// the extractor reuses that lease (the layer releases it) instead of locking against
 /// itself.
 ///
+/// A value taken from the body (`Locked<Json<T>>`) is read whole before the lock is
+/// taken. A value taken from the head (`Locked<Path<T>>`) is locked before the extractors
+/// after it run, and axum runs the one that reads the body last: a handler that also
+/// takes a body would hold its lock while the client sends it. Put a
+/// [`ReadRequestBodyLayer`](crate::lock::ReadRequestBodyLayer) on such a route, so that
+/// the body has arrived (within 10 s) before the lock is taken.
+///
 /// Rejections ([`LockedRejection`]): `T`'s own rejection; **423 Locked** with
 /// `Retry-After` when another request holds the key (RFC 4918); 400 for an invalid key;
 /// 503 when the backend has no quorum. Bodies are `application/problem+json` (RFC 9457).

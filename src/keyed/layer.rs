@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
-use tower_layer::Layer;
 
 use super::policy::{Decision, Policy, Verdict};
-use super::service::Keyed;
 #[cfg(feature = "axum")]
 use crate::key::PathParamKey;
 use crate::key::{
@@ -239,14 +237,6 @@ impl<P: Policy + Clone> KeyedLayer<PathParamKey, P> {
             P::LAYER
         );
         Self::from_parts(key, policy, Cow::Borrowed(missing))
-    }
-}
-
-impl<S, K, P> Layer<S> for KeyedLayer<K, P> {
-    type Service = Keyed<S, K, P>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Keyed::new(inner, self.clone())
     }
 }
 

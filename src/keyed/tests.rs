@@ -68,6 +68,14 @@ impl Probe {
 
 impl Sealed for Probe {}
 
+impl<S, K> Layer<S> for KeyedLayer<K, Probe> {
+    type Service = super::Keyed<S, K, Probe>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        super::Keyed::new(inner, self.clone())
+    }
+}
+
 impl Policy for Probe {
     type Permit = ProbePermit;
     const LAYER: &'static str = "ProbeLayer";

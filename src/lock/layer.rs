@@ -12,6 +12,9 @@ use crate::backend::request::LockRequest;
 use crate::backend::request::{LockMode, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal};
 use crate::key::{FnKey, FnKeys, HeaderKey, IntoHeaderName, KeyExtractor};
+use tower_layer::Layer;
+
+use super::body::ReadRequestBody;
 use crate::keyed::{Keyed, KeyedLayer};
 
 /// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
@@ -30,7 +33,19 @@ use crate::keyed::{Keyed, KeyedLayer};
 pub type LockLayer<K> = KeyedLayer<K, LockPolicy>;
 
 /// The service of [`LockLayer`]: locks each request before calling the inner service `S`.
-pub type Lock<S, K> = Keyed<S, K, LockPolicy>;
+pub type Lock<S, K> = ReadRequestBody<Keyed<S, K, LockPolicy>>;
+
+impl<S, K> Layer<S> for LockLayer<K> {
+    type Service = Lock<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReadRequestBody {
+            inner: Keyed::new(inner, self.clone()),
+            rule: self.core.policy.body,
+            on_rejection: self.core.on_rejection.clone(),
+        }
+    }
+}
 
 impl<S, K: KeyExtractor> Lock<S, K> {
     /// A [`LockLayer`] over `extractor`; the same as [`LockLayer::new`].
@@ -184,6 +199,38 @@ impl<K> LockLayer<K> {
         /// Set `true` for long streams that must not hold a lock: the body then runs
         /// unlocked.
         fn release_at_head(release_at_head: bool) => release_at_head;
+    }
+
+    /// The largest request body read before the lock is taken, in bytes; a longer one is
+    /// answered 413 Content Too Large (RFC 9110, section 15.5.14) without taking the lock.
+    /// Default 1 MiB ([`DEFAULT_MAX_REQUEST_BODY`](super::DEFAULT_MAX_REQUEST_BODY)).
+    /// The inner service gets the same bytes as a [`RequestBody`](super::RequestBody).
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.policy_mut().body.max = bytes;
+        self
+    }
+
+    /// How long a request body has to arrive whole before the lock is taken; a slower
+    /// one is answered 408 Request Timeout (RFC 9110, section 15.5.9) without ever taking
+    /// the lock. Default 10 s
+    /// ([`DEFAULT_REQUEST_BODY_TIMEOUT`](super::DEFAULT_REQUEST_BODY_TIMEOUT)). The time
+    /// counts from the request's arrival at this layer.
+    pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
+        self.policy_mut().body.timeout = timeout;
+        self
+    }
+
+    /// Whether the request body is streamed to the inner service under the lock instead
+    /// of read first. Default `false`: the body is read whole (within
+    /// [`max_request_body`](Self::max_request_body) and
+    /// [`request_body_timeout`](Self::request_body_timeout)) before the lock is taken, so
+    /// a client that sends its body slowly holds no lock while it does. Set `true` for
+    /// uploads larger than the bound and for client-streaming gRPC calls (whose body does
+    /// not end before the call answers): the lock is then held while the client sends, so
+    /// bound the body's time with the server's own limits.
+    pub fn stream_request_body(mut self, stream: bool) -> Self {
+        self.policy_mut().body.read_first = !stream;
+        self
     }
 
     /// Sends the lease's fencing token to the inner service in this request header (for

@@ -3,16 +3,21 @@
 //!
 //! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
 //! [`LockPolicy`]):
-//! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
+//! 1. reads the request body whole, before any lock is taken, so that a client that sends
+//!    it slowly holds nothing: at most 1 MiB ([`LockLayer::max_request_body`]; 413 beyond)
+//!    within 10 s ([`LockLayer::request_body_timeout`]; 408 beyond); a request without a
+//!    body goes on at once, and [`LockLayer::stream_request_body`] hands the body on
+//!    unread instead. The inner service gets it as a [`RequestBody`];
+//! 2. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    and checks it ([`validate_value`](crate::key::validate_value));
-//! 2. acquires `{scope}:{value}` on its backend ([`Locks`]), one attempt
+//! 3. acquires `{scope}:{value}` on its backend ([`Locks`]), one attempt
 //!    (or waits up to [`LockLayer::max_wait`]); with [`LockLayer::by_fn_all`], every
 //!    key the request names, with one lease, all or none;
-//! 3. runs the inner service with the lease's live [`LeaseStatus`] in the request
+//! 4. runs the inner service with the lease's live [`LeaseStatus`] in the request
 //!    extensions (read it, or the [`Lease`], with their extractors), renewing the lease
 //!    ([`LockLayer::renewal`]) and never polling it past its validity
 //!    ([`LockLayer::on_lock_loss`]);
-//! 4. releases the lease as the body's last frame is handed on, before the client sees the
+//! 5. releases the lease as the body's last frame is handed on, before the client sees the
 //!    end ([`LockLayer::release_at_head`]: once the head is ready); when the future or body
 //!    is dropped early (the client went away), in the background, the TTL the backstop.
 //!
@@ -22,6 +27,7 @@
 //! | --- | --- |
 //! | the lock is held by another request | 409 for `by_header`, 423 otherwise ([`LockLayer::taken_status`]); `Retry-After` |
 //! | the key is missing (when required) or invalid | 400 |
+//! | the request body is over the bound, or slower than the layer waits for | 413, 408 |
 //! | the server is misconfigured (a path parameter the route lacks, the layer outside the `Router`) | 500, the fix logged once |
 //! | the backend has no quorum | 503 with `Retry-After: 1` (see [Failing open](#failing-open)) |
 //! | the lease was lost while the inner service ran | 503 with `Retry-After: 1` ([`OnLockLoss::Continue`](crate::OnLockLoss) runs on instead) |
@@ -165,11 +171,16 @@
 //! fails closed: a lock silently skipped protects nothing. The handler then has no lease
 //! (take `Option<Lease>` or `Option<LeaseStatus>`).
 
+mod body;
 mod layer;
 pub(crate) mod policy;
 #[cfg(test)]
 mod tests;
 
+pub use body::{
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_REQUEST_BODY_TIMEOUT, ReadRequestBody, ReadRequestBodyFuture,
+    ReadRequestBodyLayer, RequestBody,
+};
 pub use layer::{Lock, LockLayer};
 pub use policy::LockPolicy;
 

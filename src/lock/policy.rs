@@ -1,6 +1,7 @@
 //! What [`LockLayer`](super::LockLayer) does with a key: take a lease, hold it while the
 //! request runs (renewed, never past its validity), release it when the response is done.
 
+use super::body::BodyRule;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ pub struct LockPolicy {
     pub(crate) release_at_head: bool,
     /// The mode and the wait of every acquisition.
     pub(crate) options: Options,
+    /// How the request body is read before the lock.
+    pub(crate) body: BodyRule,
 }
 
 impl LockPolicy {
@@ -46,6 +49,7 @@ impl LockPolicy {
             fencing_header: None,
             release_at_head: false,
             options: Options::default(),
+            body: BodyRule::default(),
         }
     }
 

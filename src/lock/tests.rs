@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 use tokio::sync::{Notify, Semaphore};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt, service_fn};
@@ -15,6 +15,9 @@ use crate::{
     Lease, LeaseStatus, LockLayer, Locks, MemoryLocks, RejectedBy, Rejection, RejectionKind,
 };
 use http_body::Body as _;
+
+/// The request body the service inside the layer gets.
+type Inner = crate::lock::RequestBody<Empty<Bytes>>;
 
 /// A handler that holds its request until `release` is notified, telling `entered`.
 #[derive(Clone)]
@@ -31,9 +34,9 @@ impl Gate {
         }
     }
 
-    fn service(&self) -> BoxCloneService<Request<()>, Response<Full<Bytes>>, Infallible> {
+    fn service(&self) -> BoxCloneService<Request<Inner>, Response<Full<Bytes>>, Infallible> {
         let gate = self.clone();
-        BoxCloneService::new(service_fn(move |req: Request<()>| {
+        BoxCloneService::new(service_fn(move |req: Request<Inner>| {
             let gate = gate.clone();
             async move {
                 let status = req.extensions().get::<LeaseStatus>();
@@ -53,11 +56,14 @@ impl Gate {
     }
 }
 
-fn with_header(name: &str, value: &str) -> Request<()> {
-    Request::builder().header(name, value).body(()).unwrap()
+fn with_header(name: &str, value: &str) -> Request<Empty<Bytes>> {
+    Request::builder()
+        .header(name, value)
+        .body(Empty::new())
+        .unwrap()
 }
 
-fn keyed(key: &str) -> Request<()> {
+fn keyed(key: &str) -> Request<Empty<Bytes>> {
     with_header("job", key)
 }
 
@@ -114,13 +120,21 @@ async fn on_rejection_shapes_http_refusals_and_grpc_keeps_its_answer() {
     let grpc = Request::builder()
         .header("job", "a")
         .header("content-type", "application/grpc");
-    let grpc = svc.clone().oneshot(grpc.body(()).unwrap()).await.unwrap();
+    let grpc = svc
+        .clone()
+        .oneshot(grpc.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(grpc.status(), StatusCode::OK);
     assert_eq!(grpc.headers()["grpc-status"], "10");
     assert!(grpc.headers().contains_key("grpc-retry-pushback-ms"));
     assert!(grpc.body().is_end_stream(), "a trailers-only answer");
     // A missing key too: the hook sees every refusal of the layer.
-    let missing = svc.clone().oneshot(Request::new(())).await.unwrap();
+    let missing = svc
+        .clone()
+        .oneshot(Request::new(Empty::new()))
+        .await
+        .unwrap();
     assert_eq!(missing.status(), StatusCode::IM_A_TEAPOT);
     let body = missing.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "MissingKey");
@@ -187,13 +201,14 @@ async fn header_names_are_case_insensitive_and_may_be_typed() {
         LockLayer::by_header("IDEMPOTENCY-KEY"),
         LockLayer::by_header(http::HeaderName::from_static("idempotency-key")),
     ] {
-        let svc = layer
-            .backend(locks.clone())
-            .layer(service_fn(|req: Request<()>| async move {
-                let status = req.extensions().get::<LeaseStatus>().unwrap();
-                let key = Bytes::from(status.lease().key().to_owned());
-                Ok::<_, Infallible>(Response::new(Full::new(key)))
-            }));
+        let svc =
+            layer
+                .backend(locks.clone())
+                .layer(service_fn(|req: Request<Inner>| async move {
+                    let status = req.extensions().get::<LeaseStatus>().unwrap();
+                    let key = Bytes::from(status.lease().key().to_owned());
+                    Ok::<_, Infallible>(Response::new(Full::new(key)))
+                }));
         let response = svc
             .oneshot(with_header("Idempotency-Key", "k"))
             .await
@@ -208,7 +223,7 @@ async fn the_handler_gets_one_status_that_carries_the_lease() {
     let locks = Locks::from(MemoryLocks::builder().fencing_tokens(true).build().unwrap());
     let svc = by_job()
         .backend(locks)
-        .layer(service_fn(|req: Request<()>| async move {
+        .layer(service_fn(|req: Request<Inner>| async move {
             let status = req.extensions().get::<LeaseStatus>().cloned().unwrap();
             let lease = req.extensions().get::<Lease>();
             assert!(lease.is_none(), "one extension only");

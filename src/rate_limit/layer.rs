@@ -35,6 +35,14 @@ pub type RateLimitLayer<K> = KeyedLayer<K, RateLimitPolicy>;
 /// service `S`.
 pub type RateLimit<S, K> = Keyed<S, K, RateLimitPolicy>;
 
+impl<S, K> tower_layer::Layer<S> for RateLimitLayer<K> {
+    type Service = RateLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Keyed::new(inner, self.clone())
+    }
+}
+
 impl<S, K: KeyExtractor> RateLimit<S, K> {
     /// A [`RateLimitLayer`] over `extractor`; the same as [`RateLimitLayer::new`].
     pub fn layer(extractor: K, quota: Quota) -> RateLimitLayer<K> {

@@ -35,6 +35,7 @@ mod redlock;
 mod replica_ack;
 mod rwfair;
 mod sentinel;
+mod slow_body;
 mod tls;
 mod versions;
 mod waiting;
