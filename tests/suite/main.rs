@@ -34,6 +34,7 @@ mod recovery;
 mod redlock;
 mod replica_ack;
 mod rwfair;
+mod script_flush;
 mod sentinel;
 mod slow_body;
 mod tls;
