@@ -52,15 +52,53 @@ impl KeyExtractor for IdempotencyKey {
         };
         let tenant = tenant(parts).ok_or(KeyError::MissingTenant)?;
         validate_value(&tenant)?;
+        let Some(value) = self.header.extract(parts)? else {
+            return Ok(None);
+        };
+        // Checked alone as well: behind the tenant, an empty key would pass as a key.
+        validate_value(&value)?;
         // In the value, not the scope (hold times are per route); its length first, so that
         // no tenant and key pair reads as another's.
-        Ok(self
-            .header
-            .extract(parts)?
-            .map(|value| Cow::Owned(format!("tenant {}:{tenant}:{value}", tenant.len()))))
+        Ok(Some(Cow::Owned(format!(
+            "tenant {}:{tenant}:{value}",
+            tenant.len()
+        ))))
     }
 
     fn write_scope(&self, parts: &Parts, out: &mut String) {
         self.header.write_scope(parts, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(key: &str, tenant: &str) -> Parts {
+        let request = http::Request::builder()
+            .header("idempotency-key", key)
+            .header("x-tenant", tenant)
+            .body(())
+            .unwrap();
+        request.into_parts().0
+    }
+
+    #[test]
+    fn a_tenant_does_not_make_an_empty_key_valid() {
+        let tenant: Arc<TenantFn> =
+            Arc::new(|p: &Parts| Some(p.headers.get("x-tenant")?.to_str().ok()?.to_owned()));
+        let key =
+            IdempotencyKey::new(HeaderName::from_static("idempotency-key")).with_tenant(tenant);
+        let extract = |k: &str, t: &str| {
+            key.extract(&mut parts(k, t))
+                .map(|v| v.map(Cow::into_owned))
+        };
+        assert_eq!(extract("", "acme"), Err(KeyError::Empty));
+        assert_eq!(extract("\"\"", "acme"), Err(KeyError::Empty));
+        assert_eq!(extract("k", ""), Err(KeyError::Empty));
+        assert_eq!(
+            extract("k-1", "acme").unwrap().as_deref(),
+            Some("tenant 4:acme:k-1")
+        );
     }
 }

@@ -21,6 +21,7 @@ mod faults;
 mod foreign;
 mod gcra;
 mod grpc;
+mod hostile_keys;
 mod hotkey;
 mod http;
 mod idempotency;
