@@ -13,6 +13,14 @@
 //! of the whole key, and the header name is parsed when the layer is built; what is left
 //! per operation is the key, the lease, the Redis commands and their replies.
 
+// A benchmark stops on a failed setup or a result it did not expect.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 use std::sync::Arc;
 
 use allocation_counter::AllocationInfo;

@@ -15,6 +15,14 @@
 //! `cargo bench --bench idempotency` (`BENCH_QUICK=1` for a short run). It starts its own
 //! `redis-server` processes on free ports.
 
+// A benchmark stops on a failed setup or a result it did not expect.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 #[path = "common/mod.rs"]
 mod common;
 #[path = "../tests/support/mod.rs"]

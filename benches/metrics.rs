@@ -14,6 +14,14 @@
 //!
 //! `cargo bench --bench metrics` (`BENCH_QUICK=1` for a short run).
 
+// A benchmark stops on a failed setup or a result it did not expect.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 #[path = "common/mod.rs"]
 mod common;
 

@@ -52,6 +52,14 @@
 //! mean, and each section says how much CPU time other processes took while it ran.
 //! Compare the ratios of one run rather than absolute times across runs.
 
+// A benchmark stops on a failed setup or a result it did not expect.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -38,6 +38,14 @@
 //! The peers' cases run on a current-thread Tokio runtime, the others on a runtime of one
 //! worker. It starts its own `redis-server`.
 
+// A benchmark stops on a failed setup or a result it did not expect.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

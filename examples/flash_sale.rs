@@ -56,6 +56,14 @@
 //! Every Redis command, the lock's and the stock's, waits at most [`NODE_TIMEOUT`] for its
 //! answer: a stock node that does not answer as Redis makes a buy answer 503 within it.
 
+// An example keeps to its point: it stops on a failed setup or a poisoned lock.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;

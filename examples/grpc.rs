@@ -12,6 +12,14 @@
 //! next ones are refused with `RESOURCE_EXHAUSTED`. Every refusal is a gRPC status (see
 //! `tower_redlock::rejection`), never an HTTP error body a gRPC client cannot read.
 
+// An example keeps to its point: it stops on a failed setup or a poisoned lock.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 use std::time::Duration;
 
 use tokio_stream::wrappers::TcpListenerStream;

@@ -2,6 +2,14 @@
 //! that chose Redis locks on Redis, never per process. Its own test binary, since the
 //! default is process-wide.
 
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 mod support;
 
 use std::time::Duration;

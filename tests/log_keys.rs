@@ -2,6 +2,14 @@
 //! fencing counter another client wrote, and a failed acquisition, at the default level.
 //! Alone in its test binary: `log_full_keys` applies to the whole process.
 
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 mod support;
 
 use std::time::Duration;

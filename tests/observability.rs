@@ -5,6 +5,14 @@
 //! runtime runs the server, the client and the Redis connections on that one thread, and
 //! the tests of this file, run in parallel, do not see each other's counts.
 
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 mod support;
 
 use std::collections::HashMap;

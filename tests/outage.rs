@@ -3,6 +3,14 @@
 //! layer, not one per request. Alone in its test binary, so that no other test's outage
 //! shares the interval.
 
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 mod support;
 
 use std::time::Duration;

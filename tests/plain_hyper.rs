@@ -1,6 +1,14 @@
 //! `LockLayer` around a plain tower service served by hyper, in a build without axum:
 //! `scripts/test` runs this file with `--no-default-features --features lock` and checks
 //! that axum is not in that build's dependency tree.
+
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 #![cfg(feature = "lock")]
 
 use std::convert::Infallible;

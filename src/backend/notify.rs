@@ -132,12 +132,14 @@ impl Notifier {
     }
 
     async fn subscribe_on(self: &Arc<Self>, index: usize, key: &Arc<str>) {
-        let node = &self.nodes[index];
+        let Some(node) = self.nodes.get(index) else {
+            return;
+        };
         let attempt = async {
             let mut sink = node.sink.lock().await;
             if !alive(&sink) {
                 *sink = None;
-                let (subscriber, reading) = self.open(index).await?;
+                let (subscriber, reading) = self.open(node).await?;
                 tokio::spawn(read(Arc::downgrade(self), index, reading));
                 *sink = Some(subscriber);
             }
@@ -190,10 +192,10 @@ impl Notifier {
         });
     }
 
-    /// A subscriber connection to node `index`, subscribed to the keys waited on now: the
-    /// node's half, and the reader's.
-    async fn open(&self, index: usize) -> redis::RedisResult<(Subscriber, Reading)> {
-        let pubsub = self.nodes[index].connector.pubsub().await?;
+    /// A subscriber connection to `node`, subscribed to the keys waited on now: the node's
+    /// half, and the reader's.
+    async fn open(&self, node: &NodeSubscriber) -> redis::RedisResult<(Subscriber, Reading)> {
+        let pubsub = node.connector.pubsub().await?;
         let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
@@ -264,7 +266,9 @@ async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
             return;
         }
         // The node's command connection most likely went with it.
-        this.conns[index].node_dropped();
+        if let Some(conn) = this.conns.get(index) {
+            conn.node_dropped();
+        }
         drop(this);
         match reconnect(&notifier, index).await {
             Some(next) => reading = next,
@@ -281,12 +285,13 @@ async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
     loop {
         let this = notifier.upgrade()?;
         {
-            let mut sink = this.nodes[index].sink.lock().await;
+            let node = this.nodes.get(index)?;
+            let mut sink = node.sink.lock().await;
             if alive(&sink) {
                 return None;
             }
             if let Ok(Ok((subscriber, reading))) =
-                tokio::time::timeout(this.timeout, this.open(index)).await
+                tokio::time::timeout(this.timeout, this.open(node)).await
             {
                 *sink = Some(subscriber);
                 drop(sink);

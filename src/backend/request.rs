@@ -224,6 +224,10 @@ pub(crate) enum Claim {
 
 impl Claim {
     /// The key that names the claim in spans, logs and hold times: the first of a set.
+    // A set is built with two keys or more only (`resolve` above, `LockPolicy::decide_all`
+    // from the layer's sorted, distinct keys), so it has a first; a reference to the key
+    // itself keeps the acquisition path free of a copy.
+    #[allow(clippy::indexing_slicing)]
     pub(crate) fn first(&self) -> &Arc<str> {
         match self {
             Claim::One(key) => key,

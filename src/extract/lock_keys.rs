@@ -12,7 +12,7 @@ use crate::backend::handle::Locks;
 use crate::backend::status::LeaseStatus;
 use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
-use crate::key::validate_value;
+use crate::key::{KeyError, MAX_KEYS_PER_LEASE, validate_value};
 use crate::rejection::Rejection;
 
 /// Turns an extracted value into the lock keys [`Locked<T>`] holds: one, or several held
@@ -61,7 +61,9 @@ pub trait LockKeys {
     /// This value's keys, at least one. Each must be non-empty, at most
     /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes and free of control characters,
     /// and there may be at most [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE)
-    /// distinct ones, or the extractor answers 400.
+    /// distinct ones, or the extractor answers 400 (`application/problem+json`). An empty
+    /// list (a body that names no resource, such as `{"ids": []}`) is answered 400 as
+    /// well, [`KeyError::KeyCount`](crate::key::KeyError::KeyCount), and takes no lock.
     fn lock_keys(&self) -> Vec<Cow<'_, str>>;
 }
 
@@ -120,8 +122,16 @@ pub(super) async fn lock<T: LockKeys>(
         })?;
         resources.push(format!("{}:{}", T::SCOPE, key));
     }
+    // A value that names nothing (an empty list in a body) is the client's mistake: 400.
+    let Some(first) = resources.first() else {
+        crate::observe::LockResult::Invalid.count();
+        let none = KeyError::KeyCount {
+            count: 0,
+            max: MAX_KEYS_PER_LEASE,
+        };
+        return Err(reject(none.into()));
+    };
     if let Some(status) = existing
-        && !resources.is_empty()
         && resources.iter().all(|r| locks.names(status.lease(), r))
     {
         return Ok(Locked::new(value, status.clone(), None));
@@ -152,7 +162,7 @@ pub(super) async fn lock<T: LockKeys>(
             // Retry-After from the hold times observed for the scope.
             let e = crate::key::with_scratch(|key| {
                 key.push_str(locks.prefix());
-                crate::key::push_escaped(key, &resources[0]);
+                crate::key::push_escaped(key, first);
                 locks.estimated(key, e)
             });
             Err(reject(e))
@@ -244,6 +254,39 @@ mod tests {
             Locked::<Json<Transfer>>::from_request(not_json, &locks).await,
             Err(LockedRejection::Extract(_))
         ));
+    }
+
+    /// Names every id of its list.
+    #[derive(Debug, serde::Deserialize)]
+    struct Batch {
+        ids: Vec<String>,
+    }
+
+    impl LockKeys for Batch {
+        const SCOPE: &'static str = "item";
+        fn lock_keys(&self) -> Vec<Cow<'_, str>> {
+            self.ids
+                .iter()
+                .map(|id| Cow::Borrowed(id.as_str()))
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_empty_key_set_is_refused_with_400() {
+        let locks = Locks::from(MemoryLocks::new());
+        let empty = http::Request::builder()
+            .method("POST")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"ids": []}"#))
+            .unwrap();
+        let Err(LockedRejection::Lock(rejection)) =
+            Locked::<Json<Batch>>::from_request(empty, &locks).await
+        else {
+            panic!("an empty key set was locked");
+        };
+        assert_eq!(rejection.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(rejection.kind(), crate::RejectionKind::InvalidKey);
     }
 
     #[tokio::test]

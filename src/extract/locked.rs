@@ -208,6 +208,8 @@ impl<T> Locked<T> {
     /// done after that was not protected), [`LockError::NoQuorum`] when too few nodes
     /// answered (the keys expire by their TTL). The value is lost with the error only in
     /// the sense that it is dropped; extract it again if needed.
+    // `value` is taken only here, which consumes `self`, and in `Drop`.
+    #[allow(clippy::expect_used)]
     pub async fn release(mut self) -> Result<T, LockError> {
         let value = self
             .value
@@ -243,6 +245,8 @@ impl<L: Future<Output = ()>> Watch for StatusWatch<'_, L> {
 impl<T> Deref for Locked<T> {
     type Target = T;
 
+    // `value` is taken only by `release`, which consumes `self`, and in `Drop`.
+    #[allow(clippy::expect_used)]
     fn deref(&self) -> &T {
         self.value
             .as_ref()

@@ -110,14 +110,21 @@ fn credentials_digest(parts: &Parts, names: &[HeaderName]) -> Option<([u8; 32], 
     let mut first = [0u8; 16];
     first.copy_from_slice(digest.get(..16)?);
     let mut hex = [0u8; 32];
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (pair, byte) in hex.chunks_exact_mut(2).zip(digest.iter()) {
         if let [high, low] = pair {
-            *high = DIGITS[usize::from(byte >> 4)];
-            *low = DIGITS[usize::from(byte & 0x0f)];
+            *high = hex_digit(byte >> 4);
+            *low = hex_digit(byte & 0x0f);
         }
     }
     Some((hex, Owner::from_be_bytes(first)))
+}
+
+/// The lowercase hex digit of `nibble`, its low four bits.
+fn hex_digit(nibble: u8) -> u8 {
+    match nibble & 0x0f {
+        low @ 0..=9 => b'0' + low,
+        high => b'a' + (high - 10),
+    }
 }
 
 impl KeyExtractor for IdempotencyKey {
@@ -270,5 +277,22 @@ mod tests {
         let mut out = String::new();
         let missing = key.write_value(&mut parts(&[("idempotency-key", "k")]), &mut out);
         assert!(matches!(missing, Err(KeyError::MissingTenant)));
+    }
+
+    #[test]
+    fn a_tenant_does_not_make_an_empty_key_valid() {
+        let key =
+            IdempotencyKey::new(HeaderName::from_static("idempotency-key")).with_tenant(Arc::new(
+                |parts: &Parts| Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned()),
+            ));
+        let extract = |k: &str, t: &str| {
+            let mut out = String::new();
+            let mut parts = parts(&[("idempotency-key", k), ("x-tenant", t)]);
+            key.write_value(&mut parts, &mut out).map(|_| out)
+        };
+        assert_eq!(extract("", "acme"), Err(KeyError::Empty));
+        assert_eq!(extract("\"\"", "acme"), Err(KeyError::Empty));
+        assert_eq!(extract("k", ""), Err(KeyError::Empty));
+        assert_eq!(extract("k-1", "acme").as_deref(), Ok("tenant 4:acme:k-1"));
     }
 }

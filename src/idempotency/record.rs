@@ -172,12 +172,12 @@ impl<'a> Reader<'a> {
     }
 
     fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
+        self.take(1)?.first().copied()
     }
 
     fn u16(&mut self) -> Option<u16> {
         let b = self.take(2)?;
-        Some(u16::from_be_bytes([b[0], b[1]]))
+        Some(u16::from_be_bytes(b.try_into().ok()?))
     }
 
     /// Fields as [`put_fields`] writes them.

@@ -197,7 +197,10 @@ pub(crate) fn push_escaped(out: &mut String, part: &str) {
 ))]
 #[inline]
 pub(crate) fn escape_from(out: &mut String, from: usize) {
-    if !needs_escape(&out.as_bytes()[from..]) {
+    let Some(tail) = out.as_bytes().get(from..) else {
+        return;
+    };
+    if !needs_escape(tail) {
         return;
     }
     let tail = out.split_off(from);
@@ -282,6 +285,9 @@ impl IntoHeaderName for &HeaderName {
 }
 
 impl IntoHeaderName for &'static str {
+    // A string written in the code that is no header name is the code's mistake, found as
+    // the layer is built, before any request (see the trait's docs).
+    #[allow(clippy::panic)]
     fn into_header_name(self, method: &str) -> HeaderName {
         HeaderName::from_bytes(self.as_bytes()).unwrap_or_else(|_| {
             panic!(

@@ -199,6 +199,10 @@ where
 {
     type Output = Result<Response<ResponseBody<ResB, P>>, S::Error>;
 
+    // Each state's `Option`s are `Some` until the state is left (the permit taken in
+    // `Running` was matched `Some` just above): an `expect` fails only on a poll after
+    // completion, which `Future` forbids.
+    #[allow(clippy::expect_used)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
@@ -313,18 +317,18 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
         "outcome" => if fail_open { "fail_open" } else { "fail_closed" }
     )
     .increment(1);
-    let i = match P::REJECTED_BY {
-        RejectedBy::Lock => 0,
-        RejectedBy::Idempotency => 1,
-        RejectedBy::RateLimit => 2,
-        _ => 3,
+    let (next_ms, unlogged_since) = match P::REJECTED_BY {
+        RejectedBy::Lock => (&NEXT_MS[0], &UNLOGGED[0]),
+        RejectedBy::Idempotency => (&NEXT_MS[1], &UNLOGGED[1]),
+        RejectedBy::RateLimit => (&NEXT_MS[2], &UNLOGGED[2]),
+        _ => (&NEXT_MS[3], &UNLOGGED[3]),
     };
     let now = START.get_or_init(std::time::Instant::now).elapsed();
     let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
-    let next = NEXT_MS[i].load(Ordering::Relaxed);
+    let next = next_ms.load(Ordering::Relaxed);
     let interval = u64::try_from(OUTAGE_LOG_INTERVAL.as_millis()).unwrap_or(u64::MAX);
     let due = now_ms >= next
-        && NEXT_MS[i]
+        && next_ms
             .compare_exchange(
                 next,
                 now_ms.saturating_add(interval),
@@ -333,10 +337,10 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
             )
             .is_ok();
     if !due {
-        UNLOGGED[i].fetch_add(1, Ordering::Relaxed);
+        unlogged_since.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let unlogged = UNLOGGED[i].swap(0, Ordering::Relaxed);
+    let unlogged = unlogged_since.swap(0, Ordering::Relaxed);
     let answer = if fail_open {
         "running unguarded (fail open)"
     } else {

@@ -307,8 +307,8 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             };
             return answer(invalid_key::<P>(&error));
         }
-        if keys.len() == 1 {
-            return Some(self.policy.decide(&keys[0], parts));
+        if let [key] = keys.as_slice() {
+            return Some(self.policy.decide(key, parts));
         }
         Some(self.policy.decide_all(keys, parts))
     }

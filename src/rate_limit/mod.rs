@@ -44,7 +44,8 @@
 mod key;
 mod layer;
 mod policy;
-#[cfg(all(test, feature = "axum"))]
+#[cfg(test)]
+#[cfg(feature = "axum")]
 mod tests;
 
 pub use crate::backend::rate_limit::quota::{Quota, QuotaError, Usage};

@@ -161,6 +161,8 @@ pub(crate) struct Headers {
 
 impl Headers {
     /// Panics when `name` is not printable ASCII (the layer's builder checks it first).
+    // Called with the default name or one `policy_name` checked: a mistake in the code.
+    #[allow(clippy::expect_used)]
     pub(crate) fn new(quota: Quota, name: &str, legacy: bool) -> Self {
         let name_item = sf_string(name);
         let (q, w) = quota.policy();

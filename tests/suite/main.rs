@@ -11,6 +11,14 @@
 //! Run one area with `cargo test --test suite <module>::`, for example
 //! `cargo test --test suite waiting::`.
 
+// A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -21,6 +29,7 @@ mod faults;
 mod foreign;
 mod gcra;
 mod grpc;
+mod hostile_keys;
 mod hotkey;
 mod http;
 mod idempotency;

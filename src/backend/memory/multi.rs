@@ -6,14 +6,23 @@ use std::time::Instant;
 use super::{HeldKey, MemoryLocks};
 use crate::backend::request::LockResult;
 use crate::error::LockError;
+use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
 use crate::lease::{Lease, Shape, Token};
 
 impl MemoryLocks {
     /// Takes the sorted, distinct `keys`, all or none.
     pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> LockResult {
-        if let [key] = &keys[..] {
-            return self.acquire(key.clone());
-        }
+        let first = match &keys[..] {
+            [key] => return self.acquire(key.clone()),
+            [first, ..] => first,
+            [] => {
+                return Err(KeyError::KeyCount {
+                    count: 0,
+                    max: MAX_KEYS_PER_LEASE,
+                }
+                .into());
+            }
+        };
         let token = Token::unique();
         let ttl = self.inner.policy.ttl;
         let now = Instant::now();
@@ -32,10 +41,9 @@ impl MemoryLocks {
             };
             state.keys.entry(key.clone()).or_default().holder = Some(holder);
         }
-        let first = keys[0].clone();
         Ok(self.lease(
             &mut state,
-            first,
+            first.clone(),
             Shape::Set(keys.clone()),
             token,
             expires_at,
@@ -112,6 +120,16 @@ mod tests {
 
     fn is_taken(result: LockResult) -> bool {
         matches!(result, Err(LockError::Taken { .. }))
+    }
+
+    #[test]
+    fn an_empty_set_is_refused_not_a_panic() {
+        let locks = MemoryLocks::new();
+        let none: Arc<[Arc<str>]> = Arc::new([]);
+        assert!(matches!(
+            locks.acquire_all(&none),
+            Err(LockError::InvalidKey(KeyError::KeyCount { count: 0, .. }))
+        ));
     }
 
     #[test]

@@ -45,7 +45,8 @@ impl Keys {
     pub(super) fn lease_key(&self) -> Arc<str> {
         match self {
             Keys::Lock(key) | Keys::Readers { set: key, .. } => key.clone(),
-            Keys::Set(keys) => keys[0].clone(),
+            // A set has two keys or more (`LockRequest::resolve`); an empty one names none.
+            Keys::Set(keys) => keys.first().map_or_else(|| Arc::from(""), Arc::clone),
         }
     }
 

@@ -236,7 +236,9 @@ fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str
     #[cfg(feature = "cluster-async")]
     if conn.connector().is_cluster() {
         let mut slotted: Vec<(u16, &Arc<str>)> = keys.iter().map(|key| (slot(key), key)).collect();
-        if slotted.iter().all(|(s, _)| *s == slotted[0].0) {
+        let mut slots = slotted.iter().map(|(s, _)| *s);
+        let first = slots.next();
+        if slots.all(|s| Some(s) == first) {
             return None;
         }
         // Stable: within a slot the keys keep their (sorted) order.
@@ -257,9 +259,9 @@ fn by_slot(conn: &Connection, keys: &Arc<[Arc<str>]>) -> Option<Vec<Arc<[Arc<str
 fn slot(key: &str) -> u16 {
     let bytes = key.as_bytes();
     let tag = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
+        let rest = bytes.get(open + 1..)?;
         let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
+        rest.get(..close).filter(|tag| !tag.is_empty())
     });
     crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(bytes)) % 16384
 }
@@ -283,8 +285,9 @@ async fn acquire_on(
             refused => {
                 // The slots taken are ours to delete; the caller deletes the rest.
                 join_all(
-                    groups[..i]
+                    groups
                         .iter()
+                        .take(i)
                         .map(|taken| release_group(conn.clone(), taken.clone(), token, false)),
                 )
                 .await;
@@ -329,7 +332,7 @@ pub(in crate::backend::redlock) async fn fence_group(
         .arg(keys.len());
     let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
     if reply == -2 {
-        return Err(invalid_counter(&keys[0]));
+        return Err(invalid_counter(keys.first().map_or("", |key| &**key)));
     }
     Ok(reply)
 }
