@@ -17,9 +17,10 @@
 //! overwritten: the layer answers 500 and logs it.
 //!
 //! Records live beside the lock: in process, in [`MemoryLocks`](crate::MemoryLocks); on
-//! Redis, as `{<lock key>}:record` on every node. A first request checks for a record and
-//! acquires in one script per node, then stores and releases in one, on a quorum. A retry
-//! takes the record if any node of a quorum has it: read and write quorums always meet.
+//! Redis, as `<prefix>{<lock key>}:record` on every node. A first request checks for a
+//! record and acquires in one script per node, then stores and releases in one, on a
+//! quorum. A retry takes the record if any node of a quorum has it: read and write quorums
+//! always meet.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};

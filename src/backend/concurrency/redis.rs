@@ -1,6 +1,6 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
-use crate::backend::notify::{Joined, Notifier, UnsubscribeOnDrop, released};
+use crate::backend::notify::{Channels, Joined, Notifier, UnsubscribeOnDrop};
 use crate::backend::wait::Waiters;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -309,7 +309,7 @@ impl RedisConcurrencyLimiter {
         invocation
             .key(Joined([key, ":waiters"]))
             .arg(token)
-            .arg(released(key));
+            .arg(Channels::Suffixed.released(key));
         let released = self
             .inner
             .store
@@ -383,6 +383,7 @@ impl RedisConcurrencyLimiterBuilder {
             vec![conn.connector().clone()],
             vec![conn],
             waiters.clone(),
+            Channels::Suffixed,
             store.timeout.max(Duration::from_millis(100)),
         ));
         notifier.watch();

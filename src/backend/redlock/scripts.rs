@@ -8,6 +8,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 use super::keys::Auxiliary;
 use crate::backend::connection::Connection;
 use crate::backend::node::ReplicaAck;
+use crate::backend::notify::released;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -64,8 +65,9 @@ pub(super) async fn run<T: FromRedisValue>(
 }
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
-/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2]: both
-/// go in one `DEL`, and when the mark was there it publishes on `{<lock key>}:released`.
+/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2] and
+/// the lock's release channel as ARGV[2]: both keys go in one `DEL`, and when the mark was
+/// there it publishes on the channel.
 /// The cleanup of an attempt that fell short passes no mark: two waiters that split the
 /// nodes would otherwise wake each other in a loop while the holder keeps the lock.
 ///
@@ -78,7 +80,7 @@ if v == ARGV[1] then
   if not KEYS[2] then
     redis.call('DEL', KEYS[1])
   elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
-    redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+    redis.call('PUBLISH', ARGV[2], '')
   end
   return 1
 elseif not v then
@@ -186,6 +188,7 @@ impl Attempted {
     /// `{-1, i}` the fencing counter of `keys[i - 1]` is not an integer below 2^53.
     pub(super) fn decode(
         (status, value): (i64, i64),
+        prefix: &str,
         keys: &[Arc<str>],
     ) -> Result<Self, NodeFailureReason> {
         match status {
@@ -197,7 +200,7 @@ impl Attempted {
                     .and_then(|i| keys.get(i))
                     .or(keys.first())
                     .map_or("", |key| &**key);
-                Err(invalid_counter(key))
+                Err(invalid_counter(prefix, key))
             }
         }
     }
@@ -208,18 +211,20 @@ pub(super) async fn run_attempt(
     conn: &mut Connection,
     script: &Script,
     cmd: &Cmd,
+    prefix: &str,
     keys: &[Arc<str>],
 ) -> Result<Attempted, NodeFailureReason> {
     let reply = run_acked(conn, Some(script), cmd, |&(status, _): &(i64, i64)| {
         status == 1
     })
     .await?;
-    Attempted::decode(reply, keys)
+    Attempted::decode(reply, prefix, keys)
 }
 
 /// An acquisition attempt on one node: [`acquire_plain`], [`ACQUIRE`] or [`ACQUIRE_FENCED`].
 pub(super) async fn acquire(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     attempt: Attempt,
@@ -235,16 +240,16 @@ pub(super) async fn acquire(
     let mut cmd = evalsha(script, numkeys);
     cmd.arg(&*key);
     if attempt.fenced {
-        cmd.arg(Auxiliary::fence(&key));
+        cmd.arg(Auxiliary::fence(&prefix, &key));
     }
-    cmd.arg(Auxiliary::waiters(&key))
+    cmd.arg(Auxiliary::waiters(&prefix, &key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0));
     if attempt.fenced {
         cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
     }
-    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
+    run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
 }
 
 /// A plain attempt on one node: the native `SET key token NX PX ttl` (cheaper for the node
@@ -284,15 +289,16 @@ async fn acquire_plain(
 }
 
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
-pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
+pub(super) fn invalid_counter(prefix: &str, key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
-        key: Auxiliary::fence(key).to_string(),
+        key: Auxiliary::fence(prefix, key).to_string(),
     }
 }
 
 /// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.
 pub(super) async fn release(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     publish: bool,
@@ -300,9 +306,12 @@ pub(super) async fn release(
     let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
     cmd.arg(&*key);
     if publish {
-        cmd.arg(Auxiliary::waiters(&key));
+        cmd.arg(Auxiliary::waiters(&prefix, &key));
     }
     cmd.arg(token.as_bytes());
+    if publish {
+        cmd.arg(released(&prefix, &key));
+    }
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
 }
 

@@ -1,11 +1,12 @@
 //! Shared and exclusive access to one key (a readers-writer lock) over the Redlock nodes.
 //!
 //! Beside the lock key `K` (the exclusive holder), each node keeps, in `K`'s slot:
-//! - `{K}:readers`, the readers' tokens scored by their expiry (ms on the node's clock):
-//!   every script prunes the expired ones, and the set expires with its last reader;
-//! - `{K}:writer-waiting`, the intent of a waiting writer that found readers (living as
-//!   the waiters' mark, renewed by its attempts): no new reader is admitted meanwhile, so
-//!   readers cannot starve a writer.
+//! - `<prefix>{K}:readers`, the readers' tokens scored by their expiry (ms on the node's
+//!   clock): every script prunes the expired ones, and the set expires with its last
+//!   reader;
+//! - `<prefix>{K}:writer-waiting`, the intent of a waiting writer that found readers
+//!   (living as the waiters' mark, renewed by its attempts): no new reader is admitted
+//!   meanwhile, so readers cannot starve a writer.
 //!
 //! A reader is admitted where `K` is free and no writer waits; a writer where `K` is free
 //! and no reader is left. Both follow the plain lock's quorum and validity rules; the last
@@ -19,9 +20,10 @@ use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Auxiliary, Keys};
 use super::scripts::{
-    Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_acked, run_attempt,
+    Attempt, Attempted, COUNTER_VALID, ReleaseReply, evalsha, run, run_acked, run_attempt,
 };
 use crate::backend::connection::Connection;
+use crate::backend::notify::released;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key};
 
@@ -106,8 +108,8 @@ return 1
 });
 
 /// Releases a reader. KEYS: the readers' set, the waiters' mark. ARGV: token, `1` to wake
-/// the marked waiters when the last reader leaves, the lock key. Returns 1 when removed, 0
-/// when gone or expired.
+/// the marked waiters when the last reader leaves, the lock's release channel. Returns 1
+/// when removed, 0 when gone or expired.
 pub(in crate::backend::redlock) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -117,7 +119,7 @@ if not s then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if ARGV[2] == '1' and redis.call('ZCARD', KEYS[1]) == 0 and redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('PUBLISH', '{{' .. ARGV[3] .. '}}:released', '')
+  redis.call('PUBLISH', ARGV[3], '')
 end
 if tonumber(s) <= now then return 0 end
 return 1
@@ -127,32 +129,31 @@ return 1
 
 async fn attempt(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     access: Access,
-    ttl_ms: u64,
-    mark_ms: Option<u64>,
-    fenced: bool,
+    a: Attempt,
 ) -> Result<Attempted, NodeFailureReason> {
     let (script, numkeys) = match access {
         Access::Shared => (&*SHARED_ACQUIRE, 4),
         Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
     };
     let mut cmd = evalsha(script, numkeys);
-    cmd.arg(Auxiliary::readers(&key))
+    cmd.arg(Auxiliary::readers(&prefix, &key))
         .arg(&*key)
-        .arg(Auxiliary::writer_waiting(&key))
-        .arg(Auxiliary::waiters(&key));
+        .arg(Auxiliary::writer_waiting(&prefix, &key))
+        .arg(Auxiliary::waiters(&prefix, &key));
     if access == Access::Exclusive {
-        cmd.arg(Auxiliary::fence(&key));
+        cmd.arg(Auxiliary::fence(&prefix, &key));
     }
     cmd.arg(token.as_bytes())
-        .arg(ttl_ms)
-        .arg(mark_ms.unwrap_or(0));
+        .arg(a.ttl_ms)
+        .arg(a.mark_ms.unwrap_or(0));
     if access == Access::Exclusive {
-        cmd.arg(if fenced { "1" } else { "0" });
+        cmd.arg(if a.fenced { "1" } else { "0" });
     }
-    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
+    run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
 }
 
 /// [`SHARED_EXTEND`] on one node (`key` is the readers' set).
@@ -173,6 +174,7 @@ pub(super) async fn extend_reader(
 /// [`SHARED_RELEASE`] on one node (`key` is the readers' set).
 pub(super) async fn release_reader(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     lock_key: Arc<str>,
     token: Token,
@@ -180,10 +182,10 @@ pub(super) async fn release_reader(
 ) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
-        .arg(Auxiliary::waiters(&lock_key))
+        .arg(Auxiliary::waiters(&prefix, &lock_key))
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
-        .arg(&*lock_key);
+        .arg(released(&prefix, &lock_key));
     Ok(ReleaseReply::of(
         run(&mut conn, &SHARED_RELEASE, &cmd).await?,
     ))
@@ -197,22 +199,25 @@ impl Redlock {
         access: Access,
         waiting: bool,
     ) -> Result<Lease, LockError> {
+        let prefix = &self.inner.policy.prefix;
         let lease_keys = match access {
             Access::Shared => Keys::Readers {
-                set: readers_key(&key),
+                set: readers_key(prefix, &key),
                 lock: key.clone(),
             },
             Access::Exclusive => Keys::Lock(key.clone()),
         };
         let mut acquisition = Acquisition::new(self, lease_keys);
         let token = acquisition.token;
-        let ttl_ms = self.inner.policy.ttl_ms();
-        let mark_ms = waiting.then_some(self.inner.mark_ms);
         let fence_ms = self.inner.fence_ms.filter(|_| access == Access::Exclusive);
-        let fenced = fence_ms.is_some();
+        let a = Attempt {
+            ttl_ms: self.inner.policy.ttl_ms(),
+            fenced: fence_ms.is_some(),
+            mark_ms: waiting.then_some(self.inner.mark_ms),
+        };
         let round = acquisition
             .round(
-                |conn| attempt(conn, key.clone(), token, access, ttl_ms, mark_ms, fenced),
+                |conn| attempt(conn, prefix.clone(), key.clone(), token, access, a),
                 CleanUp::Awaited,
                 None,
             )
