@@ -21,10 +21,10 @@ use redis::Script;
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Auxiliary, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, evalsha, run, run_attempt};
+use super::scripts::{Attempted, COUNTER_VALID, FOREIGN, evalsha, run, run_attempt};
 use super::shared::NOW;
 use crate::backend::connection::Connection;
-use crate::backend::notify::released;
+use crate::backend::notify::{MARK, released};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -34,11 +34,18 @@ const TURN: Duration = Duration::from_millis(100);
 /// A fair attempt. KEYS: the lock key, the queue, the deadlines, the waiters' mark, the
 /// fencing counter. ARGV: waiter id, token, TTL (ms), the mark's TTL (ms; `0`: do not
 /// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
-/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]).
+/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]). A queue
+/// or deadlines key of another type than a sorted set holds the lock (for its `PTTL`) and
+/// is left as it is.
 pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
+{MARK}
+{FOREIGN}
+for i = 2, 3 do
+  if foreign(KEYS[i], 'zset') then return {{0, redis.call('PTTL', KEYS[i])}} end
+end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
 if #gone > 0 then
   redis.call('ZREM', KEYS[2], unpack(gone))
@@ -68,17 +75,20 @@ if not head or head == ARGV[1] then
     return {{1, tonumber(c or '0')}}
   end
 end
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[4]) end
+if ARGV[4] ~= '0' then mark(KEYS[4], ARGV[4]) end
 return {{0, redis.call('PTTL', KEYS[1])}}
 "
     ))
 });
 
 /// Leaves the queue (KEYS: the queue, the deadlines; ARGV: waiter id, the lock's release
-/// channel), waking the others when the leaver was the head.
+/// channel), waking the others when the leaver was the head. Keys of another type than a
+/// sorted set are left as they are.
 pub(in crate::backend::redlock) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{FOREIGN}
+if foreign(KEYS[1], 'zset') or foreign(KEYS[2], 'zset') then return 0 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -86,8 +96,8 @@ if head == ARGV[1] and redis.call('ZCARD', KEYS[1]) > 0 then
   redis.call('PUBLISH', ARGV[2], '')
 end
 return 1
-",
-    )
+"
+    ))
 });
 
 /// One waiter of a fair wait.

@@ -11,7 +11,7 @@ use super::keys::Auxiliary;
 use super::scripts::{evalsha, run};
 use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
-use crate::backend::notify::released;
+use crate::backend::notify::{UNMARK, released};
 use crate::error::{LockError, NodeFailureReason};
 
 /// Reads what one node holds for the lock key KEYS[1]: its `PTTL`, the fencing counter
@@ -29,19 +29,22 @@ return {redis.call('PTTL', KEYS[1]), c, r, redis.call('EXISTS', KEYS[4], KEYS[5]
     )
 });
 
-/// Deletes the lock key KEYS[1] whatever it holds, waking the waiters that marked it
-/// (KEYS[2]) on the release channel ARGV[1] as a release does. Returns 1 when the lock key
-/// was there.
+/// Deletes the lock key KEYS[1] whoever holds it, waking the waiters that marked it
+/// (KEYS[2]) on the release channel ARGV[1] as a release does. Returns 1 when a lock was
+/// there. Only a string is a lock (any client's token): a value of another type is left as
+/// it is, as is a mark this crate did not write.
 pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-if redis.call('DEL', KEYS[2]) == 1 then
+{UNMARK}
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
+redis.call('DEL', KEYS[1])
+if unmark(KEYS[2]) then
   redis.call('PUBLISH', ARGV[1], '')
 end
 return 1
-",
-    )
+"
+    ))
 });
 
 /// One node's view of a lock.

@@ -25,7 +25,7 @@ use super::scripts::{
     Attempted, COUNTER_VALID, evalsha, invalid_counter, run, run_acked, run_attempt,
 };
 use crate::backend::connection::Connection;
-use crate::backend::notify::released;
+use crate::backend::notify::{UNMARK, released};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -155,10 +155,11 @@ return 1
 /// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]) on its release
 /// channel ARGV[3+i]. Answers as
 /// the single-key release ([`ReleaseReply::of`](super::scripts::ReleaseReply::of)): 1 all deleted, 0 some gone, -1 any held
-/// by another.
+/// by another. A value this crate did not write (at a lock key or a mark) is left as it is.
 pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local n = tonumber(ARGV[3])
 local deleted, other = 0, false
 for i = 1, n do
@@ -166,7 +167,7 @@ for i = 1, n do
   if v == ARGV[1] then
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
-    if ARGV[2] == '1' and redis.call('DEL', KEYS[n + i]) == 1 then
+    if ARGV[2] == '1' and unmark(KEYS[n + i]) then
       redis.call('PUBLISH', ARGV[3 + i], '')
     end
   elseif v then
@@ -176,8 +177,8 @@ end
 if other then return -1 end
 if deleted == n then return 1 end
 return 0
-",
-    )
+"
+    ))
 });
 
 /// Which auxiliary key of each lock key a script also gets.

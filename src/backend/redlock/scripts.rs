@@ -8,7 +8,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 use super::keys::Auxiliary;
 use crate::backend::connection::Connection;
 use crate::backend::node::ReplicaAck;
-use crate::backend::notify::released;
+use crate::backend::notify::{MARK, UNMARK, released};
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -66,20 +66,20 @@ pub(super) async fn run<T: FromRedisValue>(
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
 /// release script). A release that wakes waiters passes the waiters' mark as KEYS[2] and
-/// the lock's release channel as ARGV[2]: both keys go in one `DEL`, and when the mark was
-/// there it publishes on the channel.
-/// The cleanup of an attempt that fell short passes no mark: two waiters that split the
-/// nodes would otherwise wake each other in a loop while the holder keeps the lock.
+/// the lock's release channel as ARGV[2]: when the mark is there, it deletes it and
+/// publishes on the channel. The cleanup of an attempt that fell short passes no mark: two
+/// waiters that split the nodes would otherwise wake each other in a loop while the holder
+/// keeps the lock. A value this crate did not write (at either key) is left as it is.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
-  if not KEYS[2] then
-    redis.call('DEL', KEYS[1])
-  elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
+  redis.call('DEL', KEYS[1])
+  if KEYS[2] and unmark(KEYS[2]) then
     redis.call('PUBLISH', ARGV[2], '')
   end
   return 1
@@ -87,20 +87,28 @@ elseif not v then
   return 0
 end
 return -1
-",
-    )
+"
+    ))
 });
 
 /// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the
 /// holder's `PTTL` and, when ARGV[3] is not `0`, the waiters' mark KEYS[2] set for ARGV[3]
 /// ms, atomically with the check. A plain attempt sends the native `SET NX PX` instead
-/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]).
+/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]). A lock
+/// key holding anything (another client's token, or a value of another type) is held.
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
 /// Holds for the fencing counter `c` (read with `redis.pcall('GET', ..)`) when it is unset
 /// or a decimal integer below 2^53 (exact as a Lua number).
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
+
+/// Lua that defines `foreign(key, kind)`: whether `key` holds a value of another type than
+/// `kind` (a Redis `TYPE` name), which this crate did not write and leaves as it is.
+pub(super) const FOREIGN: &str = "local function foreign(key, kind)
+  local t = redis.call('TYPE', key).ok
+  return t ~= kind and t ~= 'none'
+end";
 
 /// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
 /// is KEYS[3], set when ARGV[4] is `1`.
@@ -120,13 +128,14 @@ end{}",
 fn set_or_pttl(on_set: &str, waiting: &str) -> String {
     format!(
         r"
+{MARK}
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   return {{1, {on_set}}}
 end
 if {waiting} then
-  redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])
+  mark(KEYS[#KEYS], ARGV[3])
 end
 return {{0, t}}
 "
