@@ -21,22 +21,27 @@ use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::notify::released;
+use crate::backend::notify::{UNMARK, released};
 use crate::backend::records::Begin;
 use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
+use crate::idempotency::record::MAGIC;
 use crate::keyed::policy::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
 /// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
-/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held.
+/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held. A value of another type
+/// at the record key answers `{2, ''}`, a record that does not parse (the layer answers
+/// 500), and is left as it is.
 pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local r = redis.pcall('GET', KEYS[2])
 if type(r) == 'string' then
   return {2, r}
+elseif r then
+  return {2, ''}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
@@ -46,28 +51,39 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// Stores the record ARGV[2] under KEYS[2] for ARGV[3] ms, then deletes the lock KEYS[1] if
-/// it holds our token ARGV[1] (publishing on the lock's release channel ARGV[4] when a
+/// Stores the record ARGV[2] under KEYS[2] for ARGV[3] ms, then deletes the lock KEYS[1]
+/// if it holds our token ARGV[1] (publishing on the lock's release channel ARGV[4] when a
 /// waiter set the mark KEYS[3]). A node where the lock is gone stores the record too, so
 /// that it lives on every node that can take it; a node where another holder has the lock
-/// is left alone. Returns 1 when stored, -1 when another holder has the lock.
+/// is left alone. Returns 1 when stored, -1 when another holder has the lock. A value at
+/// the record key that is not a record ([`MAGIC`]) is left as it is: the lock is released
+/// all the same, and the script answers an error.
 pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local v = redis.pcall('GET', KEYS[1])
 if v and v ~= ARGV[1] then
   return -1
 end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+local r = redis.pcall('GET', KEYS[2])
+local ours = not r or (type(r) == 'string' and string.sub(r, 1, {len}) == '{MAGIC}')
+if ours then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
 if v then
   redis.call('DEL', KEYS[1])
-  if redis.call('DEL', KEYS[3]) == 1 then
+  if unmark(KEYS[3]) then
     redis.call('PUBLISH', ARGV[4], '')
   end
 end
+if not ours then
+  return redis.error_reply('ERR the idempotency record key holds a value tower-redlock did not write; it was left as it is')
+end
 return 1
 ",
-    )
+        len = MAGIC.len()
+    ))
 });
 
 /// One node's answer to [`BEGIN`].
@@ -126,11 +142,15 @@ async fn read_on(
     prefix: Arc<str>,
     key: Arc<str>,
 ) -> Result<Option<Bytes>, NodeFailureReason> {
-    let raw: Option<Vec<u8>> = redis::cmd("GET")
+    let raw: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("GET")
         .arg(Auxiliary::record(&prefix, &key))
         .query_async(&mut conn)
-        .await?;
-    Ok(raw.map(Bytes::from))
+        .await;
+    match raw {
+        // A value of another type: found, as a record that does not parse (as `BEGIN`).
+        Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(Bytes::new())),
+        raw => Ok(raw?.map(Bytes::from)),
+    }
 }
 
 impl Redlock {
