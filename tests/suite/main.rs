@@ -19,6 +19,7 @@ mod concurrency;
 mod example;
 mod faults;
 mod foreign;
+mod foreign_values;
 mod gcra;
 mod grpc;
 mod hotkey;
