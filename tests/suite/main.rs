@@ -29,6 +29,7 @@ mod inspect;
 mod lifecycle;
 mod memory_store;
 mod multilock;
+mod prefix;
 mod rate_limit;
 mod recovery;
 mod redlock;
