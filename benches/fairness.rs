@@ -85,7 +85,7 @@ async fn round(
         // A known arrival order: the next waiter starts once this one is in.
         match mode {
             Mode::Fair => {
-                let queue = format!("{{{full}}}:queue");
+                let queue = format!("tower-redlock:{{{full}}}:queue");
                 while zcard(&nodes[0], &queue).await < i + 1 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -94,8 +94,8 @@ async fn round(
         }
     }
     // Every waiter subscribed (both clients, every node) and the key marked as waited for.
-    let channel = format!("{{{full}}}:released");
-    let mark = format!("{{{full}}}:waiters");
+    let channel = format!("tower-redlock:{{{full}}}:released");
+    let mark = format!("tower-redlock:{{{full}}}:waiters");
     while support::subscribers(nodes, &channel).await < 2 * nodes.len() as i64
         || !support::exists(&nodes[0], &mark).await
     {

@@ -96,8 +96,9 @@ pub enum NodeFailureReason {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(redis::RedisError),
-    /// The lock's fencing counter on this node (`{<lock key>}:fence`) is not a decimal
-    /// integer below 2^53: another client wrote it. Delete it to use the node again.
+    /// The lock's fencing counter on this node (`<prefix>{<lock key>}:fence`) is not a
+    /// decimal integer below 2^53: another client wrote it. Delete it to use the node
+    /// again.
     InvalidFencingCounter {
         /// The counter's key.
         key: String,
@@ -220,9 +221,9 @@ pub enum ConfigError {
     #[error("invalid key prefix: {0}")]
     InvalidPrefix(KeyError),
     /// The key prefix contains `{` or `}`, a Redis Cluster hash tag: the crate names a
-    /// lock's own keys `{<lock key>}:<role>` (see [`key`](crate::key)).
+    /// lock's own keys `<prefix>{<lock key>}:<role>` (see [`key`](crate::key)).
     #[error(
-        "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys {{<lock key>}}:<role>); pick a prefix without braces"
+        "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys <prefix>{{<lock key>}}:<role>); pick a prefix without braces"
     )]
     BraceInPrefix(String),
 

@@ -169,7 +169,7 @@ impl Lease {
     }
 
     /// Whether this is a shared lease (a reader, see [`LockMode`](crate::LockMode)); its
-    /// [`key`](Self::key) is then the readers' set `{<lock key>}:readers`.
+    /// [`key`](Self::key) is then the readers' set `<prefix>{<lock key>}:readers`.
     pub fn is_shared(&self) -> bool {
         matches!(self.shape, Shape::Reader { .. })
     }
@@ -180,7 +180,7 @@ impl Lease {
 pub(crate) enum Shape {
     /// One lock key: the lease's key.
     Lock,
-    /// A reader of `lock`: the lease's key is the readers' set, `{<lock>}:readers`.
+    /// A reader of `lock`: the lease's key is the readers' set, `<prefix>{<lock>}:readers`.
     Reader { lock: Arc<str> },
     /// Several lock keys, sorted and distinct, held together; the lease's key is the first.
     Set(Arc<[Arc<str>]>),
@@ -193,9 +193,10 @@ pub(crate) enum Access {
     Exclusive,
 }
 
-/// The key of a shared lease on `lock_key`: its readers' set, `{<lock key>}:readers`.
-pub(crate) fn readers_key(lock_key: &str) -> Arc<str> {
-    Arc::from(format!("{{{lock_key}}}:readers"))
+/// The key of a shared lease on `lock_key` (a key of the backend with `prefix`): its
+/// readers' set, `<prefix>{<lock key>}:readers`.
+pub(crate) fn readers_key(prefix: &str, lock_key: &str) -> Arc<str> {
+    Arc::from(format!("{prefix}{{{lock_key}}}:readers"))
 }
 
 #[cfg(test)]
@@ -204,8 +205,8 @@ mod tests {
 
     #[test]
     fn readers_keys_name_their_lock_key() {
-        let key = readers_key("tower-redlock:/items:7");
-        assert_eq!(&*key, "{tower-redlock:/items:7}:readers");
+        let key = readers_key("tower-redlock:", "tower-redlock:/items:7");
+        assert_eq!(&*key, "tower-redlock:{tower-redlock:/items:7}:readers");
     }
 
     #[test]

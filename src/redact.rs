@@ -56,12 +56,18 @@ impl fmt::Debug for LogKey<'_> {
     }
 }
 
-/// The scope of a key under a default prefix (also inside braces): the segment after the
-/// prefix, up to `:`. `None` for another prefix.
+/// The scope of a key under a default prefix: the segment after the prefix, up to `:`;
+/// for a key with a hash tag (a lock's own key `<prefix>{<lock key>}:<role>`, a permit set
+/// `<prefix>{<resource>}`), the scope of what the tag holds. `None` for another prefix.
 fn scope_of(key: &str) -> Option<&str> {
-    let key = key.strip_prefix('{').unwrap_or(key);
-    let rest = PREFIXES.iter().find_map(|p| key.strip_prefix(p))?;
-    let rest = rest.strip_prefix('{').unwrap_or(rest);
+    fn strip(key: &str) -> Option<&str> {
+        PREFIXES.iter().find_map(|p| key.strip_prefix(p))
+    }
+    let rest = strip(key)?;
+    let rest = match rest.strip_prefix('{') {
+        Some(tagged) => strip(tagged).unwrap_or(tagged),
+        None => rest,
+    };
     // The lock key ends at a `}` (values have their braces escaped).
     let lock_key = rest.split('}').next().unwrap_or(rest);
     let (scope, _) = lock_key.split_once(':')?;
@@ -80,12 +86,12 @@ mod tests {
         assert!(!lock.contains("acct-42"));
         assert_eq!(lock, shown("tower-redlock:POST /orders:acct-42"), "stable");
         assert_ne!(lock, shown("tower-redlock:POST /orders:acct-43"));
-        let fence = shown("{tower-redlock:POST /orders:acct-42}:fence");
+        let fence = shown("tower-redlock:{tower-redlock:POST /orders:acct-42}:fence");
         assert!(fence.starts_with("POST /orders:#") && !fence.contains("acct"));
         let permit = shown("tower-redlock-concurrency:{x-tenant:acme}");
         assert!(permit.starts_with("x-tenant:#") && !permit.contains("acme"));
         // A resource without a scope shows no part of itself.
-        let bare = shown("{tower-redlock:acct-42}:fence");
+        let bare = shown("tower-redlock:{tower-redlock:acct-42}:fence");
         assert!(bare.starts_with('#') && !bare.contains("acct"), "{bare}");
         let other = shown("myapp:orders:acct-42");
         assert!(other.starts_with('#') && !other.contains("acct"), "{other}");

@@ -66,7 +66,12 @@ async fn no_key_value_in_any_log_line_by_default_and_the_whole_key_when_asked() 
         .query_async::<()>(&mut node.conn().await)
         .await
         .unwrap();
-    set(&node, &format!("{{{key}}}:fence"), "not a number").await;
+    set(
+        &node,
+        &format!("tower-redlock:{{{key}}}:fence"),
+        "not a number",
+    )
+    .await;
     let failed = locks.try_lock(&resource).await;
     assert!(failed.is_err(), "{failed:?}");
     tracing::warn!(error = %failed.unwrap_err(), "as an application logs it");

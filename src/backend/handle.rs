@@ -357,9 +357,10 @@ impl Locks {
     /// **Dangerous**: the holder, if it is alive, goes on believing it holds the lock
     /// until its next renewal or release finds it gone (then `LockError::Expired`), and
     /// a second holder may take it meanwhile. Only the lock key is deleted (readers,
-    /// waiters and the fencing counter are left): a holder that fences its writes is
-    /// still refused by the storage once the new holder has written. Every call is
-    /// logged at `warn` level.
+    /// waiters and the fencing counter are left), and only where it holds a string (a
+    /// token of any client; a value of another type is not a lock, and is left as it
+    /// is): a holder that fences its writes is still refused by the storage once the new
+    /// holder has written. Every call is logged at `warn` level.
     ///
     /// # Errors
     ///

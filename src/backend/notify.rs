@@ -1,6 +1,7 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per node, waking
 //! this process's waiters (see [`Waiters`]) when a holder releases, for the lock backend
-//! and the Redis concurrency limiter. A key's release channel is `{<key>}:released`.
+//! and the Redis concurrency limiter. Every release channel begins with the store's prefix
+//! ([`Channels`]).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,14 +16,69 @@ use crate::backend::connection::{Connection, RECONNECT_MAX_PAUSE, RETRY_INTERVAL
 use crate::backend::node::Connector;
 use crate::backend::wait::Waiters;
 
-/// The release channel of `key`: `{<key>}:released`, as the scripts that publish name it.
-pub(crate) fn channel(key: &str) -> String {
-    released(key).to_string()
+/// How a store names the release channels of its keys. Every name begins with the store's
+/// prefix, so that a Redis ACL on the prefix (`&<prefix>*`) covers them.
+#[derive(Debug, Clone)]
+pub(crate) enum Channels {
+    /// A lock key `K`'s: `<prefix>{K}:released`, as its other keys beside it.
+    #[cfg(feature = "lock")]
+    Tagged(Arc<str>),
+    /// A key that begins with the prefix and ends with its own hash tag (a concurrency
+    /// limiter's permit set, `<prefix>{<resource>}`): `<key>:released`.
+    #[cfg(feature = "concurrency-limit")]
+    Suffixed,
 }
 
-/// [`channel`] as a command argument, written in place.
-pub(crate) fn released(key: &str) -> Joined<'_, 3> {
-    Joined(["{", key, "}:released"])
+/// Lua that defines `mark(key, ms)`: sets the waiters' mark `key` (`1`) for `ms` ms, unless
+/// it holds a value this crate did not write, which is left as it is (a release then does
+/// not publish, and the waiters fall back to their timer).
+pub(crate) const MARK: &str = "local function mark(key, ms)
+  local m = redis.pcall('GET', key)
+  if not m or m == '1' then redis.call('SET', key, '1', 'PX', ms) end
+end";
+
+/// Lua that defines `unmark(key)`: deletes the waiters' mark `key` if it is one (`1`), and
+/// answers whether it did; a value this crate did not write is left as it is.
+pub(crate) const UNMARK: &str = "local function unmark(key)
+  if redis.pcall('GET', key) ~= '1' then return false end
+  redis.call('DEL', key)
+  return true
+end";
+
+/// A lock key's release channel, `<prefix>{<key>}:released` ([`Channels::Tagged`]).
+#[cfg(feature = "lock")]
+pub(crate) fn released<'a>(prefix: &'a str, key: &'a str) -> Joined<'a, 4> {
+    Joined([prefix, "{", key, "}:released"])
+}
+
+impl Channels {
+    /// The release channel of `key`, as the scripts that publish name it.
+    pub(crate) fn released<'a>(&'a self, key: &'a str) -> Joined<'a, 4> {
+        match self {
+            #[cfg(feature = "lock")]
+            Channels::Tagged(prefix) => released(prefix, key),
+            #[cfg(feature = "concurrency-limit")]
+            Channels::Suffixed => Joined([key, ":released", "", ""]),
+        }
+    }
+
+    /// [`released`](Self::released) as a string.
+    fn channel(&self, key: &str) -> String {
+        self.released(key).to_string()
+    }
+
+    /// The key whose release channel is `channel`, if it is one.
+    fn key_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        match self {
+            #[cfg(feature = "lock")]
+            Channels::Tagged(prefix) => channel
+                .strip_prefix(&**prefix)?
+                .strip_prefix('{')?
+                .strip_suffix("}:released"),
+            #[cfg(feature = "concurrency-limit")]
+            Channels::Suffixed => channel.strip_suffix(":released"),
+        }
+    }
 }
 
 /// Pieces written in place as one Redis argument (no string built), or shown joined.
@@ -45,11 +101,6 @@ impl<const N: usize> std::fmt::Display for Joined<'_, N> {
     }
 }
 
-/// The key whose release channel is `channel`, if it is one.
-fn key_of_channel(channel: &str) -> Option<&str> {
-    channel.strip_prefix('{')?.strip_suffix("}:released")
-}
-
 /// Unsubscribes from a key's channel when dropped, unless someone waits on it again.
 pub(crate) struct UnsubscribeOnDrop {
     pub(crate) notifier: Arc<Notifier>,
@@ -69,6 +120,7 @@ pub(crate) struct Notifier {
     nodes: Vec<NodeSubscriber>,
     /// The nodes' command connections, replaced when the node drops its subscriber.
     conns: Vec<Connection>,
+    channels: Channels,
     timeout: Duration,
 }
 
@@ -92,6 +144,7 @@ impl Notifier {
         connectors: Vec<Connector>,
         conns: Vec<Connection>,
         waiters: Arc<Waiters>,
+        channels: Channels,
         timeout: Duration,
     ) -> Self {
         Self {
@@ -104,6 +157,7 @@ impl Notifier {
                 })
                 .collect(),
             conns,
+            channels,
             timeout,
         }
     }
@@ -149,7 +203,7 @@ impl Notifier {
             if open.channels.contains(key) {
                 return Ok(());
             }
-            let subscribed = open.sink.subscribe(channel(key)).await;
+            let subscribed = open.sink.subscribe(self.channels.channel(key)).await;
             match subscribed {
                 Ok(()) => {
                     open.channels.insert(key.clone());
@@ -185,7 +239,7 @@ impl Notifier {
                 }
                 if let Some(open) = sink.as_mut() {
                     open.channels.remove(&key);
-                    let unsubscribe = open.sink.unsubscribe(channel(&key));
+                    let unsubscribe = open.sink.unsubscribe(this.channels.channel(&key));
                     let _ = tokio::time::timeout(this.timeout, unsubscribe).await;
                 }
             }
@@ -199,7 +253,10 @@ impl Notifier {
         let (mut sink, stream) = pubsub.split();
         let waited = self.waiters.keys_waited();
         if !waited.is_empty() {
-            let channels: Vec<_> = waited.iter().map(|key| channel(key)).collect();
+            let channels: Vec<_> = waited
+                .iter()
+                .map(|key| self.channels.channel(key))
+                .collect();
             sink.subscribe(channels).await?;
         }
         let alive = Arc::new(AtomicBool::new(true));
@@ -242,13 +299,12 @@ async fn read(notifier: Weak<Notifier>, index: usize, mut reading: Reading) {
             tokio::select! {
                 msg = reading.stream.next() => match msg {
                     Some(msg) => {
-                        let Some(key) = key_of_channel(msg.get_channel_name()) else {
-                            continue;
-                        };
                         let Some(notifier) = notifier.upgrade() else {
                             return;
                         };
-                        notifier.waiters.wake(key);
+                        if let Some(key) = notifier.channels.key_of(msg.get_channel_name()) {
+                            notifier.waiters.wake(key);
+                        }
                     }
                     None => break true,
                 },
@@ -306,25 +362,31 @@ async fn reconnect(notifier: &Weak<Notifier>, index: usize) -> Option<Reading> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "lock", feature = "concurrency-limit"))]
 mod tests {
-    use super::{channel, key_of_channel};
+    use super::Channels;
 
     #[test]
-    fn a_release_channel_names_its_key() {
-        let key = "tower-redlock:/items:42";
-        assert_eq!(channel(key), "{tower-redlock:/items:42}:released");
-        assert_eq!(key_of_channel(&channel(key)), Some(key));
-        assert_eq!(key_of_channel(key), None);
-        assert_eq!(key_of_channel("{x}:fence"), None);
+    fn a_release_channel_begins_with_the_prefix_and_names_its_key() {
+        let locks = Channels::Tagged("app:".into());
+        let key = "app:/items:42";
+        assert_eq!(locks.channel(key), "app:{app:/items:42}:released");
+        assert_eq!(locks.key_of(&locks.channel(key)), Some(key));
+        assert_eq!(locks.key_of(key), None);
+        assert_eq!(locks.key_of("app:{x}:fence"), None);
+        assert_eq!(locks.key_of("{app:/items:42}:released"), None);
+        let permits = Channels::Suffixed;
+        let set = "app-permits:{work:global}";
+        assert_eq!(permits.channel(set), "app-permits:{work:global}:released");
+        assert_eq!(permits.key_of(&permits.channel(set)), Some(set));
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(super::released(key));
+        cmd.arg(locks.released(key));
         assert_eq!(
             cmd.get_packed_command(),
             format!(
                 "*2\r\n$7\r\nPUBLISH\r\n${}\r\n{}\r\n",
-                channel(key).len(),
-                channel(key)
+                locks.channel(key).len(),
+                locks.channel(key)
             )
             .into_bytes()
         );

@@ -18,10 +18,11 @@ pub(crate) enum Begin {
     Acquired(Lease),
 }
 
-/// The record key of a lock key: `{<lock key>}:record`, in the lock key's Redis Cluster
-/// slot.
-pub(crate) fn record_key(lock_key: &str) -> Arc<str> {
+/// The record key of a lock key of the backend with `prefix`:
+/// `<prefix>{<lock key>}:record`, as on the Redlock nodes.
+pub(crate) fn record_key(prefix: &str, lock_key: &str) -> Arc<str> {
     crate::key::shared_key(|out| {
+        out.push_str(prefix);
         out.push('{');
         out.push_str(lock_key);
         out.push_str("}:record");

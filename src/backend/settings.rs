@@ -29,7 +29,8 @@ pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 const MAX_PREFIX_LEN: usize = 128;
 
 /// Checks a key prefix: at most 128 bytes, no control characters, no `{` or `}` (a lock's
-/// own keys are `{<lock key>}:<role>`, a Redis Cluster hash tag over the whole lock key).
+/// own keys are `<prefix>{<lock key>}:<role>`, a Redis Cluster hash tag over the whole
+/// lock key).
 #[cfg(any(feature = "lock", feature = "redis"))]
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
     if prefix.contains(['{', '}']) {

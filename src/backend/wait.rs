@@ -1,13 +1,13 @@
 //! Waiting for a held lock: waiters are woken when the holder releases.
 //!
 //! A process with waiters subscribes to the lock's release channel,
-//! `{<lock key>}:released`, and wakes its waiters for the key when a message arrives; each
-//! then tries again (as Redisson does). A waiter's attempts that find the lock held set a
-//! short-lived mark, `{<lock key>}:waiters`, and a release that finds a mark deletes it and
-//! publishes in the same script, so a lock nobody waits for is released without a
-//! `PUBLISH`. A message can be missed and a lease can expire without a release, so every
-//! wait also has a fallback timer: the holder's remaining TTL, at most one second, with
-//! jitter.
+//! `<prefix>{<lock key>}:released`, and wakes its waiters for the key when a message
+//! arrives; each then tries again (as Redisson does). A waiter's attempts that find the
+//! lock held set a short-lived mark, `<prefix>{<lock key>}:waiters`, and a release that
+//! finds a mark deletes it and publishes in the same script, so a lock nobody waits for is
+//! released without a `PUBLISH`. A message can be missed and a lease can expire without a
+//! release, so every wait also has a fallback timer: the holder's remaining TTL, at most
+//! one second, with jitter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -17,15 +17,17 @@
 //! overwritten: the layer answers 500 and logs it.
 //!
 //! Records live beside the lock: in process, in [`MemoryLocks`](crate::MemoryLocks); on
-//! Redis, as `{<lock key>}:record` on every node. A first request checks for a record and
-//! acquires in one script per node, then stores and releases in one, on a quorum. A retry
-//! takes the record if any node of a quorum has it: read and write quorums always meet.
+//! Redis, as `<prefix>{<lock key>}:record` on every node. A first request checks for a
+//! record and acquires in one script per node, then stores and releases in one, on a
+//! quorum. A retry takes the record if any node of a quorum has it: read and write quorums
+//! always meet.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-/// The magic and version at the start of every record.
-const MAGIC: &[u8; 4] = b"TRI1";
+/// The magic and version at the start of every record (the Redis scripts check it before
+/// they overwrite a record).
+pub(crate) const MAGIC: &str = "TRI1";
 const KIND_RESPONSE: u8 = 1;
 const KIND_UNREPLAYABLE: u8 = 2;
 const KIND_RESPONSE_WITH_TRAILERS: u8 = 3;
@@ -65,7 +67,7 @@ impl Record {
         match self {
             Record::Unreplayable { fingerprint } => {
                 let mut out = BytesMut::with_capacity(MAGIC.len() + 1 + fingerprint.len());
-                out.put_slice(MAGIC);
+                out.put_slice(MAGIC.as_bytes());
                 out.put_u8(KIND_UNREPLAYABLE);
                 out.put_slice(fingerprint);
                 Some(out.freeze())
@@ -85,7 +87,7 @@ impl Record {
                 let mut out = BytesMut::with_capacity(
                     MAGIC.len() + 1 + fingerprint.len() + 6 + field_bytes + body.len(),
                 );
-                out.put_slice(MAGIC);
+                out.put_slice(MAGIC.as_bytes());
                 out.put_u8(if trailers.is_empty() {
                     KIND_RESPONSE
                 } else {
@@ -106,7 +108,7 @@ impl Record {
     /// Parses a stored record; `None` when it is not one of this format.
     pub(crate) fn decode(raw: &[u8]) -> Option<Record> {
         let mut reader = Reader(raw);
-        if reader.take(MAGIC.len())? != MAGIC {
+        if reader.take(MAGIC.len())? != MAGIC.as_bytes() {
             return None;
         }
         let kind = reader.u8()?;

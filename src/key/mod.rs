@@ -166,8 +166,8 @@ pub(crate) fn has_control(text: &str) -> bool {
 /// key never holds a Redis Cluster hash tag by accident and stays one-to-one with its parts.
 ///
 /// Hash tags are chosen on purpose: every auxiliary key of a lock is named
-/// `{<lock key>}<suffix>`, which lands in the lock key's slot only because the lock key has
-/// no braces of its own.
+/// `<prefix>{<lock key>}<suffix>`, which lands in the lock key's slot only because the
+/// prefix and the lock key have no braces of their own.
 #[cfg(any(
     feature = "lock",
     feature = "rate-limit",

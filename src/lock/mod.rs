@@ -154,15 +154,15 @@
 //! return 1
 //! ```
 //!
-//! On Redis each lock key has a counter `{<lock key>}:fence` on every node, which expires
-//! `max(24 h, 100 × TTL)` after the last write-back or renewal ([`Locks::extend`]) of a
-//! fenced lease of its key; after a longer idle time tokens start again from 1. A counter
-//! that is not a decimal integer below 2^53 was not written by this crate: it is left
-//! alone, and the node counts as failed for that key
-//! ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason)). Why the
-//! tokens grow across quorums, and why the nodes need persistence (`appendonly yes`,
-//! `appendfsync always`) where fencing matters: the guide's
-//! [fencing tokens](crate::guide::lifecycle#fencing-tokens).
+//! On Redis each lock key has a counter `<prefix>{<lock key>}:fence` on every node, which
+//! expires `max(24 h, 100 × TTL)` after the last write-back or renewal ([`Locks::extend`])
+//! of a fenced lease of its key; after a longer idle time tokens start again from 1. A
+//! counter that is not a decimal integer below 2^53 was not written by this crate: it is
+//! left alone, and the node counts as failed for that key
+//! ([`NodeFailureReason::InvalidFencingCounter`](crate::NodeFailureReason)). Why the tokens
+//! grow across quorums, and why the nodes need persistence (`appendonly yes`,
+//! `appendfsync always`) where fencing matters: the guide's [fencing
+//! tokens](crate::guide::lifecycle#fencing-tokens).
 //!
 //! # Failing open
 //!

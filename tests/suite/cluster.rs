@@ -104,8 +104,8 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_release() {
         })
     };
     // The waiter subscribed on one seed node, and marked the lock (on its shard).
-    let channel = format!("{{{}report}}:released", redlock.prefix());
-    let mark = format!("{{{}report}}:waiters", redlock.prefix());
+    let channel = format!("{0}{{{0}report}}:released", redlock.prefix());
+    let mark = format!("{0}{{{0}report}}:waiters", redlock.prefix());
     let subscribed = support::eventually(Duration::from_secs(10), || async {
         let subscribers: u32 = cluster
             .servers

@@ -133,7 +133,7 @@ async fn redis_py_lock_is_left_alone_while_we_wait_and_then_handed_over() {
         "the waiter modified redis-py's lock value"
     );
     assert!(
-        exists(&node, "{jobs:nightly}:waiters").await,
+        exists(&node, "jobs:{jobs:nightly}:waiters").await,
         "the waiter set no mark beside the lock"
     );
 

@@ -316,7 +316,7 @@ async fn max_wait_queues_in_process_behind_a_local_holder() {
         "the queued waiter touched Redis: {spent:?}"
     );
     assert_eq!(
-        subscribers(&nodes, "{tower-redlock:queue}:released").await,
+        subscribers(&nodes, "tower-redlock:{tower-redlock:queue}:released").await,
         0,
         "a waiter behind a local holder needs no notification channel"
     );

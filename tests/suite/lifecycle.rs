@@ -392,7 +392,7 @@ async fn fencing_tokens_increase_across_minority_restarts() {
         // in the last write-back. A node that came back is caught up by the next
         // acquisition that reaches it (its connection is replaced on first use), so
         // acquire until every node holds the last token.
-        let counter = "{tower-redlock:restarts}:fence";
+        let counter = "tower-redlock:{tower-redlock:restarts}:fence";
         for _ in 0..50 {
             let last = tokens.last().copied();
             let mut behind = false;

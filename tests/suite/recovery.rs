@@ -495,7 +495,7 @@ async fn after_a_node_restarts_its_connections_are_back_before_the_first_request
             (lease, Instant::now())
         }
     });
-    let channel = format!("{{{}report}}:released", locks.prefix());
+    let channel = format!("{0}{{{0}report}}:released", locks.prefix());
     assert!(
         eventually(Duration::from_secs(5), || async {
             support::subscribers(std::slice::from_ref(&node), &channel).await == 1

@@ -562,7 +562,7 @@ async fn fencing_counter_is_per_lock_key_and_expires() {
     const DAY_MS: i64 = 24 * 3600 * 1000;
     let nodes = nodes(3);
     let r = fenced(&nodes).await;
-    let counter = "{tower-redlock:fa}:fence";
+    let counter = "tower-redlock:{tower-redlock:fa}:fence";
     let a = r.try_lock("fa").await.unwrap();
     assert_eq!(a.fencing_token(), Some(1));
     r.unlock(a).await.unwrap();
@@ -610,7 +610,7 @@ async fn fencing_counter_is_per_lock_key_and_expires() {
 async fn fencing_counter_written_by_another_client_is_a_clear_error() {
     let nodes = nodes(3);
     let r = fenced(&nodes).await;
-    let counter = "{tower-redlock:spoiled}:fence";
+    let counter = "tower-redlock:{tower-redlock:spoiled}:fence";
     for node in &nodes {
         let mut conn = node.conn().await;
         let () = conn.set(counter, "not-a-number").await.unwrap();

@@ -187,7 +187,9 @@ async fn an_acknowledged_lock_its_fencing_counter_and_its_release_are_on_the_rep
         "the lock key reached the replica before the lease was handed out"
     );
     assert_eq!(
-        replica.cli(&["GET", &format!("{{{key}}}:fence")]).trim(),
+        replica
+            .cli(&["GET", &format!("{}{{{key}}}:fence", locks.prefix())])
+            .trim(),
         "1"
     );
     let waits = |server: &Server| {

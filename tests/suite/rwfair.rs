@@ -184,7 +184,7 @@ async fn crashed_reader_expires_at_its_ttl() {
     assert!(start.elapsed() < ttl + Duration::from_secs(2));
     // The readers' set went with its last reader.
     for node in &nodes {
-        assert!(!support::exists(node, "{tower-redlock:crash}:readers").await);
+        assert!(!support::exists(node, "tower-redlock:{tower-redlock:crash}:readers").await);
     }
     assert!(matches!(
         r.unlock(crashed).await,
@@ -320,7 +320,7 @@ async fn fair_order(
     resource: &str,
     n: usize,
 ) -> Vec<usize> {
-    let queue = format!("{{tower-redlock:{resource}}}:queue");
+    let queue = format!("tower-redlock:{{tower-redlock:{resource}}}:queue");
     let holder = clients[0].try_lock(resource).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
@@ -373,7 +373,10 @@ async fn fair_waiters_over_two_clients_acquire_in_arrival_order() {
     let order = fair_order(&nodes, &clients, "fifo", 6).await;
     assert_eq!(order, vec![0, 1, 2, 3, 4, 5]);
     for node in &nodes {
-        assert_eq!(zcard(node, "{tower-redlock:fifo}:queue").await, 0);
+        assert_eq!(
+            zcard(node, "tower-redlock:{tower-redlock:fifo}:queue").await,
+            0
+        );
     }
 }
 
@@ -385,7 +388,7 @@ async fn fair_waiting_over_http_admits_the_queued_request() {
     let holder = r.try_lock("doc:turn").await.unwrap();
     let waiter = app.spawn("/fair/turn");
     let queued = eventually(Duration::from_secs(5), || async {
-        zcard(&nodes[0], "{tower-redlock:doc:turn}:queue").await == 1
+        zcard(&nodes[0], "tower-redlock:{tower-redlock:doc:turn}:queue").await == 1
     })
     .await;
     assert!(queued);
@@ -401,7 +404,7 @@ fn crash_a_waiter(nodes: &[RedisNode], resource: &str, max_wait: Duration) {
     let urls = urls(nodes);
     let resource = resource.to_owned();
     let (queued_tx, queued_rx) = std::sync::mpsc::channel();
-    let queue = format!("{{tower-redlock:{resource}}}:queue");
+    let queue = format!("tower-redlock:{{tower-redlock:{resource}}}:queue");
     let probe = nodes[0].url();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -445,7 +448,7 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_bound() {
     let r = redlock(&nodes, Duration::from_secs(10)).await;
     let holder = r.try_lock("stuck").await.unwrap();
     crash_a_waiter(&nodes, "stuck", Duration::from_secs(60));
-    let queue = "{tower-redlock:stuck}:queue";
+    let queue = "tower-redlock:{tower-redlock:stuck}:queue";
     assert_eq!(
         zcard(&nodes[0], queue).await,
         1,
@@ -498,7 +501,7 @@ async fn a_queue_entry_never_outlives_its_waiters_deadline() {
     let gone = eventually(max_wait + Duration::from_millis(600), || async {
         let mut none = true;
         for node in &nodes {
-            none &= zcard(node, "{tower-redlock:short}:queue").await == 0;
+            none &= zcard(node, "tower-redlock:{tower-redlock:short}:queue").await == 0;
         }
         none
     })
@@ -522,7 +525,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
             .await
         }
     });
-    let queue = "{tower-redlock:bored}:queue";
+    let queue = "tower-redlock:{tower-redlock:bored}:queue";
     assert!(
         eventually(Duration::from_secs(5), || async {
             zcard(&nodes[0], queue).await == 1

@@ -40,7 +40,8 @@ async fn woken_on_release(nodes: &[RedisNode]) {
         }
     });
     let subscribed = eventually(Duration::from_secs(5), || async {
-        subscribers(nodes, "{tower-redlock:queue}:released").await == nodes.len() as i64
+        subscribers(nodes, "tower-redlock:{tower-redlock:queue}:released").await
+            == nodes.len() as i64
     })
     .await;
     assert!(subscribed, "the waiter did not subscribe on every node");
@@ -56,7 +57,7 @@ async fn woken_on_release(nodes: &[RedisNode]) {
     r.unlock(lease).await.unwrap();
     // The subscription goes once nobody waits.
     let gone = eventually(Duration::from_secs(5), || async {
-        subscribers(nodes, "{tower-redlock:queue}:released").await == 0
+        subscribers(nodes, "tower-redlock:{tower-redlock:queue}:released").await == 0
     })
     .await;
     assert!(gone, "subscription left behind");
@@ -223,7 +224,7 @@ async fn failed_attempts_wake_nobody() {
 async fn release_nobody_waits_for_publishes_nothing() {
     let nodes = nodes(1);
     let r = redlock(&nodes, Duration::from_secs(30), true).await;
-    let channel = "{tower-redlock:quiet}:released";
+    let channel = "tower-redlock:{tower-redlock:quiet}:released";
     // A plain listener is no waiter: it does not mark the key.
     let mut listener = redis::Client::open(nodes[0].url())
         .unwrap()
@@ -283,7 +284,9 @@ async fn marked_lease_extends_and_release_wakes(fencing: bool) {
     let all_marked = eventually(Duration::from_secs(5), || async {
         let mut marked = 0;
         for node in &nodes {
-            marked += usize::from(support::exists(node, "{tower-redlock:marked}:waiters").await);
+            marked += usize::from(
+                support::exists(node, "tower-redlock:{tower-redlock:marked}:waiters").await,
+            );
         }
         marked == nodes.len()
     })
@@ -368,7 +371,7 @@ async fn cancelled_waits_leave_no_subscription() {
             let mut conn = node.conn().await;
             let open: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
-                .arg("{tower-redlock:*")
+                .arg("tower-redlock:{tower-redlock:*")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -487,7 +490,7 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
         .arg("~*")
         .arg("+@all")
         .arg("resetchannels")
-        .arg("&{tower-redlock:a}:released")
+        .arg("&tower-redlock:{tower-redlock:a}:released")
         .query_async(&mut admin)
         .await
         .unwrap();
@@ -511,7 +514,7 @@ async fn a_subscriber_whose_subscribe_failed_is_closed() {
         }
     });
     let subscribed = eventually(Duration::from_secs(5), || async {
-        subscribers(&nodes, "{tower-redlock:a}:released").await == 1
+        subscribers(&nodes, "tower-redlock:{tower-redlock:a}:released").await == 1
     })
     .await;
     assert!(subscribed, "the waiter on a did not subscribe");

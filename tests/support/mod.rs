@@ -643,3 +643,52 @@ pub async fn client_list(node: &RedisNode) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The commands a node runs, scripts' own included, as `MONITOR` shows them (one line
+/// each, arguments quoted), read on a thread of its own until dropped.
+pub struct Monitor {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stream: TcpStream,
+}
+
+impl Monitor {
+    /// Starts watching `node`; returns once the node confirmed (`+OK`).
+    pub fn start(node: &RedisNode) -> Self {
+        use std::io::BufRead;
+        let mut stream = TcpStream::connect(node.addr()).expect("connect for MONITOR");
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut ok = String::new();
+        reader.read_line(&mut ok).unwrap();
+        assert_eq!(ok.trim(), "+OK", "MONITOR refused");
+        let lines: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let seen = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { return };
+                seen.lock().unwrap().push(line);
+            }
+        });
+        Monitor { lines, stream }
+    }
+
+    /// Whether a command that contains every one of `needles` was seen.
+    pub fn seen(&self, needles: &[&str]) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| needles.iter().all(|n| line.contains(n)))
+    }
+
+    /// Every line seen so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}

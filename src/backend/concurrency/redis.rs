@@ -1,6 +1,6 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
-use crate::backend::notify::{Joined, Notifier, UnsubscribeOnDrop, released};
+use crate::backend::notify::{Channels, Joined, MARK, Notifier, UNMARK, UnsubscribeOnDrop};
 use crate::backend::wait::Waiters;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -34,11 +34,13 @@ const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 /// clocks do not matter) and keeps the set alive as long as its newest permit. Answers
 /// `{1, held}` with the permit, `{0, held}` without; a waiter's try also sets the waiters'
 /// mark KEYS[2] for ARGV[4] ms when it gets none, so that the next release publishes
-/// ([`RELEASE`]). A key of another type is not touched: the script answers an error. This
-/// is Redisson's `RPermitExpirableSemaphore`.
+/// ([`RELEASE`]). A key of another type is not touched: the script answers an error (a
+/// mark this crate did not write is left as it is, and waiters fall back to their timer).
+/// This is Redisson's `RPermitExpirableSemaphore`.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{MARK}
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the permit key holds a value tower-redlock did not write')
@@ -50,32 +52,35 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 if held >= tonumber(ARGV[1]) then
   if KEYS[2] then
-    redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+    mark(KEYS[2], ARGV[4])
   end
-  return {0, held}
+  return {{0, held}}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return {1, held + 1}
-",
-    )
+return {{1, held + 1}}
+"
+    ))
 });
 
 /// Gives back the permit ARGV[1] of the set KEYS[1]; when waiters marked the set (KEYS[2]),
 /// deletes the mark and publishes on the release channel ARGV[2]. Answers how many permits
-/// it removed (0 or 1).
+/// it removed (0 or 1). A key of another type, and a mark this crate did not write, are
+/// left as they are.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if redis.call('DEL', KEYS[2]) == 1 then
+if unmark(KEYS[2]) then
   redis.call('PUBLISH', ARGV[2], '')
 end
 return removed
-",
-    )
+"
+    ))
 });
 
 /// How long a waiter's mark lives: past the longest pause between two of its tries.
@@ -83,7 +88,8 @@ const MARK_MS: u64 = 1_000;
 
 /// Renews a permit, atomically: if our token is still live, moves its expiry to now + TTL
 /// (`ZADD XX`, never re-adding it) and keeps the set alive that long; answers 1, or 0 when
-/// the permit is gone.
+/// the permit is gone. On a key of another type `ZSCORE` fails before anything is written:
+/// the script answers that error.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -309,7 +315,7 @@ impl RedisConcurrencyLimiter {
         invocation
             .key(Joined([key, ":waiters"]))
             .arg(token)
-            .arg(released(key));
+            .arg(Channels::Suffixed.released(key));
         let released = self
             .inner
             .store
@@ -383,6 +389,7 @@ impl RedisConcurrencyLimiterBuilder {
             vec![conn.connector().clone()],
             vec![conn],
             waiters.clone(),
+            Channels::Suffixed,
             store.timeout.max(Duration::from_millis(100)),
         ));
         notifier.watch();

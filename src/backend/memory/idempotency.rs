@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use super::MemoryLocks;
 use crate::backend::records::{Begin, Owner, record_key};
+use crate::backend::request::LockBackend as _;
 use crate::error::LockError;
 use crate::lease::Lease;
 
 impl MemoryLocks {
     /// The record of `key`, or the lock on `key` when there is none; at once.
     pub(crate) fn begin_idempotent(&self, key: Arc<str>) -> Result<Begin, LockError> {
-        let record_key = record_key(&key);
+        let record_key = record_key(self.prefix(), &key);
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
@@ -25,7 +26,7 @@ impl MemoryLocks {
         key: Arc<str>,
         max_wait: Duration,
     ) -> Result<Begin, LockError> {
-        let record_key = record_key(&key);
+        let record_key = record_key(self.prefix(), &key);
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
@@ -56,7 +57,7 @@ impl MemoryLocks {
     ) {
         if let Some(raw) = record.filter(|_| lease.is_valid()) {
             self.records()
-                .insert(record_key(lease.key()), owner, raw, ttl);
+                .insert(record_key(self.prefix(), lease.key()), owner, raw, ttl);
         }
         let _ = self.unlock(&lease);
     }

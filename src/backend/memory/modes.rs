@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, Table};
 use crate::backend::KeyMap;
-use crate::backend::request::LockResult;
+use crate::backend::request::{LockBackend as _, LockResult};
 use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
@@ -105,7 +105,7 @@ impl MemoryLocks {
                     Ok(())
                 })?;
                 Ok(Lease {
-                    key: readers_key(&key),
+                    key: readers_key(self.prefix(), &key),
                     shape: Shape::Reader { lock: key.clone() },
                     token,
                     ttl,

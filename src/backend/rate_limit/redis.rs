@@ -26,23 +26,22 @@ pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
 ///
 /// This is the Redis `INCR` documentation's "Pattern: Rate limiter 2"
 /// (<https://redis.io/docs/latest/commands/incr/>) as one script, so that no client can
-/// crash between `INCR` and `PEXPIRE` and leave a counter without expiry. A key found
-/// without expiry anyway (written by something else) is given one window, rather than
-/// blocking its client forever.
+/// crash between `INCR` and `PEXPIRE` and leave a counter without expiry. A value this
+/// crate did not write (another type, not a decimal count, or without expiry) is left as
+/// it is, and the script answers an error.
 static HIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local v = redis.pcall('GET', KEYS[1])
+if v and (type(v) ~= 'string' or not string.match(v, '^%d+$') or redis.call('PTTL', KEYS[1]) < 0) then
+  return redis.error_reply('ERR the rate limit key holds a value tower-redlock did not write')
+end
 local count = redis.call('INCR', KEYS[1])
 if count == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
   return {count, tonumber(ARGV[1])}
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  ttl = tonumber(ARGV[1])
-end
-return {count, ttl}
+return {count, redis.call('PTTL', KEYS[1])}
 ",
     )
 });
@@ -54,8 +53,8 @@ return {count, ttl}
 ///
 /// Returns `{1, remaining, reset}` when allowed (the TAT moved on by one emission; what
 /// is left of the burst; µs until all of it is back), `{0, retry, reset}` when refused
-/// (µs until a request would pass). A value this crate did not write (not digits) is left
-/// as it is, and the script answers an error.
+/// (µs until a request would pass). A value this crate did not write (another type, not
+/// digits, or without expiry) is left as it is, and the script answers an error.
 static GCRA: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -66,8 +65,8 @@ local tolerance = tonumber(ARGV[2])
 local v = redis.pcall('GET', KEYS[1])
 local tat = now
 if v then
-  if type(v) ~= 'string' or #v > 16 or not string.match(v, '^%d+$') then
-    return redis.error_reply('the rate limit key holds a value tower-redlock did not write')
+  if type(v) ~= 'string' or #v > 16 or not string.match(v, '^%d+$') or redis.call('PTTL', KEYS[1]) < 0 then
+    return redis.error_reply('ERR the rate limit key holds a value tower-redlock did not write')
   end
   tat = math.max(tonumber(v), now)
 end

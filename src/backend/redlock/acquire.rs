@@ -103,7 +103,10 @@ impl Redlock {
         };
         let round = acquisition
             .round(
-                |conn| scripts::acquire(conn, key.clone(), token, attempt),
+                |conn| {
+                    let prefix = self.inner.policy.prefix.clone();
+                    scripts::acquire(conn, prefix, key.clone(), token, attempt)
+                },
                 CleanUp::Background,
                 None,
             )
@@ -130,9 +133,12 @@ impl Redlock {
             return;
         };
         let timeout = self.inner.node_timeout;
-        let keys = keys.clone();
+        let (prefix, keys) = (self.inner.policy.prefix.clone(), keys.clone());
         handle.spawn(futures_util::future::join_all(nodes.into_iter().map(
-            move |conn| tokio::time::timeout(timeout, keys.clone().release(conn, token, false)),
+            move |conn| {
+                let release = keys.clone().release(conn, prefix.clone(), token, false);
+                tokio::time::timeout(timeout, release)
+            },
         )));
     }
 
@@ -151,8 +157,9 @@ impl Redlock {
             .on_nodes(
                 Instant::now(),
                 |conn| {
+                    let prefix = self.inner.policy.prefix.clone();
                     keys.clone()
-                        .raise_fence(conn, token, fencing_token, fence_ms)
+                        .raise_fence(conn, prefix, token, fencing_token, fence_ms)
                 },
                 |written| Vote::of(*written == 1),
                 Rule::Held,

@@ -8,7 +8,7 @@ use crate::backend::node::Node;
 
 use super::local::LocalHolders;
 use super::{Redlock, RedlockCore, failure, scripts};
-use crate::backend::notify::Notifier;
+use crate::backend::notify::{Channels, Notifier};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
 use crate::error::ConfigError;
@@ -75,12 +75,13 @@ impl RedlockBuilder {
     }
 
     /// Whether [`LockRequest::wait`](crate::LockRequest::wait) waiters subscribe to release
-    /// notifications (Redis pub/sub on `{<lock key>}:released`, one subscriber connection
-    /// per node, opened by `build`). A subscriber dropped by its node also has the node's
-    /// command connection replaced at once, and is itself reopened in the background
-    /// (pauses doubling from 100 ms to 1 s). A release publishes only when a subscribed
-    /// waiter set the mark `{<lock key>}:waiters`. Default on; off, waiters re-try on
-    /// their fallback timer only (the holder's remaining TTL, at most 1 s).
+    /// notifications (Redis pub/sub on `<prefix>{<lock key>}:released`, one subscriber
+    /// connection per node, opened by `build`). A subscriber dropped by its node also has
+    /// the node's command connection replaced at once, and is itself reopened in the
+    /// background (pauses doubling from 100 ms to 1 s). A release publishes only when a
+    /// subscribed waiter set the mark `<prefix>{<lock key>}:waiters`. Default on; off,
+    /// waiters re-try on their fallback timer only (the holder's remaining TTL, at most 1
+    /// s).
     pub fn notify_waiters(mut self, enabled: bool) -> Self {
         self.notify_waiters = enabled;
         self
@@ -152,6 +153,7 @@ impl RedlockBuilder {
                         connectors,
                         conns,
                         waiters.clone(),
+                        Channels::Tagged(self.policy.prefix.clone()),
                         node_timeout.max(Duration::from_millis(100)),
                     ))
                 }),

@@ -2,12 +2,12 @@
 //! acquire in arrival order.
 //!
 //! Each node keeps, in the lock key `K`'s slot:
-//! - `{K}:queue`, waiter ids scored by arrival (µs since the Unix epoch, stamped once by
-//!   the waiter: every node orders them alike);
-//! - `{K}:queue-deadlines`, the same ids scored by their entry's deadline (ms on the node's
-//!   clock): an entry lives as the waiters' mark, renewed by each attempt, never past the
-//!   waiter's `max_wait`. Attempts prune expired entries, so a crashed waiter drops out;
-//!   one that gives up removes its entry at once and wakes the next.
+//! - `<prefix>{K}:queue`, waiter ids scored by arrival (µs since the Unix epoch, stamped
+//!   once by the waiter: every node orders them alike);
+//! - `<prefix>{K}:queue-deadlines`, the same ids scored by their entry's deadline (ms on
+//!   the node's clock): an entry lives as the waiters' mark, renewed by each attempt, never
+//!   past the waiter's `max_wait`. Attempts prune expired entries, so a crashed waiter
+//!   drops out; one that gives up removes its entry at once and wakes the next.
 //!
 //! Only the head of the queue (or anyone, when it is empty) may take the lock, with the
 //! plain lock's `SET NX`, quorum and validity rules, woken by its release notifications.
@@ -21,9 +21,10 @@ use redis::Script;
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp};
 use super::keys::{Auxiliary, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, evalsha, run, run_attempt};
+use super::scripts::{Attempted, COUNTER_VALID, FOREIGN, evalsha, run, run_attempt};
 use super::shared::NOW;
 use crate::backend::connection::Connection;
+use crate::backend::notify::{MARK, released};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -33,11 +34,18 @@ const TURN: Duration = Duration::from_millis(100);
 /// A fair attempt. KEYS: the lock key, the queue, the deadlines, the waiters' mark, the
 /// fencing counter. ARGV: waiter id, token, TTL (ms), the mark's TTL (ms; `0`: do not
 /// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
-/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]).
+/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]). A queue
+/// or deadlines key of another type than a sorted set holds the lock (for its `PTTL`) and
+/// is left as it is.
 pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
 {NOW}
+{MARK}
+{FOREIGN}
+for i = 2, 3 do
+  if foreign(KEYS[i], 'zset') then return {{0, redis.call('PTTL', KEYS[i])}} end
+end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
 if #gone > 0 then
   redis.call('ZREM', KEYS[2], unpack(gone))
@@ -67,26 +75,29 @@ if not head or head == ARGV[1] then
     return {{1, tonumber(c or '0')}}
   end
 end
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[4], '1', 'PX', ARGV[4]) end
+if ARGV[4] ~= '0' then mark(KEYS[4], ARGV[4]) end
 return {{0, redis.call('PTTL', KEYS[1])}}
 "
     ))
 });
 
-/// Leaves the queue (KEYS: the queue, the deadlines; ARGV: waiter id, the lock key),
-/// waking the others when the leaver was the head.
+/// Leaves the queue (KEYS: the queue, the deadlines; ARGV: waiter id, the lock's release
+/// channel), waking the others when the leaver was the head. Keys of another type than a
+/// sorted set are left as they are.
 pub(in crate::backend::redlock) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{FOREIGN}
+if foreign(KEYS[1], 'zset') or foreign(KEYS[2], 'zset') then return 0 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if head == ARGV[1] and redis.call('ZCARD', KEYS[1]) > 0 then
-  redis.call('PUBLISH', '{' .. ARGV[2] .. '}:released', '')
+  redis.call('PUBLISH', ARGV[2], '')
 end
 return 1
-",
-    )
+"
+    ))
 });
 
 /// One waiter of a fair wait.
@@ -111,15 +122,16 @@ struct FairAttempt {
 
 async fn attempt(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     a: FairAttempt,
 ) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
     cmd.arg(&*key)
-        .arg(Auxiliary::queue(&key))
-        .arg(Auxiliary::queue_deadlines(&key))
-        .arg(Auxiliary::waiters(&key))
-        .arg(Auxiliary::fence(&key))
+        .arg(Auxiliary::queue(&prefix, &key))
+        .arg(Auxiliary::queue_deadlines(&prefix, &key))
+        .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(Auxiliary::fence(&prefix, &key))
         .arg(a.waiter.id.as_bytes())
         .arg(a.token.as_bytes())
         .arg(a.ttl_ms)
@@ -127,15 +139,21 @@ async fn attempt(
         .arg(a.waiter.arrival_us)
         .arg(a.entry_ms)
         .arg(if a.fenced { "1" } else { "0" });
-    run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, std::slice::from_ref(&key)).await
+    let keys = std::slice::from_ref(&key);
+    run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, &prefix, keys).await
 }
 
-async fn leave(mut conn: Connection, key: Arc<str>, id: Token) -> Result<(), NodeFailureReason> {
+async fn leave(
+    mut conn: Connection,
+    prefix: Arc<str>,
+    key: Arc<str>,
+    id: Token,
+) -> Result<(), NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_LEAVE, 2);
-    cmd.arg(Auxiliary::queue(&key))
-        .arg(Auxiliary::queue_deadlines(&key))
+    cmd.arg(Auxiliary::queue(&prefix, &key))
+        .arg(Auxiliary::queue_deadlines(&prefix, &key))
         .arg(id.as_bytes())
-        .arg(&*key);
+        .arg(released(&prefix, &key));
     let _: i64 = run(&mut conn, &FAIR_LEAVE, &cmd).await?;
     Ok(())
 }
@@ -159,8 +177,9 @@ impl Drop for LeaveOnDrop {
         };
         let (redlock, key, id) = (self.redlock.clone(), self.key.clone(), self.id);
         handle.spawn(async move {
+            let prefix = &redlock.inner.policy.prefix;
             redlock
-                .on_every_node(|conn| leave(conn, key.clone(), id))
+                .on_every_node(|conn| leave(conn, prefix.clone(), key.clone(), id))
                 .await;
         });
     }
@@ -236,7 +255,7 @@ impl Redlock {
         };
         let round = acquisition
             .round(
-                |conn| attempt(conn, key.clone(), a),
+                |conn| attempt(conn, self.inner.policy.prefix.clone(), key.clone(), a),
                 CleanUp::Awaited,
                 Some(TURN),
             )

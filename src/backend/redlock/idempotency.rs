@@ -1,6 +1,6 @@
-//! Idempotency records on the Redlock nodes: `{<lock key>}:record`, in the lock key's
-//! Redis Cluster slot, written by the crate's [`IdempotencyLayer`](crate::IdempotencyLayer)
-//! only.
+//! Idempotency records on the Redlock nodes: `<prefix>{<lock key>}:record`, in the lock
+//! key's Redis Cluster slot, written by the crate's
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) only.
 //!
 //! A first request looks for the record and acquires the lock in one script per node
 //! ([`BEGIN`]); it stores its record and releases the lock in one script per node
@@ -21,21 +21,27 @@ use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::notify::{UNMARK, released};
 use crate::backend::records::Begin;
 use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
+use crate::idempotency::record::MAGIC;
 use crate::keyed::policy::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
 /// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
-/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held.
+/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held. A value of another type
+/// at the record key answers `{2, ''}`, a record that does not parse (the layer answers
+/// 500), and is left as it is.
 pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local r = redis.pcall('GET', KEYS[2])
 if type(r) == 'string' then
   return {2, r}
+elseif r then
+  return {2, ''}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
@@ -46,27 +52,38 @@ return {0, redis.call('PTTL', KEYS[1])}
 });
 
 /// Stores the record ARGV[2] under KEYS[2] for ARGV[3] ms, then deletes the lock KEYS[1]
-/// if it holds our token ARGV[1] (publishing on the lock's release channel when a waiter
-/// set the mark KEYS[3]). A node where the lock is gone stores the record too, so that it
-/// lives on every node that can take it; a node where another holder has the lock is left
-/// alone. Returns 1 when stored, -1 when another holder has the lock.
+/// if it holds our token ARGV[1] (publishing on the lock's release channel ARGV[4] when a
+/// waiter set the mark KEYS[3]). A node where the lock is gone stores the record too, so
+/// that it lives on every node that can take it; a node where another holder has the lock
+/// is left alone. Returns 1 when stored, -1 when another holder has the lock. A value at
+/// the record key that is not a record ([`MAGIC`]) is left as it is: the lock is released
+/// all the same, and the script answers an error.
 pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local v = redis.pcall('GET', KEYS[1])
 if v and v ~= ARGV[1] then
   return -1
 end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+local r = redis.pcall('GET', KEYS[2])
+local ours = not r or (type(r) == 'string' and string.sub(r, 1, {len}) == '{MAGIC}')
+if ours then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
 if v then
   redis.call('DEL', KEYS[1])
-  if redis.call('DEL', KEYS[3]) == 1 then
-    redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+  if unmark(KEYS[3]) then
+    redis.call('PUBLISH', ARGV[4], '')
   end
+end
+if not ours then
+  return redis.error_reply('ERR the idempotency record key holds a value tower-redlock did not write; it was left as it is')
 end
 return 1
 ",
-    )
+        len = MAGIC.len()
+    ))
 });
 
 /// One node's answer to [`BEGIN`].
@@ -78,13 +95,14 @@ enum Found {
 
 async fn begin_on(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     ttl_ms: u64,
 ) -> Result<Found, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&BEGIN, 2);
     cmd.arg(&*key)
-        .arg(Auxiliary::record(&key))
+        .arg(Auxiliary::record(&prefix, &key))
         .arg(token.as_bytes())
         .arg(ttl_ms);
     let reply: Vec<Value> =
@@ -102,6 +120,7 @@ async fn begin_on(
 
 async fn finish_on(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     record: Bytes,
@@ -109,20 +128,29 @@ async fn finish_on(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&FINISH, 3);
     cmd.arg(&*key)
-        .arg(Auxiliary::record(&key))
-        .arg(Auxiliary::waiters(&key))
+        .arg(Auxiliary::record(&prefix, &key))
+        .arg(Auxiliary::waiters(&prefix, &key))
         .arg(token.as_bytes())
         .arg(&record[..])
-        .arg(ttl_ms);
+        .arg(ttl_ms)
+        .arg(released(&prefix, &key));
     scripts::run_acked(&mut conn, Some(&FINISH), &cmd, |&stored| stored == 1).await
 }
 
-async fn read_on(mut conn: Connection, key: Arc<str>) -> Result<Option<Bytes>, NodeFailureReason> {
-    let raw: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(Auxiliary::record(&key))
+async fn read_on(
+    mut conn: Connection,
+    prefix: Arc<str>,
+    key: Arc<str>,
+) -> Result<Option<Bytes>, NodeFailureReason> {
+    let raw: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("GET")
+        .arg(Auxiliary::record(&prefix, &key))
         .query_async(&mut conn)
-        .await?;
-    Ok(raw.map(Bytes::from))
+        .await;
+    match raw {
+        // A value of another type: found, as a record that does not parse (as `BEGIN`).
+        Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(Bytes::new())),
+        raw => Ok(raw?.map(Bytes::from)),
+    }
 }
 
 impl Redlock {
@@ -160,7 +188,10 @@ impl Redlock {
         let left = max_wait.saturating_sub(started.elapsed());
         let lease = self.lock_key_within(key.clone(), left).await?;
         // The holder we waited for stored its record before it released: look for it.
-        let round = self.on_every_node(|conn| read_on(conn, key.clone())).await;
+        let prefix = &self.inner.policy.prefix;
+        let round = self
+            .on_every_node(|conn| read_on(conn, prefix.clone(), key.clone()))
+            .await;
         if let Some(record) = round.values().flatten().next().cloned() {
             self.release_detached(Keys::Lock(lease.key), lease.token, true);
             return Ok(Begin::Found(record));
@@ -176,12 +207,13 @@ impl Redlock {
         let token = Token::random();
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
+        let prefix = &self.inner.policy.prefix;
         let round = self
             .on_nodes(
                 start,
                 // Boxed: the operation is moved several times on its way into the round,
                 // and a box is cheaper to move than the script call it holds.
-                |conn| boxed(|| begin_on(conn, key.clone(), token, ttl_ms)),
+                |conn| boxed(|| begin_on(conn, prefix.clone(), key.clone(), token, ttl_ms)),
                 |found| Vote::of(matches!(found, Found::Set)),
                 Rule::Acquire,
                 Stragglers::Drop,
@@ -276,6 +308,7 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<(), LockError> {
         let ttl_ms = super::builder::millis(ttl).max(1);
+        let prefix = &self.inner.policy.prefix;
         let local = self
             .inner
             .local
@@ -286,7 +319,8 @@ impl Redlock {
                 |conn| {
                     // Boxed, as `begin_once`'s.
                     boxed(|| {
-                        finish_on(conn, lease.key.clone(), lease.token, record.clone(), ttl_ms)
+                        let (key, record) = (lease.key.clone(), record.clone());
+                        finish_on(conn, prefix.clone(), key, lease.token, record, ttl_ms)
                     })
                 },
                 |stored| Vote::of(*stored == 1),

@@ -11,6 +11,7 @@ use super::keys::Auxiliary;
 use super::scripts::{evalsha, run};
 use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
+use crate::backend::notify::{UNMARK, released};
 use crate::error::{LockError, NodeFailureReason};
 
 /// Reads what one node holds for the lock key KEYS[1]: its `PTTL`, the fencing counter
@@ -28,18 +29,22 @@ return {redis.call('PTTL', KEYS[1]), c, r, redis.call('EXISTS', KEYS[4], KEYS[5]
     )
 });
 
-/// Deletes the lock key KEYS[1] whatever it holds, waking the waiters that marked it
-/// (KEYS[2]) as a release does. Returns 1 when the lock key was there.
+/// Deletes the lock key KEYS[1] whoever holds it, waking the waiters that marked it
+/// (KEYS[2]) on the release channel ARGV[1] as a release does. Returns 1 when a lock was
+/// there. Only a string is a lock (any client's token): a value of another type is left as
+/// it is, as is a mark this crate did not write.
 pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+{UNMARK}
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
+redis.call('DEL', KEYS[1])
+if unmark(KEYS[2]) then
+  redis.call('PUBLISH', ARGV[1], '')
 end
 return 1
-",
-    )
+"
+    ))
 });
 
 /// One node's view of a lock.
@@ -50,13 +55,17 @@ struct NodeView {
     waiters: bool,
 }
 
-async fn view(mut conn: Connection, key: Arc<str>) -> Result<NodeView, NodeFailureReason> {
+async fn view(
+    mut conn: Connection,
+    prefix: Arc<str>,
+    key: Arc<str>,
+) -> Result<NodeView, NodeFailureReason> {
     let mut cmd = evalsha(&INSPECT, 5);
     cmd.arg(&*key)
-        .arg(Auxiliary::fence(&key))
-        .arg(Auxiliary::readers(&key))
-        .arg(Auxiliary::waiters(&key))
-        .arg(Auxiliary::queue(&key));
+        .arg(Auxiliary::fence(&prefix, &key))
+        .arg(Auxiliary::readers(&prefix, &key))
+        .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(Auxiliary::queue(&prefix, &key));
     let (pttl_ms, fence, readers, waiters): (i64, String, u64, u64) =
         run(&mut conn, &INSPECT, &cmd).await?;
     Ok(NodeView {
@@ -67,16 +76,25 @@ async fn view(mut conn: Connection, key: Arc<str>) -> Result<NodeView, NodeFailu
     })
 }
 
-async fn force_release(mut conn: Connection, key: Arc<str>) -> Result<i64, NodeFailureReason> {
+async fn force_release(
+    mut conn: Connection,
+    prefix: Arc<str>,
+    key: Arc<str>,
+) -> Result<i64, NodeFailureReason> {
     let mut cmd = evalsha(&FORCE_RELEASE, 2);
-    cmd.arg(&*key).arg(Auxiliary::waiters(&key));
+    cmd.arg(&*key)
+        .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(released(&prefix, &key));
     Ok(run(&mut conn, &FORCE_RELEASE, &cmd).await?)
 }
 
 impl Redlock {
     /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
     pub(crate) async fn inspect_key(&self, key: &Arc<str>) -> Result<LockInspection, LockError> {
-        let round = self.on_every_node(|conn| view(conn, key.clone())).await;
+        let prefix = &self.inner.policy.prefix;
+        let round = self
+            .on_every_node(|conn| view(conn, prefix.clone(), key.clone()))
+            .await;
         let views: Vec<&NodeView> = round.values().collect();
         if views.is_empty() {
             return Err(self.no_quorum(round));
@@ -109,8 +127,9 @@ impl Redlock {
     /// [`Locks::force_unlock`](crate::Locks::force_unlock) for a full key: on how many
     /// nodes it was there.
     pub(crate) async fn force_unlock_key(&self, key: &Arc<str>) -> Result<usize, LockError> {
+        let prefix = &self.inner.policy.prefix;
         let round = self
-            .on_every_node(|conn| force_release(conn, key.clone()))
+            .on_every_node(|conn| force_release(conn, prefix.clone(), key.clone()))
             .await;
         self.inner.local.forget(key);
         self.inner.waiters.wake(key);

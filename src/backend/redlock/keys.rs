@@ -22,7 +22,8 @@ use crate::lease::{Lease, Shape, Token};
 pub(super) enum Keys {
     /// One lock key.
     Lock(Arc<str>),
-    /// A reader of `lock`: its token in the readers' set `set`, `{<lock key>}:readers`.
+    /// A reader of `lock`: its token in the readers' set `set`,
+    /// `<prefix>{<lock key>}:readers`.
     Readers { set: Arc<str>, lock: Arc<str> },
     /// Several lock keys, sorted and distinct, held together (`LockRequest::all`).
     Set(Arc<[Arc<str>]>),
@@ -64,18 +65,21 @@ impl Keys {
     pub(super) async fn extend(
         self,
         conn: Connection,
+        prefix: Arc<str>,
         token: Token,
         ttl_ms: u64,
         fence_ms: Option<u64>,
     ) -> Result<i64, NodeFailureReason> {
         match self {
             Keys::Lock(key) => {
-                extend_group(conn, std::slice::from_ref(&key), token, ttl_ms, fence_ms).await
+                let key = std::slice::from_ref(&key);
+                extend_group(conn, &prefix, key, token, ttl_ms, fence_ms).await
             }
             Keys::Readers { set, .. } => shared::extend_reader(conn, set, token, ttl_ms).await,
             Keys::Set(keys) => {
-                on_every_slot(conn, keys, |conn, keys| async move {
-                    extend_group(conn, &keys, token, ttl_ms, fence_ms).await
+                on_every_slot(conn, keys, |conn, keys| {
+                    let prefix = prefix.clone();
+                    async move { extend_group(conn, &prefix, &keys, token, ttl_ms, fence_ms).await }
                 })
                 .await
             }
@@ -87,19 +91,21 @@ impl Keys {
     pub(super) async fn release(
         self,
         conn: Connection,
+        prefix: Arc<str>,
         token: Token,
         publish: bool,
     ) -> Result<ReleaseReply, NodeFailureReason> {
         // The other shapes boxed: the future of every release is then the size of a
         // single key's, which each level of the release moves once.
         match self {
-            Keys::Lock(key) => scripts::release(conn, key, token, publish).await,
+            Keys::Lock(key) => scripts::release(conn, prefix, key, token, publish).await,
             Keys::Readers { set, lock } => {
-                Box::pin(shared::release_reader(conn, set, lock, token, publish)).await
+                let release = shared::release_reader(conn, prefix, set, lock, token, publish);
+                Box::pin(release).await
             }
             Keys::Set(keys) => {
                 let release = on_every_slot(conn, keys, move |conn, keys| {
-                    release_group(conn, keys, token, publish)
+                    release_group(conn, prefix.clone(), keys, token, publish)
                 });
                 Box::pin(release).await.map(ReleaseReply::of)
             }
@@ -111,6 +117,7 @@ impl Keys {
     pub(super) async fn raise_fence(
         self,
         conn: Connection,
+        prefix: Arc<str>,
         token: Token,
         fencing_token: u64,
         fence_ms: u64,
@@ -118,11 +125,14 @@ impl Keys {
         match self {
             Keys::Lock(key) | Keys::Readers { set: key, .. } => {
                 let key = std::slice::from_ref(&key);
-                fence_group(conn, key, token, fencing_token, fence_ms).await
+                fence_group(conn, &prefix, key, token, fencing_token, fence_ms).await
             }
             Keys::Set(keys) => {
-                on_every_slot(conn, keys, |conn, keys| async move {
-                    fence_group(conn, &keys, token, fencing_token, fence_ms).await
+                on_every_slot(conn, keys, |conn, keys| {
+                    let prefix = prefix.clone();
+                    async move {
+                        fence_group(conn, &prefix, &keys, token, fencing_token, fence_ms).await
+                    }
                 })
                 .await
             }
@@ -142,9 +152,10 @@ impl Redlock {
         vote: fn(&ReleaseReply) -> Vote,
         stragglers: Stragglers,
     ) -> impl Future<Output = Answers<ReleaseReply>> {
+        let prefix = self.inner.policy.prefix.clone();
         self.on_nodes(
             Instant::now(),
-            move |conn| keys.clone().release(conn, token, publish),
+            move |conn| keys.clone().release(conn, prefix.clone(), token, publish),
             vote,
             Rule::Held,
             stragglers,
@@ -152,46 +163,47 @@ impl Redlock {
     }
 }
 
-/// A lock's own key or channel beside the lock key, `{<lock key>}:<role>`, written in
-/// place as one argument. The hash tag puts it in the lock key's Redis Cluster slot; lock
-/// keys never contain `{` or `}` (the prefix is checked, names are percent-encoded), so
-/// it is never a lock key itself.
-pub(super) type Auxiliary<'a> = Joined<'a, 3>;
+/// A lock's own key beside the lock key, `<prefix>{<lock key>}:<role>`, written in place
+/// as one argument. It begins with the backend's prefix (a Redis ACL on the prefix covers
+/// it), and the hash tag puts it in the lock key's Redis Cluster slot; lock keys never
+/// contain `{` or `}` (the prefix is checked, names are percent-encoded), so it is never
+/// a lock key itself.
+pub(super) type Auxiliary<'a> = Joined<'a, 4>;
 
 impl<'a> Auxiliary<'a> {
     /// The waiters' mark: present while a waiter subscribed to the release channel waits.
-    pub(super) fn waiters(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:waiters"])
+    pub(super) fn waiters(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:waiters"])
     }
 
     /// The lock's idempotency record.
     #[cfg(feature = "idempotency")]
-    pub(super) fn record(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:record"])
+    pub(super) fn record(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:record"])
     }
 
     /// The lock's fencing counter.
-    pub(super) fn fence(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:fence"])
+    pub(super) fn fence(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:fence"])
     }
 
     /// The readers' set of a shared lock.
-    pub(super) fn readers(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:readers"])
+    pub(super) fn readers(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:readers"])
     }
 
     /// A waiting writer's intent, which keeps new readers out.
-    pub(super) fn writer_waiting(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:writer-waiting"])
+    pub(super) fn writer_waiting(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:writer-waiting"])
     }
 
     /// The fair queue of waiters.
-    pub(super) fn queue(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:queue"])
+    pub(super) fn queue(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:queue"])
     }
 
     /// The fair queue's per-entry deadlines.
-    pub(super) fn queue_deadlines(lock_key: &'a str) -> Self {
-        Joined(["{", lock_key, "}:queue-deadlines"])
+    pub(super) fn queue_deadlines(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:queue-deadlines"])
     }
 }

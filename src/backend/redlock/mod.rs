@@ -15,8 +15,8 @@
 //!
 //! Release and extension are Lua scripts that act only if the key still holds our token;
 //! a value this crate did not write is never modified (redis-py's `Lock`, pottery or
-//! redsync may share the keys). A lock's own keys and channels sit beside it as
-//! `{<lock key>}:<role>`, in the lock key's Redis Cluster slot.
+//! redsync may share the keys). A lock's own keys and channel sit beside it as
+//! `<prefix>{<lock key>}:<role>`, in the lock key's Redis Cluster slot.
 //!
 //! Verdicts say what the answers prove (see [`tally`]): `Taken` needs a quorum of
 //! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
@@ -190,7 +190,10 @@ impl Redlock {
         let round = self
             .on_nodes(
                 start,
-                |conn| keys.clone().extend(conn, token, ttl_ms, fence_ms),
+                |conn| {
+                    let prefix = self.inner.policy.prefix.clone();
+                    keys.clone().extend(conn, prefix, token, ttl_ms, fence_ms)
+                },
                 |reply| Vote::of(*reply == 1),
                 Rule::Held,
                 Stragglers::Finish,

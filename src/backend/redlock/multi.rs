@@ -25,6 +25,7 @@ use super::scripts::{
     Attempted, COUNTER_VALID, evalsha, invalid_counter, run, run_acked, run_attempt,
 };
 use crate::backend::connection::Connection;
+use crate::backend::notify::{UNMARK, released};
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -38,9 +39,10 @@ impl Redlock {
         let token = acquisition.token;
         let ttl_ms = self.inner.policy.ttl_ms();
         let fenced = self.inner.fence_ms.is_some();
+        let prefix = &self.inner.policy.prefix;
         let round = acquisition
             .round(
-                |conn| acquire_on(conn, keys.clone(), token, ttl_ms, fenced),
+                |conn| acquire_on(conn, prefix.clone(), keys.clone(), token, ttl_ms, fenced),
                 CleanUp::Background,
                 None,
             )
@@ -150,12 +152,14 @@ return 1
 });
 
 /// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
-/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]). Answers as
+/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]) on its release
+/// channel ARGV[3+i]. Answers as
 /// the single-key release ([`ReleaseReply::of`](super::scripts::ReleaseReply::of)): 1 all deleted, 0 some gone, -1 any held
-/// by another.
+/// by another. A value this crate did not write (at a lock key or a mark) is left as it is.
 pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local n = tonumber(ARGV[3])
 local deleted, other = 0, false
 for i = 1, n do
@@ -163,8 +167,8 @@ for i = 1, n do
   if v == ARGV[1] then
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
-    if ARGV[2] == '1' and redis.call('DEL', KEYS[n + i]) == 1 then
-      redis.call('PUBLISH', '{' .. KEYS[i] .. '}:released', '')
+    if ARGV[2] == '1' and unmark(KEYS[n + i]) then
+      redis.call('PUBLISH', ARGV[3 + i], '')
     end
   elseif v then
     other = true
@@ -173,8 +177,8 @@ end
 if other then return -1 end
 if deleted == n then return 1 end
 return 0
-",
-    )
+"
+    ))
 });
 
 /// Which auxiliary key of each lock key a script also gets.
@@ -185,15 +189,20 @@ enum Beside {
 }
 
 /// The lock keys, then one auxiliary key per lock key.
-fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> redis::Cmd {
+fn set_command(
+    script: &Script,
+    prefix: &str,
+    keys: &[Arc<str>],
+    beside: Option<Beside>,
+) -> redis::Cmd {
     let mut cmd = evalsha(script, keys.len() * if beside.is_some() { 2 } else { 1 });
     for key in keys {
         cmd.arg(&**key);
     }
     for key in keys {
         match beside {
-            Some(Beside::Fence) => cmd.arg(Auxiliary::fence(key)),
-            Some(Beside::Waiters) => cmd.arg(Auxiliary::waiters(key)),
+            Some(Beside::Fence) => cmd.arg(Auxiliary::fence(prefix, key)),
+            Some(Beside::Waiters) => cmd.arg(Auxiliary::waiters(prefix, key)),
             None => break,
         };
     }
@@ -202,30 +211,38 @@ fn set_command(script: &Script, keys: &[Arc<str>], beside: Option<Beside>) -> re
 
 async fn acquire_group(
     mut conn: Connection,
+    prefix: Arc<str>,
     keys: Arc<[Arc<str>]>,
     token: Token,
     ttl_ms: u64,
     fenced: bool,
 ) -> Result<Attempted, NodeFailureReason> {
-    let mut cmd = set_command(&ACQUIRE_ALL, &keys, fenced.then_some(Beside::Fence));
+    let beside = fenced.then_some(Beside::Fence);
+    let mut cmd = set_command(&ACQUIRE_ALL, &prefix, &keys, beside);
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
         .arg(keys.len())
         .arg(if fenced { "1" } else { "0" });
-    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &keys).await
+    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &prefix, &keys).await
 }
 
 /// [`RELEASE_ALL`] on one slot's keys: its reply code (see [`ReleaseReply::of`](super::scripts::ReleaseReply::of)).
 pub(in crate::backend::redlock) async fn release_group(
     mut conn: Connection,
+    prefix: Arc<str>,
     keys: Arc<[Arc<str>]>,
     token: Token,
     publish: bool,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&RELEASE_ALL, &keys, Some(Beside::Waiters));
+    let mut cmd = set_command(&RELEASE_ALL, &prefix, &keys, Some(Beside::Waiters));
     cmd.arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
+    if publish {
+        for key in keys.iter() {
+            cmd.arg(released(&prefix, key));
+        }
+    }
     Ok(run(&mut conn, &RELEASE_ALL, &cmd).await?)
 }
 
@@ -270,26 +287,32 @@ fn slot(key: &str) -> u16 {
 /// spans, one script per slot in slot order, a refusal releasing the slots already taken.
 async fn acquire_on(
     conn: Connection,
+    prefix: Arc<str>,
     keys: Arc<[Arc<str>]>,
     token: Token,
     ttl_ms: u64,
     fenced: bool,
 ) -> Result<Attempted, NodeFailureReason> {
     let Some(groups) = by_slot(&conn, &keys) else {
-        return acquire_group(conn, keys, token, ttl_ms, fenced).await;
+        return acquire_group(conn, prefix, keys, token, ttl_ms, fenced).await;
     };
     let mut highest = 0;
     for (i, group) in groups.iter().enumerate() {
-        match acquire_group(conn.clone(), group.clone(), token, ttl_ms, fenced).await {
+        let attempt = acquire_group(
+            conn.clone(),
+            prefix.clone(),
+            group.clone(),
+            token,
+            ttl_ms,
+            fenced,
+        );
+        match attempt.await {
             Ok(Attempted::Set(counter)) => highest = highest.max(counter),
             refused => {
                 // The slots taken are ours to delete; the caller deletes the rest.
-                join_all(
-                    groups
-                        .iter()
-                        .take(i)
-                        .map(|taken| release_group(conn.clone(), taken.clone(), token, false)),
-                )
+                join_all(groups.iter().take(i).map(|taken| {
+                    release_group(conn.clone(), prefix.clone(), taken.clone(), token, false)
+                }))
                 .await;
                 return refused;
             }
@@ -320,19 +343,23 @@ where
 /// [`FENCE_ALL`] on keys of one slot (one lock key, too).
 pub(in crate::backend::redlock) async fn fence_group(
     mut conn: Connection,
+    prefix: &str,
     keys: &[Arc<str>],
     token: Token,
     fencing_token: u64,
     fence_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&FENCE_ALL, keys, Some(Beside::Fence));
+    let mut cmd = set_command(&FENCE_ALL, prefix, keys, Some(Beside::Fence));
     cmd.arg(token.as_bytes())
         .arg(fencing_token)
         .arg(fence_ms)
         .arg(keys.len());
     let reply = run_acked(&mut conn, Some(&FENCE_ALL), &cmd, |&written| written == 1).await?;
     if reply == -2 {
-        return Err(invalid_counter(keys.first().map_or("", |key| &**key)));
+        return Err(invalid_counter(
+            prefix,
+            keys.first().map_or("", |key| &**key),
+        ));
     }
     Ok(reply)
 }
@@ -340,12 +367,14 @@ pub(in crate::backend::redlock) async fn fence_group(
 /// [`EXTEND_ALL`] on keys of one slot (one lock key, too).
 pub(in crate::backend::redlock) async fn extend_group(
     mut conn: Connection,
+    prefix: &str,
     keys: &[Arc<str>],
     token: Token,
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&EXTEND_ALL, keys, fence_ms.map(|_| Beside::Fence));
+    let beside = fence_ms.map(|_| Beside::Fence);
+    let mut cmd = set_command(&EXTEND_ALL, prefix, keys, beside);
     cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
     if let Some(fence_ms) = fence_ms {
         cmd.arg(fence_ms);

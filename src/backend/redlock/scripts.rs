@@ -8,6 +8,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind
 use super::keys::Auxiliary;
 use crate::backend::connection::Connection;
 use crate::backend::node::ReplicaAck;
+use crate::backend::notify::{MARK, UNMARK, released};
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -64,41 +65,50 @@ pub(super) async fn run<T: FromRedisValue>(
 }
 
 /// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
-/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2]: both
-/// go in one `DEL`, and when the mark was there it publishes on `{<lock key>}:released`.
-/// The cleanup of an attempt that fell short passes no mark: two waiters that split the
-/// nodes would otherwise wake each other in a loop while the holder keeps the lock.
+/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2] and
+/// the lock's release channel as ARGV[2]: when the mark is there, it deletes it and
+/// publishes on the channel. The cleanup of an attempt that fell short passes no mark: two
+/// waiters that split the nodes would otherwise wake each other in a loop while the holder
+/// keeps the lock. A value this crate did not write (at either key) is left as it is.
 ///
 /// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
+{UNMARK}
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
-  if not KEYS[2] then
-    redis.call('DEL', KEYS[1])
-  elseif redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
-    redis.call('PUBLISH', '{' .. KEYS[1] .. '}:released', '')
+  redis.call('DEL', KEYS[1])
+  if KEYS[2] and unmark(KEYS[2]) then
+    redis.call('PUBLISH', ARGV[2], '')
   end
   return 1
 elseif not v then
   return 0
 end
 return -1
-",
-    )
+"
+    ))
 });
 
 /// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the
 /// holder's `PTTL` and, when ARGV[3] is not `0`, the waiters' mark KEYS[2] set for ARGV[3]
 /// ms, atomically with the check. A plain attempt sends the native `SET NX PX` instead
-/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]).
+/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]). A lock
+/// key holding anything (another client's token, or a value of another type) is held.
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
 
 /// Holds for the fencing counter `c` (read with `redis.pcall('GET', ..)`) when it is unset
 /// or a decimal integer below 2^53 (exact as a Lua number).
 pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
+
+/// Lua that defines `foreign(key, kind)`: whether `key` holds a value of another type than
+/// `kind` (a Redis `TYPE` name), which this crate did not write and leaves as it is.
+pub(super) const FOREIGN: &str = "local function foreign(key, kind)
+  local t = redis.call('TYPE', key).ok
+  return t ~= kind and t ~= 'none'
+end";
 
 /// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
 /// is KEYS[3], set when ARGV[4] is `1`.
@@ -118,13 +128,14 @@ end{}",
 fn set_or_pttl(on_set: &str, waiting: &str) -> String {
     format!(
         r"
+{MARK}
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   return {{1, {on_set}}}
 end
 if {waiting} then
-  redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[3])
+  mark(KEYS[#KEYS], ARGV[3])
 end
 return {{0, t}}
 "
@@ -186,6 +197,7 @@ impl Attempted {
     /// `{-1, i}` the fencing counter of `keys[i - 1]` is not an integer below 2^53.
     pub(super) fn decode(
         (status, value): (i64, i64),
+        prefix: &str,
         keys: &[Arc<str>],
     ) -> Result<Self, NodeFailureReason> {
         match status {
@@ -197,7 +209,7 @@ impl Attempted {
                     .and_then(|i| keys.get(i))
                     .or(keys.first())
                     .map_or("", |key| &**key);
-                Err(invalid_counter(key))
+                Err(invalid_counter(prefix, key))
             }
         }
     }
@@ -208,18 +220,20 @@ pub(super) async fn run_attempt(
     conn: &mut Connection,
     script: &Script,
     cmd: &Cmd,
+    prefix: &str,
     keys: &[Arc<str>],
 ) -> Result<Attempted, NodeFailureReason> {
     let reply = run_acked(conn, Some(script), cmd, |&(status, _): &(i64, i64)| {
         status == 1
     })
     .await?;
-    Attempted::decode(reply, keys)
+    Attempted::decode(reply, prefix, keys)
 }
 
 /// An acquisition attempt on one node: [`acquire_plain`], [`ACQUIRE`] or [`ACQUIRE_FENCED`].
 pub(super) async fn acquire(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     attempt: Attempt,
@@ -235,16 +249,16 @@ pub(super) async fn acquire(
     let mut cmd = evalsha(script, numkeys);
     cmd.arg(&*key);
     if attempt.fenced {
-        cmd.arg(Auxiliary::fence(&key));
+        cmd.arg(Auxiliary::fence(&prefix, &key));
     }
-    cmd.arg(Auxiliary::waiters(&key))
+    cmd.arg(Auxiliary::waiters(&prefix, &key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0));
     if attempt.fenced {
         cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
     }
-    run_attempt(&mut conn, script, &cmd, std::slice::from_ref(&key)).await
+    run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
 }
 
 /// A plain attempt on one node: the native `SET key token NX PX ttl` (cheaper for the node
@@ -284,15 +298,16 @@ async fn acquire_plain(
 }
 
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
-pub(super) fn invalid_counter(key: &str) -> NodeFailureReason {
+pub(super) fn invalid_counter(prefix: &str, key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
-        key: Auxiliary::fence(key).to_string(),
+        key: Auxiliary::fence(prefix, key).to_string(),
     }
 }
 
 /// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.
 pub(super) async fn release(
     mut conn: Connection,
+    prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     publish: bool,
@@ -300,9 +315,12 @@ pub(super) async fn release(
     let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
     cmd.arg(&*key);
     if publish {
-        cmd.arg(Auxiliary::waiters(&key));
+        cmd.arg(Auxiliary::waiters(&prefix, &key));
     }
     cmd.arg(token.as_bytes());
+    if publish {
+        cmd.arg(released(&prefix, &key));
+    }
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
 }
 
