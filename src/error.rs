@@ -64,6 +64,17 @@ pub enum LockError {
     /// set of keys in another mode than plain); retrying does not help.
     #[error("unsupported lock request: {0}")]
     Unsupported(&'static str),
+
+    /// The handle is the in-process fallback ([`Locks::default`](crate::Locks::default)
+    /// with no default chosen), and this process built a [`Redlock`](crate::Redlock):
+    /// locking in process would let each replica take the same key, so it refuses. Give
+    /// the layer or the state the `Redlock`, or call
+    /// [`Locks::set_default`](crate::Locks::set_default) once at start-up; for in-process
+    /// locks beside Redis, use `Locks::from(MemoryLocks::new())`. The layers answer 500.
+    #[error(
+        "no lock backend was chosen (Locks::default() is the in-process fallback) and this process built a Redlock, with which each replica would lock on its own; use the Redlock, or call Locks::set_default(..) once at start-up"
+    )]
+    NoBackendChosen,
 }
 
 impl LockError {
@@ -155,7 +166,7 @@ impl fmt::Display for NodeFailure {
 }
 
 /// What is wrong with a [`RedlockBuilder`](crate::RedlockBuilder) or
-/// [`MemoryLocks`](crate::MemoryLocks) configuration.
+/// [`MemoryLocks`](crate::MemoryLocks) configuration, or the choice of a default backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -226,10 +237,15 @@ pub enum ConfigError {
     )]
     BraceInPrefix(String),
 
-    /// [`Locks::set_default`](crate::Locks::set_default) was called after the default
-    /// backend was chosen (by an earlier call, or a layer built without a backend).
+    /// [`Locks::set_default`](crate::Locks::set_default) (or the limiters' `set_default`)
+    /// was called after the default was chosen: by an earlier call, or by a layer built
+    /// before it, which takes the default as it is built.
     #[error(
-        "the default lock backend was already chosen: call Locks::set_default once, before building any layer without .backend(..)"
+        "the default {handle} backend was already chosen: call {handle}::set_default once at start-up, before building any layer of its kind"
     )]
-    DefaultAlreadyChosen,
+    DefaultAlreadyChosen {
+        /// The handle whose default it is: `"Locks"`, `"RateLimiter"` or
+        /// `"ConcurrencyLimiter"`.
+        handle: &'static str,
+    },
 }

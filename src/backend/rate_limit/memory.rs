@@ -17,6 +17,8 @@ use crate::backend::settings::check_resource;
 ///
 /// It is the embedded default ([`RateLimiter::default`](super::RateLimiter::default)), for
 /// examples, single-replica services and tests: it does not share counts across processes.
+/// Chosen (`RateLimiter::from(MemoryRateLimiter::new())`), it works in any process; the
+/// default one is refused in a process that built a `RedisRateLimiter`.
 /// Counting takes a short mutex, no `.await`. Cloning is cheap and shares the counters.
 ///
 /// # Bounded memory

@@ -177,6 +177,9 @@ impl RedlockBuilder {
         if let Some(notifier) = &redlock.inner.notifier {
             notifier.watch();
         }
+        // From now on, a layer left on the in-process fallback refuses rather than lock
+        // per replica.
+        crate::backend::fallback::LOCKS.redis_built();
         Ok(redlock)
     }
 }
