@@ -201,10 +201,13 @@ pub enum ConfigError {
         /// The TTL it was checked against.
         ttl: Duration,
     },
-    /// A node's [`replica_timeout`](crate::Node::replica_timeout) is zero or not shorter
-    /// than the node timeout, which bounds the whole operation.
+    /// A node's [`replica_timeout`](crate::Node::replica_timeout) is zero, or does not
+    /// fit in the node timeout, which bounds the whole operation, with `margin` to spare:
+    /// Redis notices that a `WAIT` (or `WAITAOF`) has timed out only at its next periodic
+    /// check, up to 100 ms later (`hz 10`), so a refusal can take the replica timeout plus
+    /// 100 ms per waiting command.
     #[error(
-        "invalid replica timeout {timeout:?} for node {index}: it must be above zero and shorter than the node timeout {node_timeout:?}"
+        "invalid replica timeout {timeout:?} for node {index} (the default is half the node timeout): it must be above zero, and it plus {margin:?} shorter than the node timeout {node_timeout:?}, since Redis answers a WAIT that timed out up to 100 ms late (hz 10); lower it below {:?} or raise the node timeout", node_timeout.saturating_sub(*margin)
     )]
     InvalidReplicaTimeout {
         /// Position of the node in the list, from 0.
@@ -213,6 +216,9 @@ pub enum ConfigError {
         timeout: Duration,
         /// The node timeout it was checked against.
         node_timeout: Duration,
+        /// What a refusal may take beyond the replica timeout: 100 ms for each of `WAIT`
+        /// and `WAITAOF` that the node sends.
+        margin: Duration,
     },
     /// The clock drift factor is not a finite number in `[0, 0.5)`.
     #[error(

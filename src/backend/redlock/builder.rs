@@ -95,7 +95,9 @@ impl RedlockBuilder {
     /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
     /// validity after the drift allowance, a node timeout not shorter than the TTL, a
     /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
-    /// timeout not shorter than the node timeout ([`ConfigError::InvalidReplicaTimeout`]).
+    /// timeout that does not fit in the node timeout with 100 ms to spare per waiting
+    /// command ([`ConfigError::InvalidReplicaTimeout`], see
+    /// [`Node::replica_timeout`](crate::Node::replica_timeout)).
     ///
     /// An even number of nodes is logged as a warning: a quorum of `N/2 + 1` tolerates no
     /// more failed nodes than `N - 1` nodes do (2 nodes need both).
@@ -132,11 +134,12 @@ impl RedlockBuilder {
                 .connector(connect_timeout)
                 .map_err(|source| ConfigError::InvalidUrl { index, source })?;
             if let Some(ack) = &mut connector.ack {
-                ack.resolve(node_timeout).map_err(|timeout| {
+                ack.resolve(node_timeout).map_err(|(timeout, margin)| {
                     ConfigError::InvalidReplicaTimeout {
                         index,
                         timeout,
                         node_timeout,
+                        margin,
                     }
                 })?;
             }
