@@ -167,7 +167,11 @@ impl fmt::Display for NodeFailure {
 
 /// What is wrong with a [`RedlockBuilder`](crate::RedlockBuilder) or
 /// [`MemoryLocks`](crate::MemoryLocks) configuration, or the choice of a default backend.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its `Display` text, so that a `main` that returns it through `?` (as
+/// `Result<(), Box<dyn std::error::Error>>`) prints the message and the fix, not the
+/// variant's fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// No node was given: pass at least one Redis URL (1, 3 or 5 independent masters).
@@ -254,4 +258,49 @@ pub enum ConfigError {
         /// `"ConcurrencyLimiter"`.
         handle: &'static str,
     },
+}
+
+impl fmt::Debug for ConfigError {
+    /// The `Display` text: what a `main` that returns the error prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `main` prints for an error it returns: `Error: ` and the error's `Debug`.
+    fn as_main_prints(error: ConfigError) -> String {
+        let error: Box<dyn std::error::Error> = Box::new(error);
+        format!("Error: {error:?}")
+    }
+
+    #[test]
+    fn a_config_error_returned_from_main_prints_its_message() {
+        let ttl = ConfigError::InvalidTtl {
+            ttl: Duration::ZERO,
+            reason: "it is zero",
+        };
+        assert_eq!(format!("{ttl:?}"), ttl.to_string());
+        assert_eq!(
+            as_main_prints(ConfigError::DefaultAlreadyChosen { handle: "Locks" }),
+            "Error: the default Locks backend was already chosen: call Locks::set_default once \
+             at start-up, before building any layer of its kind"
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn an_invalid_url_prints_the_node_and_redis_rs_reason_not_its_fields() {
+        let source = redis::Client::open("http://not-redis").unwrap_err();
+        let reason = source.to_string();
+        let printed = as_main_prints(ConfigError::InvalidUrl { index: 0, source });
+        assert_eq!(
+            printed,
+            format!("Error: invalid Redis URL for node 0: {reason}")
+        );
+        assert!(!printed.contains("InvalidUrl {"), "{printed}");
+    }
 }

@@ -58,7 +58,10 @@ pub(crate) fn micros(duration: Duration) -> u64 {
 }
 
 /// Why a [`Quota`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Its `Debug` is its `Display` text, so that a `main` that returns it through `?` prints
+/// the message and the fix.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum QuotaError {
     /// The limit is zero: use at least 1 request per window.
@@ -86,6 +89,13 @@ pub enum QuotaError {
         "invalid rate limit {0:?}: use LIMIT/SECONDS such as 100/60, or a unit: 100/1m, 10/500ms, 1000/1h, 10000/1d"
     )]
     Malformed(String),
+}
+
+impl fmt::Debug for QuotaError {
+    /// The `Display` text: what a `main` that returns the error prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl Quota {
@@ -436,6 +446,18 @@ mod tests {
         // Its window in whole seconds, rounded up.
         assert_eq!("1/1500ms".parse::<Quota>().unwrap().policy(), (1, 2));
         assert_eq!("1/1ms".parse::<Quota>().unwrap().policy(), (1, 1));
+    }
+
+    #[test]
+    fn a_quota_error_returned_from_main_prints_its_message() {
+        let error = "100/60y".parse::<Quota>().unwrap_err();
+        let boxed: Box<dyn std::error::Error> = Box::new(error.clone());
+        assert_eq!(format!("{boxed:?}"), error.to_string());
+        assert_eq!(
+            format!("Error: {boxed:?}"),
+            "Error: invalid rate limit \"100/60y\": use LIMIT/SECONDS such as 100/60, or a unit: \
+             100/1m, 10/500ms, 1000/1h, 10000/1d"
+        );
     }
 
     #[test]
