@@ -122,8 +122,9 @@ impl Quota {
     }
 
     /// A GCRA limit: a steady rate of `limit` requests per `window` (one every
-    /// `window / limit`, counted in whole µs), with bursts of up to `burst` requests at
-    /// once. `Quota::gcra(100, Duration::from_secs(60), 100)` allows 100 at once, then one
+    /// `window / limit`, rounded up to whole µs, so that the bound `burst + t × limit /
+    /// window` holds for rates that do not divide the window), with bursts of up to
+    /// `burst` requests at once. `Quota::gcra(100, Duration::from_secs(60), 100)` allows 100 at once, then one
     /// more every 600 ms.
     ///
     /// # Errors
@@ -141,7 +142,9 @@ impl Quota {
             });
         }
         quota.burst = Some(burst);
-        let tolerance = (window_us / limit).checked_mul(burst.saturating_sub(1));
+        let tolerance = window_us
+            .div_ceil(limit)
+            .checked_mul(burst.saturating_sub(1));
         if burst == 0 || tolerance.is_none_or(|t| t > MAX_TOLERANCE_US) {
             return Err(QuotaError::InvalidBurst(burst));
         }
@@ -153,10 +156,13 @@ impl Quota {
         self.burst
     }
 
-    /// GCRA's emission interval, `window / limit`, in whole µs (at least 1).
+    /// GCRA's emission interval, `window / limit`, in whole µs rounded up: rounded down,
+    /// a rate that does not divide the window would let more through than `burst + t ×
+    /// limit / window` (3 per second: 333,333 µs, 201 requests in 66.67 s against
+    /// 200.9998).
     pub(crate) fn emission_us(&self) -> u64 {
         let window_us = micros(self.window);
-        (window_us / self.limit).max(1)
+        window_us.div_ceil(self.limit).max(1)
     }
 
     /// GCRA's tolerance, `(burst - 1) × emission`, in µs; bounded by `gcra`.
@@ -458,6 +464,26 @@ mod tests {
             "Error: invalid rate limit \"100/60y\": use LIMIT/SECONDS such as 100/60, or a unit: \
              100/1m, 10/500ms, 1000/1h, 10000/1d"
         );
+    }
+
+    #[test]
+    fn the_emission_interval_is_rounded_up_to_whole_microseconds() {
+        // (quota, emission in µs): never shorter than window / limit, at most 1 µs longer.
+        for (text, emission) in [
+            ("3/1s burst 1", 333_334),
+            ("7/1s burst 4", 142_858),
+            ("999/7s burst 10", 7_008),
+            ("10/1s burst 20", 100_000),
+            ("1000/1s burst 1", 1_000),
+        ] {
+            let quota: Quota = text.parse().unwrap();
+            assert_eq!(quota.emission_us(), emission, "{text}");
+            let (window, limit) = (micros(quota.window()), quota.limit());
+            assert!(emission * limit >= window, "{text}");
+            assert!((emission - 1) * limit < window, "{text}");
+            let burst = quota.burst().unwrap();
+            assert_eq!(quota.tolerance_us(), emission * (burst - 1), "{text}");
+        }
     }
 
     #[test]
