@@ -22,8 +22,8 @@
 //! - `IDEMPOTENCY_TTL`: how long `POST /orders` results are kept for replay, in seconds
 //!   (default 86400);
 //! - `MAX_CONCURRENT_BUYS`: at most this many `POST /items/{item_id}/buy` in flight at
-//!   once, across all items and every example process sharing the first Redis node (or in
-//!   process); over it, 503 with `Retry-After`. Unset: no limit.
+//!   once, across all items and every example process sharing the first Redis node (or the
+//!   cluster, or in process); over it, 503 with `Retry-After`. Unset: no limit.
 //!
 //! Routes:
 //! - `GET /healthz`
@@ -83,8 +83,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tower_redlock::{
     ConcurrencyLimitLayer, ConcurrencyLimiter, IdempotencyLayer, Lease, LockKey, LockLayer, Locked,
-    Locks, Problem, Quota, RateLimitLayer, RateLimiter, RedisConcurrencyLimiter, RedisRateLimiter,
-    Redlock,
+    Locks, MemoryConcurrencyLimiter, MemoryLocks, MemoryRateLimiter, Problem, Quota,
+    RateLimitLayer, RateLimiter, RedisConcurrencyLimiter, RedisRateLimiter, Redlock,
 };
 
 /// How long one Redis node may take to answer a command: the lock's node timeout (the
@@ -467,8 +467,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (locks, store, limiter) = if on_cluster {
         cluster_backends(&cluster).await?
     } else if urls.is_empty() {
-        let limiter = RateLimiter::default();
-        (Locks::default(), Store::Memory(Arc::default()), limiter)
+        // In process, chosen: no log line says that a backend was forgotten.
+        let limiter = RateLimiter::from(MemoryRateLimiter::new());
+        let locks = Locks::from(MemoryLocks::new());
+        (locks, Store::Memory(Arc::default()), limiter)
     } else {
         let redlock = Redlock::builder(&urls)
             .node_timeout(NODE_TIMEOUT)
@@ -492,13 +494,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let buys_in_flight = match max_buys {
         None => None,
         Some(max) => {
-            let layer = ConcurrencyLimitLayer::global(max).scope("buy");
-            Some(match urls.first() {
-                None => layer,
-                Some(url) => layer.backend(ConcurrencyLimiter::from(
-                    RedisConcurrencyLimiter::builder(url).build().await?,
-                )),
-            })
+            // Counted where every process sees them: the first node, or the cluster.
+            let permits = match urls.first() {
+                Some(url) => RedisConcurrencyLimiter::builder(url).build().await?.into(),
+                None if on_cluster => cluster_permits(&cluster).await?,
+                None => ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new()),
+            };
+            Some(
+                ConcurrencyLimitLayer::global(max)
+                    .scope("buy")
+                    .backend(permits),
+            )
         }
     };
     let backend = if on_cluster {
@@ -559,6 +565,25 @@ async fn cluster_backends(
         Store::Cluster(data),
         RateLimiter::from(limiter),
     ))
+}
+
+/// The permits of `MAX_CONCURRENT_BUYS` on the Redis Cluster of `urls`.
+#[cfg(feature = "cluster-async")]
+async fn cluster_permits(
+    urls: &[String],
+) -> Result<ConcurrencyLimiter, Box<dyn std::error::Error>> {
+    let node = tower_redlock::Node::cluster(urls);
+    Ok(RedisConcurrencyLimiter::from_node(node)
+        .build()
+        .await?
+        .into())
+}
+
+#[cfg(not(feature = "cluster-async"))]
+async fn cluster_permits(
+    _urls: &[String],
+) -> Result<ConcurrencyLimiter, Box<dyn std::error::Error>> {
+    Err("REDIS_CLUSTER needs the cluster-async feature: cargo run --features cluster-async --example flash_sale".into())
 }
 
 #[cfg(not(feature = "cluster-async"))]

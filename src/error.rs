@@ -64,6 +64,17 @@ pub enum LockError {
     /// set of keys in another mode than plain); retrying does not help.
     #[error("unsupported lock request: {0}")]
     Unsupported(&'static str),
+
+    /// The handle is the in-process fallback ([`Locks::default`](crate::Locks::default)
+    /// with no default chosen), and this process built a [`Redlock`](crate::Redlock):
+    /// locking in process would let each replica take the same key, so it refuses. Give
+    /// the layer or the state the `Redlock`, or call
+    /// [`Locks::set_default`](crate::Locks::set_default) once at start-up; for in-process
+    /// locks beside Redis, use `Locks::from(MemoryLocks::new())`. The layers answer 500.
+    #[error(
+        "no lock backend was chosen (Locks::default() is the in-process fallback) and this process built a Redlock, with which each replica would lock on its own; use the Redlock, or call Locks::set_default(..) once at start-up"
+    )]
+    NoBackendChosen,
 }
 
 impl LockError {
@@ -156,8 +167,12 @@ impl fmt::Display for NodeFailure {
 }
 
 /// What is wrong with a [`RedlockBuilder`](crate::RedlockBuilder) or
-/// [`MemoryLocks`](crate::MemoryLocks) configuration.
-#[derive(Debug, thiserror::Error)]
+/// [`MemoryLocks`](crate::MemoryLocks) configuration, or the choice of a default backend.
+///
+/// Its `Debug` is its `Display` text, so that a `main` that returns it through `?` (as
+/// `Result<(), Box<dyn std::error::Error>>`) prints the message and the fix, not the
+/// variant's fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// No node was given: pass at least one Redis URL (1, 3 or 5 independent masters).
@@ -191,10 +206,13 @@ pub enum ConfigError {
         /// The TTL it was checked against.
         ttl: Duration,
     },
-    /// A node's [`replica_timeout`](crate::Node::replica_timeout) is zero or not shorter
-    /// than the node timeout, which bounds the whole operation.
+    /// A node's [`replica_timeout`](crate::Node::replica_timeout) is zero, or does not
+    /// fit in the node timeout, which bounds the whole operation, with `margin` to spare:
+    /// Redis notices that a `WAIT` (or `WAITAOF`) has timed out only at its next periodic
+    /// check, up to 100 ms later (`hz 10`), so a refusal can take the replica timeout plus
+    /// 100 ms per waiting command.
     #[error(
-        "invalid replica timeout {timeout:?} for node {index}: it must be above zero and shorter than the node timeout {node_timeout:?}"
+        "invalid replica timeout {timeout:?} for node {index} (the default is half the node timeout): it must be above zero, and it plus {margin:?} shorter than the node timeout {node_timeout:?}, since Redis answers a WAIT that timed out up to 100 ms late (hz 10); lower it below {:?} or raise the node timeout", node_timeout.saturating_sub(*margin)
     )]
     InvalidReplicaTimeout {
         /// Position of the node in the list, from 0.
@@ -203,6 +221,9 @@ pub enum ConfigError {
         timeout: Duration,
         /// The node timeout it was checked against.
         node_timeout: Duration,
+        /// What a refusal may take beyond the replica timeout: 100 ms for each of `WAIT`
+        /// and `WAITAOF` that the node sends.
+        margin: Duration,
     },
     /// The clock drift factor is not a finite number in `[0, 0.5)`.
     #[error(
@@ -227,10 +248,60 @@ pub enum ConfigError {
     )]
     BraceInPrefix(String),
 
-    /// [`Locks::set_default`](crate::Locks::set_default) was called after the default
-    /// backend was chosen (by an earlier call, or a layer built without a backend).
+    /// [`Locks::set_default`](crate::Locks::set_default) (or the limiters' `set_default`)
+    /// was called after the default was chosen: by an earlier call, or by a layer built
+    /// before it, which takes the default as it is built.
     #[error(
-        "the default lock backend was already chosen: call Locks::set_default once, before building any layer without .backend(..)"
+        "the default {handle} backend was already chosen: call {handle}::set_default once at start-up, before building any layer of its kind"
     )]
-    DefaultAlreadyChosen,
+    DefaultAlreadyChosen {
+        /// The handle whose default it is: `"Locks"`, `"RateLimiter"` or
+        /// `"ConcurrencyLimiter"`.
+        handle: &'static str,
+    },
+}
+
+impl fmt::Debug for ConfigError {
+    /// The `Display` text: what a `main` that returns the error prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `main` prints for an error it returns: `Error: ` and the error's `Debug`.
+    fn as_main_prints(error: ConfigError) -> String {
+        let error: Box<dyn std::error::Error> = Box::new(error);
+        format!("Error: {error:?}")
+    }
+
+    #[test]
+    fn a_config_error_returned_from_main_prints_its_message() {
+        let ttl = ConfigError::InvalidTtl {
+            ttl: Duration::ZERO,
+            reason: "it is zero",
+        };
+        assert_eq!(format!("{ttl:?}"), ttl.to_string());
+        assert_eq!(
+            as_main_prints(ConfigError::DefaultAlreadyChosen { handle: "Locks" }),
+            "Error: the default Locks backend was already chosen: call Locks::set_default once \
+             at start-up, before building any layer of its kind"
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn an_invalid_url_prints_the_node_and_redis_rs_reason_not_its_fields() {
+        let source = redis::Client::open("http://not-redis").unwrap_err();
+        let reason = source.to_string();
+        let printed = as_main_prints(ConfigError::InvalidUrl { index: 0, source });
+        assert_eq!(
+            printed,
+            format!("Error: invalid Redis URL for node 0: {reason}")
+        );
+        assert!(!printed.contains("InvalidUrl {"), "{printed}");
+    }
 }

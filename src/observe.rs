@@ -274,6 +274,7 @@ pub(crate) fn lock_verdict<T>(result: &Result<T, crate::error::LockError>) -> &'
         Err(LockError::Lost) => "lost",
         Err(LockError::InvalidKey(_)) => "invalid_key",
         Err(LockError::Unsupported(_)) => "unsupported",
+        Err(LockError::NoBackendChosen) => "no_backend_chosen",
     }
 }
 

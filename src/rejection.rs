@@ -235,7 +235,7 @@ impl Rejection {
     /// [`Taken`](RejectionKind::Taken) with `taken_status` (409 or 423) and `Retry-After`
     /// when the lock is held, [`InvalidKey`](RejectionKind::InvalidKey) (400) for an
     /// invalid key, [`Misconfigured`](RejectionKind::Misconfigured) (500) for an
-    /// unsupported request, [`Unavailable`](RejectionKind::Unavailable) (503, with
+    /// unsupported request or no backend chosen, [`Unavailable`](RejectionKind::Unavailable) (503, with
     /// `Retry-After: 1`) when the backend cannot answer, without internal details (log
     /// the error instead).
     ///
@@ -279,7 +279,7 @@ impl Rejection {
                     .retry_after(*retry_after)
             }
             LockError::InvalidKey(e) => Rejection::invalid_key(by, "lock key", e),
-            LockError::Unsupported(_) => Rejection::misconfigured(by),
+            LockError::Unsupported(_) | LockError::NoBackendChosen => Rejection::misconfigured(by),
             _ => Rejection::unavailable(by),
         }
     }

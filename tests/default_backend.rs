@@ -33,7 +33,7 @@ async fn a_layer_without_a_backend_locks_on_the_redis_the_app_chose() {
     // Chosen once: a second choice is refused, whatever it is.
     assert!(matches!(
         Locks::set_default(MemoryLocks::new()),
-        Err(ConfigError::DefaultAlreadyChosen)
+        Err(ConfigError::DefaultAlreadyChosen { handle: "Locks" })
     ));
     assert!(!Locks::default().is_in_process());
 

@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::backend::fallback::{self, User};
 use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
@@ -19,11 +20,13 @@ use crate::redact::LogKey;
 ///
 /// The layer, the extractor and your axum state hold a `Locks`; cloning it is cheap and
 /// shares the backend. Build one with `Locks::from(redlock)` or
-/// `Locks::from(memory_locks)`; [`Locks::default`] is the process-wide in-process
-/// backend.
+/// `Locks::from(memory_locks)`; [`Locks::default`] is the app's default backend.
 #[derive(Clone, Debug)]
 pub struct Locks {
     backend: LockStore,
+    /// Whether this is the in-process fallback ([`Locks::default`] with no default
+    /// chosen), which refuses in a process that built a `Redlock` ([`fallback`]).
+    fallback: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -39,6 +42,7 @@ impl From<Redlock> for Locks {
     fn from(redis: Redlock) -> Self {
         Self {
             backend: LockStore::Redis(redis),
+            fallback: false,
         }
     }
 }
@@ -47,22 +51,33 @@ impl From<MemoryLocks> for Locks {
     fn from(memory: MemoryLocks) -> Self {
         Self {
             backend: LockStore::Memory(memory),
+            fallback: false,
         }
     }
 }
 
 /// The app's default backend: set once by [`Locks::set_default`], or the in-process
-/// backend from its first use on.
+/// fallback from its first use on.
 static DEFAULT: OnceLock<Locks> = OnceLock::new();
 
 impl Default for Locks {
     /// The app's default backend, used by every layer built without
     /// [`backend`](crate::LockLayer::backend): the one given to [`Locks::set_default`], or,
-    /// when none was, one process-wide [`MemoryLocks`] with default settings (so that they
-    /// all see the same locks). The first call fixes it: a later `set_default` fails.
+    /// when none was, the in-process fallback, one process-wide [`MemoryLocks`] with
+    /// default settings (so that they all see the same locks). The first call fixes it: a
+    /// later `set_default` fails.
+    ///
+    /// The fallback works only in a process that builds no [`Redlock`]: once one is built
+    /// (before or after), it refuses every acquisition ([`LockError::NoBackendChosen`];
+    /// the layers answer 500 and log the fix once), since each replica would lock on its
+    /// own. For in-process locks in an app that also uses Redis, choose them:
+    /// `Locks::from(MemoryLocks::new())`.
     fn default() -> Self {
         DEFAULT
-            .get_or_init(|| Locks::from(MemoryLocks::new()))
+            .get_or_init(|| Locks {
+                backend: LockStore::Memory(MemoryLocks::new()),
+                fallback: true,
+            })
             .clone()
     }
 }
@@ -85,8 +100,10 @@ impl Locks {
     /// Makes `locks` the app's default backend: every [`LockLayer`](crate::LockLayer) and
     /// [`IdempotencyLayer`](crate::IdempotencyLayer) built afterwards without
     /// `.backend(..)`, and [`Locks::default`], use it. Call it once at start-up, before
-    /// building the app: a layer built earlier has already taken the in-process default,
-    /// and this call then fails rather than leave that layer locking per process.
+    /// building any layer: a layer takes the default as it is built (even one given
+    /// `.backend(..)` afterwards), so a layer built earlier has already fixed the
+    /// in-process fallback, and this call then fails rather than leave that layer locking
+    /// per process.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -104,11 +121,26 @@ impl Locks {
     /// # Errors
     ///
     /// [`ConfigError::DefaultAlreadyChosen`] when a default was set before, or was already
-    /// used (a layer built without a backend, a call of [`Locks::default`]).
+    /// used (a layer built, a call of [`Locks::default`]).
     pub fn set_default(locks: impl Into<Locks>) -> Result<(), ConfigError> {
         DEFAULT
             .set(locks.into())
-            .map_err(|_| ConfigError::DefaultAlreadyChosen)
+            .map_err(|_| ConfigError::DefaultAlreadyChosen { handle: "Locks" })
+    }
+
+    /// For a request of `user`: whether this is the in-process fallback and it refuses
+    /// (a `Redlock` was built in this process). The first time, `user` logs which.
+    #[inline]
+    pub(crate) fn refuses(&self, user: User) -> bool {
+        self.fallback && fallback::LOCKS.refuses_for(user)
+    }
+
+    /// [`LockError::NoBackendChosen`] when this is the in-process fallback and it refuses.
+    fn check_chosen(&self) -> Result<(), LockError> {
+        if self.fallback && fallback::LOCKS.refuses() {
+            return Err(LockError::NoBackendChosen);
+        }
+        Ok(())
     }
 
     /// The lease TTL of the backend.
@@ -166,7 +198,9 @@ impl Locks {
     ///   makes a key over [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) bytes, or a set of none
     ///   or more than [`MAX_KEYS_PER_LEASE`](crate::key::MAX_KEYS_PER_LEASE) resources;
     /// - [`LockError::Unsupported`] for a set in another mode than plain, or a set that
-    ///   waits.
+    ///   waits;
+    /// - [`LockError::NoBackendChosen`] on the in-process fallback ([`Locks::default`]
+    ///   with no default chosen) in a process that built a [`Redlock`].
     pub async fn acquire<'a>(
         &self,
         request: impl Into<LockRequest<'a>>,
@@ -182,6 +216,7 @@ impl Locks {
     /// As [`acquire`](Self::acquire).
     pub async fn try_lock(&self, resource: &str) -> Result<Lease, LockError> {
         // `acquire_claim` for one plain attempt, one future fewer.
+        self.check_chosen()?;
         let key = self.policy().full_key(resource)?;
         if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
             return Ok(lease);
@@ -207,6 +242,7 @@ impl Locks {
     /// plain mode runs in place; the rest (waits, retries, the other modes) in a box, so
     /// that the future of the common case stays small.
     pub(crate) async fn acquire_claim(&self, claim: Claim, options: Options) -> LockResult {
+        self.check_chosen()?;
         if let Some(lease) = reentry::held(self.id(), claim.keys()) {
             return Ok(lease);
         }
@@ -272,6 +308,7 @@ impl Locks {
         key: std::sync::Arc<str>,
         max_wait: Duration,
     ) -> Result<crate::backend::records::Begin, LockError> {
+        self.check_chosen()?;
         match &self.backend {
             #[cfg(feature = "redis")]
             LockStore::Redis(r) => r.begin_idempotent(key, max_wait).await,
@@ -340,8 +377,10 @@ impl Locks {
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
-    /// [`LockError::NoQuorum`] when no node answered.
+    /// [`LockError::NoQuorum`] when no node answered; [`LockError::NoBackendChosen`] as for
+    /// [`acquire`](Self::acquire).
     pub async fn inspect(&self, resource: &str) -> Result<LockInspection, LockError> {
+        self.check_chosen()?;
         let key = self.policy().full_key(resource)?;
         match &self.backend {
             #[cfg(feature = "redis")]
@@ -365,8 +404,10 @@ impl Locks {
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for an unusable resource name; on Redlock,
-    /// [`LockError::NoQuorum`] when no node answered.
+    /// [`LockError::NoQuorum`] when no node answered; [`LockError::NoBackendChosen`] as for
+    /// [`acquire`](Self::acquire).
     pub async fn force_unlock(&self, resource: &str) -> Result<usize, LockError> {
+        self.check_chosen()?;
         let key = self.policy().full_key(resource)?;
         let deleted = match &self.backend {
             #[cfg(feature = "redis")]
@@ -445,7 +486,7 @@ mod tests {
         assert!(Locks::default().is_in_process());
         assert!(matches!(
             Locks::set_default(MemoryLocks::new()),
-            Err(ConfigError::DefaultAlreadyChosen)
+            Err(ConfigError::DefaultAlreadyChosen { handle: "Locks" })
         ));
     }
 

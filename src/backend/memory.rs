@@ -31,7 +31,8 @@ mod multi;
 ///
 /// It is the embedded default ([`Locks::default`](crate::Locks::default)): for examples, for
 /// a service with a single replica, and for testing an application without Redis. It does
-/// not lock across processes.
+/// not lock across processes. Chosen (`Locks::from(MemoryLocks::new())`), it works in any
+/// process; the default one is refused in a process that built a `Redlock`.
 ///
 /// Cloning is cheap and shares the same locks.
 ///

@@ -9,6 +9,7 @@ pub(crate) type KeyMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::R
 pub(crate) mod concurrency;
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
+pub(crate) mod fallback;
 #[cfg(feature = "lock")]
 pub(crate) mod handle;
 #[cfg(feature = "lock")]

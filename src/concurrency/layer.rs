@@ -105,7 +105,7 @@ where
 
 impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// At most `limit` requests in flight per key that `extractor` finds (a limit of 0
-    /// answers every keyed request 503). Defaults: the process-wide in-process store
+    /// answers every keyed request 503). Defaults: the app's default store
     /// ([`ConcurrencyLimiter::default`]), the extractor's scope, key required, fail
     /// open, no wait ([`max_wait`](Self::max_wait) zero), [`Renewal::default`],
     /// `Retry-After: 1` over the limit.
@@ -124,8 +124,10 @@ impl<K> ConcurrencyLimitLayer<K> {
         /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) to share one limit
         /// across replicas, a
         /// [`MemoryConcurrencyLimiter`](crate::MemoryConcurrencyLimiter), or a
-        /// [`ConcurrencyLimiter`]. Default: the process-wide in-process store
-        /// ([`ConcurrencyLimiter::default`]), which limits per process.
+        /// [`ConcurrencyLimiter`]. Default: the app's default store
+        /// ([`ConcurrencyLimiter::set_default`]'s, else the in-process fallback, which
+        /// limits per process, and refuses every request with a 500 in a process that
+        /// built a `RedisConcurrencyLimiter`: see [`ConcurrencyLimiter::default`]).
         fn backend(limiter: impl Into<ConcurrencyLimiter>) => limiter;
 
         /// How long a request over the limit waits for a permit before it is answered 503.

@@ -11,6 +11,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode, response};
 
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
+use crate::backend::fallback::User;
 use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
@@ -73,6 +74,10 @@ impl ConcurrencyPolicy {
             Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
                 Rejection::invalid_key(Self::REJECTED_BY, Self::KEY_NOUN, &e).into(),
             ),
+            // The fallback that refuses has logged the fix once (`Policy::refuses`).
+            Err(ConcurrencyError::NoBackendChosen) => {
+                Verdict::answer(Rejection::misconfigured(Self::REJECTED_BY).into())
+            }
             Err(e) => {
                 let answer = Rejection::unavailable(Self::REJECTED_BY).into();
                 Verdict::unavailable(Box::new(e), answer, None)
@@ -92,6 +97,11 @@ impl Policy for ConcurrencyPolicy {
 
     fn bad_key(&self, _missing: bool) {
         ConcurrencyResult::Invalid.count();
+    }
+
+    #[inline]
+    fn refuses(&self) -> bool {
+        self.limiter.refuses(User::ConcurrencyLimitLayer)
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<ConcurrencyPermit> {

@@ -136,6 +136,10 @@ pub(super) async fn lock<T: LockKeys>(
     {
         return Ok(Locked::new(value, status.clone(), None));
     }
+    if locks.refuses(crate::backend::fallback::User::Locked) {
+        // The fallback logged the fix once.
+        return Err(reject(LockError::NoBackendChosen));
+    }
     let started = std::time::Instant::now();
     let acquired = match &resources[..] {
         [resource] => locks.try_lock(resource).await,
@@ -156,7 +160,10 @@ pub(super) async fn lock<T: LockKeys>(
             Ok(Locked::new(value, status, Some(Owned { locks, renewer })))
         }
         Err(e) => {
-            if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
+            if !matches!(
+                e,
+                LockError::Taken { .. } | LockError::InvalidKey(_) | LockError::NoBackendChosen
+            ) {
                 tracing::warn!(error = %e, "lock backend unavailable; answering 503");
             }
             // Retry-After from the hold times observed for the scope.

@@ -133,7 +133,9 @@ impl IdempotencyLayer {
         /// ([`Redlock`](crate::Redlock)) they live on the lock's nodes and are shared by
         /// every replica; in process, beside the locks, in bounded memory
         /// ([`MemoryLocksBuilder::max_records`](crate::MemoryLocksBuilder::max_records)).
-        /// Default: the app's default backend ([`Locks::set_default`]).
+        /// Default: the app's default backend ([`Locks::set_default`]'s, else the
+        /// in-process fallback, refused with a 500 in a process that built a `Redlock`:
+        /// see [`Locks::default`]).
         fn backend(locks: impl Into<Locks>) => locks;
 
         /// How long a record is kept, from the end of its first request. Default 24 hours

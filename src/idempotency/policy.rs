@@ -82,6 +82,12 @@ impl Policy for IdempotencyPolicy {
         self.locks.prefix()
     }
 
+    #[inline]
+    fn refuses(&self) -> bool {
+        self.locks
+            .refuses(crate::backend::fallback::User::IdempotencyLayer)
+    }
+
     fn bad_key(&self, missing: bool) {
         if missing {
             IdempotencyResult::Missing

@@ -252,7 +252,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
         let read = with_scratch(|key| {
             self.write_key_head(key, parts);
             match self.extractor.write_value(parts, key) {
-                Ok(true) => Ok(self.policy.decide(key, parts)),
+                Ok(true) => Ok(self.decide(key, parts)),
                 Ok(false) => Err(None),
                 Err(e) => Err(Some(e)),
             }
@@ -307,10 +307,25 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
             };
             return answer(invalid_key::<P>(&error));
         }
+        if self.policy.refuses() {
+            return answer(Rejection::misconfigured(P::REJECTED_BY).into());
+        }
         if let [key] = keys.as_slice() {
             return Some(self.policy.decide(key, parts));
         }
         Some(self.policy.decide_all(keys, parts))
+    }
+
+    /// The policy's decision for `key`, or 500 when its backend refuses to decide (the
+    /// in-process fallback in a process that built Redis: [`Policy::refuses`]).
+    #[inline]
+    fn decide(&self, key: &str, parts: &Parts) -> Decision<P::Permit> {
+        if self.policy.refuses() {
+            return Decision::Ready(Verdict::answer(
+                Rejection::misconfigured(P::REJECTED_BY).into(),
+            ));
+        }
+        self.policy.decide(key, parts)
     }
 
     /// The answer when no key was read: `error` when the key is invalid, else why the

@@ -78,6 +78,14 @@ pub trait Policy: Sealed + Send + Sync + 'static {
         let _ = missing;
     }
 
+    /// Whether the backend refuses to decide: the in-process fallback, in a process that
+    /// built a Redis store of its kind (a forgotten `.backend(..)`). The layer then answers
+    /// 500; the fallback logs the fix once. Asked before each decision.
+    #[doc(hidden)]
+    fn refuses(&self) -> bool {
+        false
+    }
+
     /// The decision for `key` (prefix, scope and value, escaped), at once when the backend
     /// can answer without waiting, else as a future.
     #[doc(hidden)]

@@ -171,9 +171,10 @@ impl<K> LockLayer<K> {
     crate::keyed::layer_setters! {
         /// The lock backend: a [`Redlock`](crate::Redlock),
         /// [`MemoryLocks`](crate::MemoryLocks) or [`Locks`]. Default: the app's default
-        /// backend ([`Locks::set_default`], else the process-wide in-process one). With
-        /// more than one replica, set a `Redlock` as the default once or give it here, or
-        /// each replica locks on its own.
+        /// backend ([`Locks::set_default`]'s, else the in-process fallback). With more than
+        /// one replica, set a `Redlock` as the default once or give it here: in a process
+        /// that built a `Redlock`, the fallback refuses every request with a 500 rather
+        /// than let each replica lock on its own (see [`Locks::default`]).
         fn backend(locks: impl Into<Locks>) => locks;
 
         /// The status sent when the lock is held by another request. Default 409 Conflict

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
+use crate::backend::fallback::User;
 use crate::backend::handle::{LeaseGuard, Locks};
 use crate::backend::request::{Claim, Options, Wait};
 use crate::backend::watchdog::{OnLockLoss, Renewal, Watchdog};
@@ -76,7 +77,11 @@ pub(crate) fn refused<P: Policy>(e: LockError, taken_status: StatusCode) -> Verd
     if let LockError::NoQuorum { .. } | LockError::TooSlow { .. } = e {
         return Verdict::unavailable(Box::new(e), answer, None);
     }
-    if !matches!(e, LockError::Taken { .. } | LockError::InvalidKey(_)) {
+    // The in-process fallback that refuses has logged the fix once (`Policy::refuses`).
+    if !matches!(
+        e,
+        LockError::Taken { .. } | LockError::InvalidKey(_) | LockError::NoBackendChosen
+    ) {
         crate::keyed::future::outage::<P>(&e, false);
     }
     Verdict::answer(answer)
@@ -104,6 +109,11 @@ impl Policy for LockPolicy {
 
     fn bad_key(&self, _missing: bool) {
         observe::LockResult::Invalid.count();
+    }
+
+    #[inline]
+    fn refuses(&self) -> bool {
+        self.locks.refuses(User::LockLayer)
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {

@@ -148,9 +148,9 @@ where
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K> {
-    /// Limits each key that `extractor` finds to `quota`. Defaults: the process-wide
-    /// in-process backend ([`RateLimiter::default`]), the extractor's scope, key required,
-    /// fail open, policy name `"default"`, no legacy headers.
+    /// Limits each key that `extractor` finds to `quota`. Defaults: the app's default
+    /// store ([`RateLimiter::default`]), the extractor's scope, key required, fail open,
+    /// policy name `"default"`, no legacy headers.
     pub fn new(extractor: K, quota: Quota) -> Self {
         KeyedLayer::from_parts(
             extractor,
@@ -165,8 +165,9 @@ impl<K> RateLimitLayer<K> {
         /// The store of the counts: a [`RedisRateLimiter`](crate::RedisRateLimiter) to
         /// share one limit across replicas, a
         /// [`MemoryRateLimiter`](crate::MemoryRateLimiter), or a [`RateLimiter`]. Default:
-        /// the process-wide in-process store ([`RateLimiter::default`]), which counts per
-        /// process.
+        /// the app's default store ([`RateLimiter::set_default`]'s, else the in-process
+        /// fallback, which counts per process, and refuses every request with a 500 in a
+        /// process that built a `RedisRateLimiter`: see [`RateLimiter::default`]).
         fn backend(limiter: impl Into<RateLimiter>) => limiter;
     }
 

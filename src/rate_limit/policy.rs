@@ -9,6 +9,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, response};
 
+use crate::backend::fallback::User;
 use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::backend::rate_limit::{RateLimitError, RateLimiter};
 use crate::keyed::policy::{
@@ -52,9 +53,11 @@ impl RateLimitPolicy {
             Ok(usage) if usage.is_exceeded() => RateLimitResult::Limited,
             Ok(_) => RateLimitResult::Allowed,
             Err(RateLimitError::InvalidKey(_)) => RateLimitResult::Invalid,
-            Err(RateLimitError::Unavailable(_) | RateLimitError::StoreFull { .. }) => {
-                RateLimitResult::Unavailable
-            }
+            Err(
+                RateLimitError::Unavailable(_)
+                | RateLimitError::StoreFull { .. }
+                | RateLimitError::NoBackendChosen,
+            ) => RateLimitResult::Unavailable,
         }
         .count();
         let permit = |usage| RatePermit {
@@ -67,6 +70,10 @@ impl RateLimitPolicy {
             Err(RateLimitError::InvalidKey(e)) => Verdict::answer(
                 Rejection::invalid_key(RejectedBy::RateLimit, Self::KEY_NOUN, &e).into(),
             ),
+            // The fallback that refuses has logged the fix once (`Policy::refuses`).
+            Err(RateLimitError::NoBackendChosen) => {
+                Verdict::answer(Rejection::misconfigured(RejectedBy::RateLimit).into())
+            }
             // Failing open, the request runs uncounted, with the policy header.
             Err(e) => {
                 Verdict::unavailable(Box::new(e), self.headers.unavailable(), Some(permit(None)))
@@ -86,6 +93,11 @@ impl Policy for RateLimitPolicy {
 
     fn bad_key(&self, _missing: bool) {
         RateLimitResult::Invalid.count();
+    }
+
+    #[inline]
+    fn refuses(&self) -> bool {
+        self.limiter.refuses(User::RateLimitLayer)
     }
 
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {

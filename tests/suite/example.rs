@@ -127,6 +127,25 @@ async fn item(example: &Example, item: &str) -> serde_json::Value {
         .unwrap()
 }
 
+/// A `main` that returns a configuration error through `?` prints its message, not the
+/// variant's fields.
+#[test]
+fn flash_sale_with_a_bad_redis_url_prints_the_configuration_error_message() {
+    let output = Command::new(example_binary())
+        .env("LISTEN_ADDR", "127.0.0.1:0")
+        .env("REDIS_URLS", "http://10.0.0.1")
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run the example");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("Error: invalid Redis URL for node 0: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("InvalidUrl {"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flash_sale_two_processes_sell_exactly_the_stock() {
     let nodes = nodes(3);

@@ -127,6 +127,103 @@ async fn never_more_than_burst_plus_rate_in_any_interval_on_redis() {
     never_over_burst_plus_rate(&[redis(&node).await], Duration::from_millis(1_500)).await;
 }
 
+/// A client that asks again the moment it may, on `quota` (a burst of 2 or more), until
+/// `passes` requests passed: the instants (µs) at which they could pass, on a clock that
+/// runs with the server's and skips ahead, without sleeping.
+///
+/// After a refusal, the key's arrival time is moved back by the refusal's retry delay,
+/// which is to the store what that delay passing is, and the clock skips it. A request
+/// passes when the arrival time is at most the burst's tolerance ahead, so it could have
+/// passed from the instant that the arrival time, read before it, less the tolerance
+/// says (and not before the previous one): that instant is recorded, free of this
+/// test's own round trips. With a burst of 2 or more the arrival time stays ahead of the
+/// server's clock, so each pass moves it by exactly one emission from where it was, as
+/// it would have at that instant.
+async fn greedy_run_on_redis(node: &RedisNode, quota: Quota, passes: usize) -> Vec<u64> {
+    let limiter = redis(node).await;
+    let key = "tower-redlock-rate:greedy";
+    let rewind = redis::Script::new(
+        r"
+local t = tonumber(redis.call('GET', KEYS[1])) - tonumber(ARGV[1])
+redis.call('SET', KEYS[1], string.format('%d', t), 'KEEPTTL')
+return t
+",
+    );
+    let burst = quota.burst().unwrap();
+    let mut conn = node.conn().await;
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The time skipped, the stored arrival time, the instants of the passes, and how far
+    // each pass moves the arrival time (the emission interval, as the store has it).
+    let (mut skipped, mut tat, mut passed) = (0u64, None::<u64>, Vec::<u64>::new());
+    let mut emission = None;
+    while passed.len() < passes {
+        let usage = limiter.hit("greedy", quota).await.unwrap();
+        if usage.is_exceeded() {
+            let retry = u64::try_from(usage.retry_after().as_micros()).unwrap();
+            assert!(retry > 0);
+            let moved: u64 = rewind
+                .key(key)
+                .arg(retry)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            skipped += retry;
+            tat = Some(moved);
+            continue;
+        }
+        let after: u64 = support::get(node, key).await.unwrap().parse().unwrap();
+        let at = match tat {
+            // The first: when the server counted it.
+            None => after - u64::try_from(usage.reset_after().as_micros()).unwrap(),
+            Some(before) => {
+                // Always the same step: the arrival time stayed ahead of the clock.
+                let step = *emission.get_or_insert(after - before);
+                assert_eq!(after - before, step, "one emission per pass");
+                // It passed once the arrival time was at most the tolerance ahead.
+                before - step * (burst - 1)
+            }
+        };
+        let at = (at + skipped).max(passed.last().copied().unwrap_or(0));
+        passed.push(at);
+        tat = Some(after);
+    }
+    passed
+}
+
+#[tokio::test]
+async fn never_more_than_burst_plus_rate_for_rates_that_do_not_divide_the_window_on_redis() {
+    // 3 per second passed 201 times in 66.67 s (against 200.9998) when the emission
+    // interval was rounded down to 333,333 µs.
+    let node = RedisNode::start();
+    for text in ["3/1s burst 2", "7/1s burst 4", "11/1h burst 3"] {
+        let quota: Quota = text.parse().unwrap();
+        let window = u64::try_from(quota.window().as_micros()).unwrap();
+        let (limit, burst) = (quota.limit(), quota.burst().unwrap());
+        let passed = greedy_run_on_redis(&node, quota, 250).await;
+        // In every interval [a, b] between two passes, at most burst + (b - a) × rate:
+        // (n - burst) × window <= (b - a) × limit, in integers.
+        for (i, a) in passed.iter().enumerate() {
+            for (j, b) in passed.iter().enumerate().skip(i) {
+                let n = (j - i + 1) as u64;
+                assert!(
+                    n.saturating_sub(burst) * window <= (b - a) * limit,
+                    "{text}: {n} passed in {} µs",
+                    b - a
+                );
+            }
+        }
+        // And the run pressed the limit: the last pass could pass within one emission of
+        // when the rate allows it.
+        let last = passed[249] - passed[0];
+        let due = (250 - burst) * window / limit;
+        assert!(last <= due + window.div_ceil(limit), "{text}: {last} µs");
+    }
+}
+
 #[tokio::test]
 async fn two_replicas_share_one_limit_on_redis() {
     let node = RedisNode::start();

@@ -168,7 +168,7 @@ async fn no_quorum_is_unavailable_with_a_pushback() {
 #[tokio::test]
 async fn a_misconfigured_layer_is_internal() {
     // A path parameter outside an axum Router: there is none to lock on, a server mistake.
-    let served = serve!(LockLayer::by_path_param("order_id"));
+    let served = serve!(LockLayer::by_path_param("order_id").backend(MemoryLocks::new()));
     let mut client = served.client().await;
     let (code, _) = refusal(check(&mut client, &[("x-order-id", "42")]).await);
     assert_eq!(code, Code::Internal);

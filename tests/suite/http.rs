@@ -481,7 +481,7 @@ async fn locked_extractor_reuses_the_layer_lease() {
 async fn route_layer_leaves_unmatched_requests_alone() {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route_layer(LockLayer::by_header("Idempotency-Key"));
+        .route_layer(LockLayer::by_header("Idempotency-Key").backend(MemoryLocks::new()));
     let base = serve(app).await;
     // route_layer does not run for unmatched routes.
     assert_eq!(
@@ -621,7 +621,7 @@ async fn path_param_the_route_lacks_is_a_500_logged_once() {
             "/items/{id}",
             post(move || async move { held.hold().await }),
         )
-        .route_layer(LockLayer::by_path_param("item_id"));
+        .route_layer(LockLayer::by_path_param("item_id").backend(MemoryLocks::new()));
     let base = serve(app).await;
     let client = reqwest::Client::new();
     for _ in 0..3 {
@@ -636,7 +636,8 @@ async fn path_param_the_route_lacks_is_a_500_logged_once() {
 async fn path_param_layer_around_the_router_is_a_500_logged_once() {
     let (logs, _guard) = Logs::capture();
     let router = Router::new().route("/items/{id}", post(|| async { "ran" }));
-    let base = serve_service(around(LockLayer::by_path_param("id"), router)).await;
+    let layer = LockLayer::by_path_param("id").backend(MemoryLocks::new());
+    let base = serve_service(around(layer, router)).await;
     let client = reqwest::Client::new();
     for _ in 0..3 {
         let resp = client.post(format!("{base}/items/1")).send().await.unwrap();
@@ -651,7 +652,10 @@ async fn peer_ip_without_connect_info_is_a_500_logged_once() {
     let quota: tower_redlock::Quota = "10/60".parse().unwrap();
     let app = Router::new()
         .route("/search", post(|| async { "results" }))
-        .route_layer(tower_redlock::RateLimitLayer::by_peer_ip(quota));
+        .route_layer(
+            tower_redlock::RateLimitLayer::by_peer_ip(quota)
+                .backend(tower_redlock::MemoryRateLimiter::new()),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -671,7 +675,7 @@ async fn peer_ip_without_connect_info_is_a_500_logged_once() {
 async fn unmatched_requests_under_router_layer_reach_the_fallback() {
     let app = Router::new()
         .route("/items/{id}", post(|| async { "ran" }))
-        .layer(LockLayer::by_path_param("id"));
+        .layer(LockLayer::by_path_param("id").backend(MemoryLocks::new()));
     let base = serve(app).await;
     let client = reqwest::Client::new();
     assert_eq!(post_to(&client, format!("{base}/nope")).await.status(), 404);

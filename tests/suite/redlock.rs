@@ -421,6 +421,25 @@ async fn contract_three_nodes() {
 }
 
 #[tokio::test]
+async fn an_even_number_of_nodes_is_logged_as_a_warning_when_built() {
+    let (logs, _guard) = support::Logs::capture();
+    let nodes = nodes(3);
+    let build = |n: usize| Redlock::builder(urls(&nodes[..n])).build();
+    let _two = build(2).await.unwrap();
+    let warning = [
+        "WARN",
+        "an even number of Redlock nodes",
+        "a quorum of 2 of 2 tolerates 0 failed nodes",
+        "odd number",
+    ];
+    assert_eq!(logs.lines_with(&warning), 1, "{}", logs.text());
+    // One and three nodes tolerate all they can: no warning.
+    let _one = build(1).await.unwrap();
+    let _three = build(3).await.unwrap();
+    assert_eq!(logs.lines_with(&["even number"]), 1, "{}", logs.text());
+}
+
+#[tokio::test]
 async fn release_on_one_node_of_three_reports_expired() {
     // A lease is released only if a quorum still holds it.
     let nodes = nodes(3);

@@ -225,6 +225,64 @@ async fn a_replica_timeout_not_shorter_than_the_node_timeout_is_refused_at_build
     );
 }
 
+#[tokio::test]
+async fn a_replica_timeout_without_100_ms_per_wait_to_spare_is_refused_at_build() {
+    let node = support::RedisNode::start();
+    let build = |node: Node| {
+        Redlock::from_nodes([node])
+            .ttl(TTL)
+            .node_timeout(Duration::from_millis(500))
+            .build()
+    };
+    let ms = Duration::from_millis;
+    let waiting = |timeout| {
+        Node::url(node.url())
+            .wait_for_replicas(1)
+            .replica_timeout(timeout)
+    };
+    // `WAIT` may be answered up to 100 ms after its timeout: 400 + 100 does not fit in
+    // 500, 399 + 100 does.
+    let error = build(waiting(ms(400))).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            tower_redlock::ConfigError::InvalidReplicaTimeout { index: 0, margin, .. }
+                if margin == ms(100)
+        ),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("hz 10") && text.contains("lower it below 400ms"),
+        "{text}"
+    );
+    assert!(build(waiting(ms(399))).await.is_ok());
+    // With `WAITAOF` too, 100 ms for each.
+    let error = build(waiting(ms(300)).wait_for_fsync()).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            tower_redlock::ConfigError::InvalidReplicaTimeout { margin, .. } if margin == ms(200)
+        ),
+        "{error:?}"
+    );
+    assert!(build(waiting(ms(299)).wait_for_fsync()).await.is_ok());
+    // The default, half the node timeout, fits in 500 ms but not in 200 ms.
+    let short = Redlock::from_nodes([Node::url(node.url()).wait_for_replicas(1)])
+        .ttl(TTL)
+        .node_timeout(ms(200))
+        .build()
+        .await;
+    assert!(
+        matches!(
+            short,
+            Err(tower_redlock::ConfigError::InvalidReplicaTimeout { timeout, .. })
+                if timeout == ms(100)
+        ),
+        "{short:?}"
+    );
+}
+
 #[cfg(feature = "cluster-async")]
 mod cluster {
     use super::*;
@@ -427,7 +485,7 @@ async fn a_blocked_wait_does_not_hold_up_a_release_on_the_same_node() {
     let locks = one_node(
         Node::url(primary.url())
             .wait_for_replicas(1)
-            .replica_timeout(Duration::from_millis(400)),
+            .replica_timeout(Duration::from_millis(350)),
     )
     .await;
     let held = locks.try_lock("first").await.unwrap();

@@ -18,6 +18,8 @@ use crate::backend::wait::Waiters;
 /// It is the embedded default ([`ConcurrencyLimiter::default`](super::ConcurrencyLimiter::default)),
 /// for examples, single-replica services and tests: it does not share permits across
 /// processes, and its permits never expire (a holder that dies takes the store with it).
+/// Chosen (`ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new())`), it works in any
+/// process; the default one is refused in a process that built a `RedisConcurrencyLimiter`.
 /// A permit is a short mutex, no `.await`. Cloning is cheap and shares the counts.
 ///
 /// # Bounded memory

@@ -9,8 +9,9 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
+use crate::backend::fallback::{self, User};
 use crate::backend::wait::Waiters;
-use crate::error::NodeFailure;
+use crate::error::{ConfigError, NodeFailure};
 use crate::key::KeyError;
 pub use memory::MemoryConcurrencyLimiter;
 #[cfg(feature = "redis")]
@@ -62,6 +63,17 @@ pub enum ConcurrencyError {
         /// The permit's key, as stored.
         key: String,
     },
+    /// The handle is the in-process fallback ([`ConcurrencyLimiter::default`] with no
+    /// default chosen), and this process built a
+    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter): limiting in process
+    /// would let each replica allow the whole limit, so it refuses. Give the layer the
+    /// Redis store, or call [`ConcurrencyLimiter::set_default`] once at start-up; for an
+    /// in-process limit beside Redis, use
+    /// `ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new())`. The layer answers 500.
+    #[error(
+        "no concurrency limit store was chosen (ConcurrencyLimiter::default() is the in-process fallback) and this process built a RedisConcurrencyLimiter, with which each replica would limit on its own; use the RedisConcurrencyLimiter, or call ConcurrencyLimiter::set_default(..) once at start-up"
+    )]
+    NoBackendChosen,
 }
 
 /// A renewal that found the permit gone loses it; others are retried.
@@ -79,10 +91,13 @@ impl crate::backend::renewal::RenewError for ConcurrencyError {
 /// The layer and your state hold a `ConcurrencyLimiter`; cloning it is cheap and shares
 /// the store. Build one with `ConcurrencyLimiter::from(redis_limiter)` or
 /// `ConcurrencyLimiter::from(memory_limiter)`; [`ConcurrencyLimiter::default`] is the
-/// process-wide in-process store.
+/// app's default store.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter {
     backend: PermitStore,
+    /// Whether this is the in-process fallback ([`ConcurrencyLimiter::default`] with no
+    /// default chosen), which refuses in a process that built a `RedisConcurrencyLimiter`.
+    fallback: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -98,6 +113,7 @@ impl From<RedisConcurrencyLimiter> for ConcurrencyLimiter {
     fn from(redis: RedisConcurrencyLimiter) -> Self {
         Self {
             backend: PermitStore::Redis(redis),
+            fallback: false,
         }
     }
 }
@@ -106,17 +122,36 @@ impl From<MemoryConcurrencyLimiter> for ConcurrencyLimiter {
     fn from(memory: MemoryConcurrencyLimiter) -> Self {
         Self {
             backend: PermitStore::Memory(memory),
+            fallback: false,
         }
     }
 }
 
+/// The app's default store: set once by [`ConcurrencyLimiter::set_default`], or the
+/// in-process fallback from its first use on.
+static DEFAULT: OnceLock<ConcurrencyLimiter> = OnceLock::new();
+
 impl Default for ConcurrencyLimiter {
-    /// The process-wide [`MemoryConcurrencyLimiter`], shared by every layer that was given
-    /// no backend. It limits per process: with several replicas, each allows the full
-    /// limit; use [`RedisConcurrencyLimiter`] to share one limit.
+    /// The app's default store, used by every
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) built without
+    /// [`backend`](crate::ConcurrencyLimitLayer::backend): the one given to
+    /// [`ConcurrencyLimiter::set_default`], or, when none was, the in-process fallback,
+    /// one process-wide [`MemoryConcurrencyLimiter`] (so that the layers share its
+    /// permits). The first call fixes it: a later `set_default` fails.
+    ///
+    /// The fallback limits per process, so it works only in a process that builds no
+    /// [`RedisConcurrencyLimiter`]: once one is built (before or after), it refuses every
+    /// request ([`ConcurrencyError::NoBackendChosen`]; the layer answers 500 and logs the
+    /// fix once), since each replica would allow the whole limit. For an in-process limit
+    /// in an app that also uses Redis, choose it:
+    /// `ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new())`.
     fn default() -> Self {
-        static SHARED: OnceLock<MemoryConcurrencyLimiter> = OnceLock::new();
-        ConcurrencyLimiter::from(SHARED.get_or_init(MemoryConcurrencyLimiter::new).clone())
+        DEFAULT
+            .get_or_init(|| ConcurrencyLimiter {
+                backend: PermitStore::Memory(MemoryConcurrencyLimiter::new()),
+                fallback: true,
+            })
+            .clone()
     }
 }
 
@@ -208,6 +243,45 @@ impl Drop for PermitSlot {
 const WAIT_STEP: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
 
 impl ConcurrencyLimiter {
+    /// Makes `limiter` the app's default store: every
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) built afterwards without
+    /// `.backend(..)`, and [`ConcurrencyLimiter::default`], use it. Call it once at
+    /// start-up, before building any concurrency limit layer: a layer takes the default as
+    /// it is built (even one given `.backend(..)` afterwards), so a layer built earlier has
+    /// already fixed the in-process fallback, and this call then fails rather than leave
+    /// that layer limiting per process.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_redlock::{ConcurrencyLimitLayer, ConcurrencyLimiter, RedisConcurrencyLimiter};
+    ///
+    /// let redis = RedisConcurrencyLimiter::builder("redis://10.0.0.1").build().await?;
+    /// ConcurrencyLimiter::set_default(redis)?;
+    /// // On Redis, shared by every replica, with no `.backend(..)`:
+    /// let layer = ConcurrencyLimitLayer::global(20).scope("reports");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::DefaultAlreadyChosen`] when a default was set before, or was already
+    /// used (a concurrency limit layer built, a call of [`ConcurrencyLimiter::default`]).
+    pub fn set_default(limiter: impl Into<ConcurrencyLimiter>) -> Result<(), ConfigError> {
+        DEFAULT
+            .set(limiter.into())
+            .map_err(|_| ConfigError::DefaultAlreadyChosen {
+                handle: "ConcurrencyLimiter",
+            })
+    }
+
+    /// For a request of `user`: whether this is the in-process fallback and it refuses
+    /// (a `RedisConcurrencyLimiter` was built in this process). The first time, `user`
+    /// logs which.
+    #[inline]
+    pub(crate) fn refuses(&self, user: User) -> bool {
+        self.fallback && fallback::CONCURRENCY_LIMITER.refuses_for(user)
+    }
+
     /// Whether this is the in-process store.
     pub fn is_in_process(&self) -> bool {
         matches!(self.backend, PermitStore::Memory(_))
@@ -251,6 +325,9 @@ impl ConcurrencyLimiter {
         limit: u32,
         max_wait: Duration,
     ) -> Result<PermitSlot, ConcurrencyError> {
+        if self.fallback && fallback::CONCURRENCY_LIMITER.refuses() {
+            return Err(ConcurrencyError::NoBackendChosen);
+        }
         let deadline = Instant::now().checked_add(max_wait);
         // A first try as anyone's: a request that gets its permit (or may not wait)
         // neither subscribes nor marks the set.

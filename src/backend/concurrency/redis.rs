@@ -393,6 +393,9 @@ impl RedisConcurrencyLimiterBuilder {
             store.timeout.max(Duration::from_millis(100)),
         ));
         notifier.watch();
+        // From now on, a layer left on the in-process fallback refuses rather than limit
+        // per replica.
+        crate::backend::fallback::CONCURRENCY_LIMITER.redis_built();
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(RedisInner {
                 store,

@@ -53,9 +53,16 @@ impl Node {
     }
 
     /// How long [`wait_for_replicas`] and [`wait_for_fsync`] wait in all (with both, half
-    /// each); shorter than the node timeout, or [`RedlockBuilder::build`] fails with
-    /// [`ConfigError::InvalidReplicaTimeout`]. Default: half the node timeout, in whole
-    /// milliseconds, at least 1 ms.
+    /// each). Default: half the node timeout, in whole milliseconds, at least 1 ms.
+    ///
+    /// Redis checks a blocked `WAIT`'s timeout at its periodic tick, every 100 ms with
+    /// the default `hz 10`, so a refusal (too few acknowledgements) comes up to about
+    /// 100 ms after the replica timeout, for each of `WAIT` and `WAITAOF`: measured, 180
+    /// to 195 ms for a replica timeout of 100 ms. The replica timeout plus that margin
+    /// (100 ms, or 200 ms with both) must be shorter than the node timeout, so that the
+    /// node answers its refusal before it is given up on; else [`RedlockBuilder::build`]
+    /// fails with [`ConfigError::InvalidReplicaTimeout`]. With the default, that takes
+    /// a node timeout above 200 ms (above 400 ms with both).
     ///
     /// [`wait_for_replicas`]: Node::wait_for_replicas
     /// [`wait_for_fsync`]: Node::wait_for_fsync
@@ -75,6 +82,9 @@ impl Node {
     }
 }
 
+/// The period of Redis' checks of blocked commands' timeouts with the default `hz 10`.
+const REDIS_TICK: Duration = Duration::from_millis(100);
+
 /// What a node's granting writes wait for ([`Node::wait_for_replicas`],
 /// [`Node::wait_for_fsync`]): at least one of them is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,15 +97,30 @@ pub(crate) struct ReplicaAck {
 
 #[cfg_attr(not(feature = "lock"), allow(dead_code))]
 impl ReplicaAck {
-    /// Defaults the timeout to half of `node_timeout`, and checks it is in `(0, node_timeout)`.
-    pub(crate) fn resolve(&mut self, node_timeout: Duration) -> Result<(), Duration> {
+    /// Defaults the timeout to half of `node_timeout`, and checks that it is above zero
+    /// and that it plus [`margin`](Self::margin) is shorter than `node_timeout`; else
+    /// returns the timeout and the margin.
+    pub(crate) fn resolve(&mut self, node_timeout: Duration) -> Result<(), (Duration, Duration)> {
         let timeout = *self
             .timeout
             .get_or_insert((node_timeout / 2).max(Duration::from_millis(1)));
-        if timeout.is_zero() || timeout >= node_timeout {
-            return Err(timeout);
+        let margin = self.margin();
+        if timeout.is_zero() || timeout.saturating_add(margin) >= node_timeout {
+            return Err((timeout, margin));
         }
         Ok(())
+    }
+
+    /// How much later than the replica timeout a refusal may come: Redis notices a
+    /// blocked command's timeout at its periodic tick (every 100 ms with `hz 10`), once
+    /// for each of `WAIT` and `WAITAOF`.
+    fn margin(&self) -> Duration {
+        REDIS_TICK * self.commands()
+    }
+
+    /// How many waiting commands follow each write: `WAIT`, `WAITAOF`, or both.
+    fn commands(&self) -> u32 {
+        u32::from(self.replicas > 0) + u32::from(self.fsync)
     }
 
     /// `cmd`, then `WAIT` (and `WAITAOF`), as one pipeline.
@@ -104,7 +129,7 @@ impl ReplicaAck {
             .timeout
             .map_or(1, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         // The commands wait one after the other: each gets its share of the timeout.
-        let commands = u64::from(self.replicas > 0) + u64::from(self.fsync);
+        let commands = u64::from(self.commands());
         let ms = (total / commands.max(1)).max(1);
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
@@ -188,10 +213,25 @@ mod tests {
         assert_eq!(a.resolve(Duration::from_millis(500)), Ok(()));
         assert_eq!(a.timeout, Some(Duration::from_millis(250)));
         let mut long = ack(1, false, 500);
-        assert_eq!(
-            long.resolve(Duration::from_millis(500)),
-            Err(Duration::from_millis(500))
-        );
+        let ms = Duration::from_millis;
+        assert_eq!(long.resolve(ms(500)), Err((ms(500), ms(100))));
+    }
+
+    #[test]
+    fn the_replica_timeout_leaves_redis_tick_per_wait_in_the_node_timeout() {
+        let ms = Duration::from_millis;
+        // 100 ms beyond the replica timeout for WAIT: 399 + 100 fits in 500, 400 does not.
+        assert_eq!(ack(1, false, 399).resolve(ms(500)), Ok(()));
+        assert_eq!(ack(1, false, 400).resolve(ms(500)), Err((ms(400), ms(100))));
+        // 100 ms for each of WAIT and WAITAOF.
+        assert_eq!(ack(1, true, 299).resolve(ms(500)), Ok(()));
+        assert_eq!(ack(1, true, 300).resolve(ms(500)), Err((ms(300), ms(200))));
+        // The default, half the node timeout, fits only above 200 ms.
+        let mut default = ReplicaAck {
+            timeout: None,
+            ..ack(1, false, 0)
+        };
+        assert_eq!(default.resolve(ms(200)), Err((ms(100), ms(100))));
     }
 
     #[test]

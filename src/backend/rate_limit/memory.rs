@@ -17,6 +17,8 @@ use crate::backend::settings::check_resource;
 ///
 /// It is the embedded default ([`RateLimiter::default`](super::RateLimiter::default)), for
 /// examples, single-replica services and tests: it does not share counts across processes.
+/// Chosen (`RateLimiter::from(MemoryRateLimiter::new())`), it works in any process; the
+/// default one is refused in a process that built a `RedisRateLimiter`.
 /// Counting takes a short mutex, no `.await`. Cloning is cheap and shares the counters.
 ///
 /// # Bounded memory
@@ -303,6 +305,59 @@ mod tests {
 
     fn quota(text: &str) -> Quota {
         text.parse().unwrap()
+    }
+
+    /// A client that asks again the moment it may, on `quota`, from `start` µs, until
+    /// `passes` requests passed: the instants (µs) at which they passed. Explicit instants,
+    /// no sleep: after a refusal, the next try is at the refusal's retry delay.
+    fn greedy_run(quota: Quota, start: u64, passes: usize) -> Vec<u64> {
+        let limiter = MemoryRateLimiter::new();
+        let mut windows = limiter.windows();
+        let (mut now, mut passed) = (start, Vec::new());
+        while passed.len() < passes {
+            let usage = windows.gcra("client", quota, now);
+            if usage.is_exceeded() {
+                assert!(usage.retry_after() > Duration::ZERO);
+                now += micros(usage.retry_after());
+            } else {
+                passed.push(now);
+            }
+        }
+        passed
+    }
+
+    #[test]
+    fn gcra_never_passes_more_than_burst_plus_rate_for_rates_that_do_not_divide_the_window() {
+        // 3 per second passed 201 times in 66.67 s (against 200.9998) when the emission
+        // interval was rounded down to 333,333 µs.
+        for text in [
+            "3/1s burst 1",
+            "7/1s burst 4",
+            "999/7s burst 10",
+            "10/1s burst 20",
+        ] {
+            let quota = quota(text);
+            let (window, limit, burst) = (micros(quota.window()), quota.limit(), quota.burst());
+            let burst = burst.unwrap();
+            let passed = greedy_run(quota, 1_000_000, 300);
+            // In every interval [a, b] between two passes, at most burst + (b - a) × rate:
+            // (n - burst) × window <= (b - a) × limit, in integers.
+            for (i, a) in passed.iter().enumerate() {
+                for (j, b) in passed.iter().enumerate().skip(i) {
+                    let n = (j - i + 1) as u64;
+                    assert!(
+                        n.saturating_sub(burst) * window <= (b - a) * limit,
+                        "{text}: {n} passed in {} µs",
+                        b - a
+                    );
+                }
+            }
+            // And the rate is reached: the 300th pass comes within one emission of when
+            // the rate allows it.
+            let last = passed[299] - passed[0];
+            let due = (300 - burst) * window / limit;
+            assert!(last <= due + quota.emission_us(), "{text}: {last} µs");
+        }
     }
 
     #[test]

@@ -58,7 +58,10 @@ pub(crate) fn micros(duration: Duration) -> u64 {
 }
 
 /// Why a [`Quota`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Its `Debug` is its `Display` text, so that a `main` that returns it through `?` prints
+/// the message and the fix.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum QuotaError {
     /// The limit is zero: use at least 1 request per window.
@@ -88,6 +91,13 @@ pub enum QuotaError {
     Malformed(String),
 }
 
+impl fmt::Debug for QuotaError {
+    /// The `Display` text: what a `main` that returns the error prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 impl Quota {
     /// At most `limit` requests per key in each `window`. The window is counted in whole
     /// milliseconds (Redis `PEXPIRE`); a sub-millisecond part is dropped.
@@ -112,8 +122,9 @@ impl Quota {
     }
 
     /// A GCRA limit: a steady rate of `limit` requests per `window` (one every
-    /// `window / limit`, counted in whole µs), with bursts of up to `burst` requests at
-    /// once. `Quota::gcra(100, Duration::from_secs(60), 100)` allows 100 at once, then one
+    /// `window / limit`, rounded up to whole µs, so that the bound `burst + t × limit /
+    /// window` holds for rates that do not divide the window), with bursts of up to
+    /// `burst` requests at once. `Quota::gcra(100, Duration::from_secs(60), 100)` allows 100 at once, then one
     /// more every 600 ms.
     ///
     /// # Errors
@@ -131,7 +142,9 @@ impl Quota {
             });
         }
         quota.burst = Some(burst);
-        let tolerance = (window_us / limit).checked_mul(burst.saturating_sub(1));
+        let tolerance = window_us
+            .div_ceil(limit)
+            .checked_mul(burst.saturating_sub(1));
         if burst == 0 || tolerance.is_none_or(|t| t > MAX_TOLERANCE_US) {
             return Err(QuotaError::InvalidBurst(burst));
         }
@@ -143,10 +156,13 @@ impl Quota {
         self.burst
     }
 
-    /// GCRA's emission interval, `window / limit`, in whole µs (at least 1).
+    /// GCRA's emission interval, `window / limit`, in whole µs rounded up: rounded down,
+    /// a rate that does not divide the window would let more through than `burst + t ×
+    /// limit / window` (3 per second: 333,333 µs, 201 requests in 66.67 s against
+    /// 200.9998).
     pub(crate) fn emission_us(&self) -> u64 {
         let window_us = micros(self.window);
-        (window_us / self.limit).max(1)
+        window_us.div_ceil(self.limit).max(1)
     }
 
     /// GCRA's tolerance, `(burst - 1) × emission`, in µs; bounded by `gcra`.
@@ -436,6 +452,38 @@ mod tests {
         // Its window in whole seconds, rounded up.
         assert_eq!("1/1500ms".parse::<Quota>().unwrap().policy(), (1, 2));
         assert_eq!("1/1ms".parse::<Quota>().unwrap().policy(), (1, 1));
+    }
+
+    #[test]
+    fn a_quota_error_returned_from_main_prints_its_message() {
+        let error = "100/60y".parse::<Quota>().unwrap_err();
+        let boxed: Box<dyn std::error::Error> = Box::new(error.clone());
+        assert_eq!(format!("{boxed:?}"), error.to_string());
+        assert_eq!(
+            format!("Error: {boxed:?}"),
+            "Error: invalid rate limit \"100/60y\": use LIMIT/SECONDS such as 100/60, or a unit: \
+             100/1m, 10/500ms, 1000/1h, 10000/1d"
+        );
+    }
+
+    #[test]
+    fn the_emission_interval_is_rounded_up_to_whole_microseconds() {
+        // (quota, emission in µs): never shorter than window / limit, at most 1 µs longer.
+        for (text, emission) in [
+            ("3/1s burst 1", 333_334),
+            ("7/1s burst 4", 142_858),
+            ("999/7s burst 10", 7_008),
+            ("10/1s burst 20", 100_000),
+            ("1000/1s burst 1", 1_000),
+        ] {
+            let quota: Quota = text.parse().unwrap();
+            assert_eq!(quota.emission_us(), emission, "{text}");
+            let (window, limit) = (micros(quota.window()), quota.limit());
+            assert!(emission * limit >= window, "{text}");
+            assert!((emission - 1) * limit < window, "{text}");
+            let burst = quota.burst().unwrap();
+            assert_eq!(quota.tolerance_us(), emission * (burst - 1), "{text}");
+        }
     }
 
     #[test]

@@ -228,6 +228,9 @@ impl RedisRateLimiterBuilder {
     /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
         let store = self.settings.connect().await?;
+        // From now on, a layer left on the in-process fallback refuses rather than count
+        // per replica.
+        crate::backend::fallback::RATE_LIMITER.redis_built();
         Ok(RedisRateLimiter {
             store: Arc::new(store),
         })

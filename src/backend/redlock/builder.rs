@@ -96,7 +96,12 @@ impl RedlockBuilder {
     /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
     /// validity after the drift allowance, a node timeout not shorter than the TTL, a
     /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
-    /// timeout not shorter than the node timeout ([`ConfigError::InvalidReplicaTimeout`]).
+    /// timeout that does not fit in the node timeout with 100 ms to spare per waiting
+    /// command ([`ConfigError::InvalidReplicaTimeout`], see
+    /// [`Node::replica_timeout`](crate::Node::replica_timeout)).
+    ///
+    /// An even number of nodes is logged as a warning: a quorum of `N/2 + 1` tolerates no
+    /// more failed nodes than `N - 1` nodes do (2 nodes need both).
     pub async fn build(self) -> Result<Redlock, ConfigError> {
         self.policy.validate()?;
         if !(self.drift_factor.is_finite() && (0.0..0.5).contains(&self.drift_factor)) {
@@ -130,11 +135,12 @@ impl RedlockBuilder {
                 .connector(connect_timeout)
                 .map_err(|source| ConfigError::InvalidUrl { index, source })?;
             if let Some(ack) = &mut connector.ack {
-                ack.resolve(node_timeout).map_err(|timeout| {
+                ack.resolve(node_timeout).map_err(|(timeout, margin)| {
                     ConfigError::InvalidReplicaTimeout {
                         index,
                         timeout,
                         node_timeout,
+                        margin,
                     }
                 })?;
             }
@@ -142,6 +148,17 @@ impl RedlockBuilder {
             nodes.push(Connection::new(connector, connect_timeout, scripts::ALL));
         }
         let quorum = nodes.len() / 2 + 1;
+        if nodes.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = nodes.len(),
+                quorum,
+                "an even number of Redlock nodes: a quorum of {quorum} of {} tolerates {} \
+                 failed nodes, no more than one node fewer would; use an odd number of nodes \
+                 (1, 3 or 5)",
+                nodes.len(),
+                nodes.len() - quorum,
+            );
+        }
         let conns = nodes.clone();
         let waiters = Arc::new(Waiters::default());
         let redlock = Redlock {
@@ -179,6 +196,9 @@ impl RedlockBuilder {
         if let Some(notifier) = &redlock.inner.notifier {
             notifier.watch();
         }
+        // From now on, a layer left on the in-process fallback refuses rather than lock
+        // per replica.
+        crate::backend::fallback::LOCKS.redis_built();
         Ok(redlock)
     }
 }
