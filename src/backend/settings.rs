@@ -206,8 +206,8 @@ macro_rules! policy_setters {
         /// Whether every exclusive lease carries a fencing token
         /// ([`Lease::fencing_token`](crate::Lease::fencing_token)), greater than every
         /// earlier lease's on the key, for storage that refuses writes from a holder whose
-        /// lease ran out. Default off (on Redis it costs one more round trip per
-        /// acquisition); see the [lock module docs](crate::lock#fencing-tokens).
+        /// lease ran out. Default off (on several Redis nodes it costs one more round trip
+        /// per acquisition, on one node none); see the [lock module docs](crate::lock#fencing-tokens).
         pub fn fencing_tokens(mut self, enabled: bool) -> Self {
             self.policy.fencing = enabled;
             self

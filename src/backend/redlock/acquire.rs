@@ -96,10 +96,13 @@ impl Redlock {
     ) -> Result<Lease, LockError> {
         let mut acquisition = Acquisition::starting(self, Keys::Lock(key.clone()), start);
         let token = acquisition.token;
+        // On one node, the counter is raised with the `SET`: no second round.
+        let raise_fence_ms = self.inner.fence_ms.filter(|_| self.inner.nodes.len() == 1);
         let attempt = Attempt {
             ttl_ms: self.inner.policy.ttl_ms(),
             fenced: self.inner.fence_ms.is_some(),
             mark_ms: waiting.then_some(self.inner.mark_ms),
+            raise_fence_ms,
         };
         let round = acquisition
             .round(
@@ -112,7 +115,12 @@ impl Redlock {
             )
             .await?;
         warn_invalid_counters(&round);
-        acquisition.won(&round, self.inner.fence_ms).await
+        let fence = match (self.inner.fence_ms, raise_fence_ms) {
+            (_, Some(_)) => Fence::RaisedInPlace,
+            (Some(fence_ms), None) => Fence::Raise(fence_ms),
+            (None, None) => Fence::None,
+        };
+        acquisition.won(&round, fence).await
     }
 
     /// Deletes `keys` where they hold `token`, in the background, on the nodes of `round`
@@ -215,6 +223,27 @@ fn warn_invalid_counters(round: &Answers<Attempted>) {
     }
 }
 
+/// How a won attempt gets its fencing token.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Fence {
+    /// Not fenced.
+    None,
+    /// A second round writes one above the highest counter back to the nodes, expiring
+    /// in this many ms ([`raise_fence`](Redlock::raise_fence)): what makes tokens increase
+    /// across quorums of several nodes.
+    Raise(u64),
+    /// The attempt raised the counter of its one node with the `SET`: the token is the
+    /// counter as it stood, plus one.
+    RaisedInPlace,
+}
+
+impl Fence {
+    /// Fenced in a second round when `fence_ms` is set, else not fenced.
+    pub(super) fn in_rounds(fence_ms: Option<u64>) -> Self {
+        fence_ms.map_or(Fence::None, Fence::Raise)
+    }
+}
+
 /// How a refused attempt deletes what it may have set.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum CleanUp {
@@ -302,29 +331,31 @@ impl<'a> Acquisition<'a> {
         Err(LockError::Taken { retry_after })
     }
 
-    /// The lease of the won `round`, fenced with `fence_ms`
-    /// ([`raise_fence`](Redlock::raise_fence)). Errors: the fencing round's, and
-    /// [`LockError::TooSlow`] when no validity is left (the lock is then released).
+    /// The lease of the won `round`, fenced as `fence` says. Errors: the fencing round's,
+    /// and [`LockError::TooSlow`] when no validity is left (the lock is then released).
     pub(super) async fn won(
         mut self,
         round: &Answers<Attempted>,
-        fence_ms: Option<u64>,
+        fence: Fence,
     ) -> Result<Lease, LockError> {
         // From here a failure's release wakes the waiters.
         self.quorum = true;
         let redlock = self.redlock;
-        let fencing_token = match fence_ms {
-            Some(fence_ms) => {
-                let highest = round
-                    .values()
-                    .filter_map(Attempted::counter)
-                    .max()
-                    .unwrap_or(0);
+        let highest = || {
+            round
+                .values()
+                .filter_map(Attempted::counter)
+                .max()
+                .unwrap_or(0)
+        };
+        let fencing_token = match fence {
+            Fence::Raise(fence_ms) => {
                 let raised =
-                    redlock.raise_fence(&self.keys, self.token, highest, fence_ms, self.start);
+                    redlock.raise_fence(&self.keys, self.token, highest(), fence_ms, self.start);
                 NonZeroU64::new(raised.await?)
             }
-            None => None,
+            Fence::RaisedInPlace => NonZeroU64::new(highest().saturating_add(1)),
+            Fence::None => None,
         };
         let elapsed = self.start.elapsed();
         let validity = redlock

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::Script;
 
 use super::Redlock;
-use super::acquire::{Acquisition, CleanUp};
+use super::acquire::{Acquisition, CleanUp, Fence};
 use super::keys::{Auxiliary, Keys};
 use super::scripts::{Attempted, COUNTER_VALID, FOREIGN, evalsha, run, run_attempt};
 use super::shared::NOW;
@@ -264,7 +264,8 @@ impl Redlock {
             .answers
             .iter()
             .all(|a| matches!(a, Some(Ok(Attempted::Set(_)))));
-        let lease = acquisition.won(&round, self.inner.fence_ms).await?;
+        let fence = Fence::in_rounds(self.inner.fence_ms);
+        let lease = acquisition.won(&round, fence).await?;
         Ok((lease, everywhere))
     }
 }

@@ -19,7 +19,7 @@ use futures_util::future::join_all;
 use redis::Script;
 
 use super::Redlock;
-use super::acquire::{Acquisition, CleanUp};
+use super::acquire::{Acquisition, CleanUp, Fence};
 use super::keys::{Auxiliary, Keys};
 use super::scripts::{
     Attempted, COUNTER_VALID, evalsha, invalid_counter, run, run_acked, run_attempt,
@@ -47,7 +47,9 @@ impl Redlock {
                 None,
             )
             .await?;
-        acquisition.won(&round, self.inner.fence_ms).await
+        acquisition
+            .won(&round, Fence::in_rounds(self.inner.fence_ms))
+            .await
     }
 }
 

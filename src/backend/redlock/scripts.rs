@@ -91,13 +91,13 @@ return -1
     ))
 });
 
-/// A waiter's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the
-/// holder's `PTTL` and, when ARGV[3] is not `0`, the waiters' mark KEYS[2] set for ARGV[3]
-/// ms, atomically with the check. A plain attempt sends the native `SET NX PX` instead
-/// ([`acquire_plain`]). Answers as every acquisition script ([`Attempted::decode`]). A lock
-/// key holding anything (another client's token, or a value of another type) is held.
+/// An attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the holder's
+/// `PTTL`, in the same reply, so that a refusal costs one round trip; a waiter's attempt
+/// (ARGV[3] not `0`) also sets the waiters' mark KEYS[2] for ARGV[3] ms, atomically with
+/// the check. Answers as every acquisition script ([`Attempted::decode`]). A lock key
+/// holding anything (another client's token, or a value of another type) is held.
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&set_or_pttl("0", "ARGV[3] ~= '0'")));
+    LazyLock::new(|| Script::new(&set_or_pttl("", "0", "ARGV[3] ~= '0'")));
 
 /// Holds for the fencing counter `c` (read with `redis.pcall('GET', ..)`) when it is unset
 /// or a decimal integer below 2^53 (exact as a Lua number).
@@ -111,7 +111,9 @@ pub(super) const FOREIGN: &str = "local function foreign(key, kind)
 end";
 
 /// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
-/// is KEYS[3], set when ARGV[4] is `1`.
+/// is KEYS[3], set when ARGV[4] is `1`. When ARGV[5] is not `0`, the attempt that sets the
+/// lock also raises the counter by one (expiring in ARGV[5] ms): a client of one node
+/// needs no second round for its fencing token, which is the counter as it stood plus one.
 static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
@@ -119,19 +121,25 @@ local c = redis.pcall('GET', KEYS[2])
 if not {COUNTER_VALID} then
   return {{-1, 1}}
 end{}",
-        set_or_pttl("tonumber(c or '0')", "ARGV[4] == '1'")
+        set_or_pttl(
+            "if ARGV[5] ~= '0' then redis.call('SET', KEYS[2], string.format('%d', tonumber(c or '0') + 1), 'PX', ARGV[5]) end",
+            "tonumber(c or '0')",
+            "ARGV[4] == '1'"
+        )
     ))
 });
 
-/// The body of both acquisition scripts: `{1, on_set}` when set, else `{0, pttl}`, first
-/// setting the waiters' mark (the last key) for ARGV[3] ms when `waiting` holds.
-fn set_or_pttl(on_set: &str, waiting: &str) -> String {
+/// The body of both acquisition scripts: `{1, on_set}` when set (after running
+/// `after_set`), else `{0, pttl}`, first setting the waiters' mark (the last key) for
+/// ARGV[3] ms when `waiting` holds.
+fn set_or_pttl(after_set: &str, on_set: &str, waiting: &str) -> String {
     format!(
         r"
 {MARK}
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  {after_set}
   return {{1, {on_set}}}
 end
 if {waiting} then
@@ -172,6 +180,8 @@ pub(super) struct Attempt {
     pub(super) fenced: bool,
     /// A waiter's attempt: set the waiters' mark for this many ms when the lock is held.
     pub(super) mark_ms: Option<u64>,
+    /// Fenced on one node: raise the counter with the `SET`, expiring in this many ms.
+    pub(super) raise_fence_ms: Option<u64>,
 }
 
 /// One node's answer to an acquisition attempt (on one key, or on a set of keys).
@@ -230,7 +240,8 @@ pub(super) async fn run_attempt(
     Attempted::decode(reply, prefix, keys)
 }
 
-/// An acquisition attempt on one node: [`acquire_plain`], [`ACQUIRE`] or [`ACQUIRE_FENCED`].
+/// An acquisition attempt on one node: [`ACQUIRE`] or [`ACQUIRE_FENCED`], one round trip
+/// whether it sets the key or learns the holder's remaining time.
 pub(super) async fn acquire(
     mut conn: Connection,
     prefix: Arc<str>,
@@ -238,9 +249,6 @@ pub(super) async fn acquire(
     token: Token,
     attempt: Attempt,
 ) -> Result<Attempted, NodeFailureReason> {
-    if !attempt.fenced && attempt.mark_ms.is_none() {
-        return acquire_plain(conn, &key, token, attempt.ttl_ms).await;
-    }
     let (script, numkeys) = if attempt.fenced {
         (&*ACQUIRE_FENCED, 3)
     } else {
@@ -256,45 +264,10 @@ pub(super) async fn acquire(
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0));
     if attempt.fenced {
-        cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" });
+        cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" })
+            .arg(attempt.raise_fence_ms.unwrap_or(0));
     }
     run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
-}
-
-/// A plain attempt on one node: the native `SET key token NX PX ttl` (cheaper for the node
-/// than a script), and only when refused, `PTTL key` for how long the holder has left.
-async fn acquire_plain(
-    mut conn: Connection,
-    key: &str,
-    token: Token,
-    ttl_ms: u64,
-) -> Result<Attempted, NodeFailureReason> {
-    let mut set = command("SET");
-    set.arg(key)
-        .arg(token.as_bytes())
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms);
-    let set: Value = match conn.ack() {
-        None => conn.query(&set).await?,
-        // Boxed: the plain attempt's future stays the size of one command's.
-        Some(_) => {
-            Box::pin(run_acked(&mut conn, None, &set, |v| {
-                matches!(v, Value::Okay)
-            }))
-            .await?
-        }
-    };
-    if let Value::Okay = set {
-        return Ok(Attempted::Set(0));
-    }
-    let mut pttl = command("PTTL");
-    pttl.arg(key);
-    let pttl_ms: i64 = conn.query(&pttl).await?;
-    Ok(Attempted::Held {
-        // -2: gone since the `SET`, free now.
-        pttl_ms: if pttl_ms == -2 { 0 } else { pttl_ms },
-    })
 }
 
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.

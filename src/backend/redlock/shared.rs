@@ -17,7 +17,7 @@ use std::sync::{Arc, LazyLock};
 use redis::Script;
 
 use super::Redlock;
-use super::acquire::{Acquisition, CleanUp};
+use super::acquire::{Acquisition, CleanUp, Fence};
 use super::keys::{Auxiliary, Keys};
 use super::scripts::{
     Attempt, Attempted, COUNTER_VALID, FOREIGN, ReleaseReply, evalsha, run, run_acked, run_attempt,
@@ -240,6 +240,7 @@ impl Redlock {
             ttl_ms: self.inner.policy.ttl_ms(),
             fenced: fence_ms.is_some(),
             mark_ms: waiting.then_some(self.inner.mark_ms),
+            raise_fence_ms: None,
         };
         let round = acquisition
             .round(
@@ -248,6 +249,6 @@ impl Redlock {
                 None,
             )
             .await?;
-        acquisition.won(&round, fence_ms).await
+        acquisition.won(&round, Fence::in_rounds(fence_ms)).await
     }
 }
