@@ -160,8 +160,9 @@ impl MemoryLocksBuilder {
     /// Bounds on the idempotency records ([`IdempotencyLayer`](crate::IdempotencyLayer))
     /// kept in process: at most `records` of them, and `bytes` in all (keys and stored
     /// responses). Defaults 10,000 and 64 MiB. When full, expired records go first, then
-    /// the oldest record of the principal that holds the most (see
-    /// [`max_records_per_principal`](Self::max_records_per_principal)); a record evicted
+    /// the oldest record of the principal seen last (see
+    /// [`max_records_per_principal`](Self::max_records_per_principal)), so that a flood
+    /// evicts its own records, never those stored before it began; a record evicted
     /// early lets a retry of its request run again.
     #[cfg(feature = "idempotency")]
     #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]

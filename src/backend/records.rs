@@ -54,10 +54,13 @@ pub(crate) struct RecordOwner(pub(crate) Owner);
 /// total.
 ///
 /// Expired records are dropped first. A principal at its own bound gives up its oldest
-/// record; when the store as a whole is full, the oldest record of the principal that
-/// holds the most goes. So one caller's requests, however many, evict only that caller's
-/// records while other callers hold fewer than it does. A record evicted early lets a
-/// retry of its request run again: size the bounds for the records a TTL can hold.
+/// record. When the store as a whole is full, the principal seen most recently (the one
+/// whose oldest record kept is the newest) gives up its oldest record: a flood of requests
+/// from many new principals (a client that changes its cookies on each request) evicts its
+/// own records, never those of principals that stored theirs before it began. A record
+/// evicted early lets a retry of its request run again: size the bounds for the records a
+/// TTL can hold, and name principals that a client cannot mint
+/// ([`IdempotencyLayer::tenant`](crate::IdempotencyLayer::tenant)).
 #[derive(Debug)]
 pub(crate) struct MemoryRecords {
     inner: Mutex<RecordTable>,
@@ -70,10 +73,12 @@ pub(crate) struct MemoryRecords {
 struct RecordTable {
     records: KeyMap<Arc<str>, StoredRecord>,
     by_expiry: BTreeSet<(Instant, Arc<str>)>,
-    /// Each principal's records, by expiry.
-    owners: KeyMap<Owner, BTreeSet<(Instant, Arc<str>)>>,
-    /// The principals by how many records they hold, the most last.
-    by_count: BTreeSet<(usize, Owner)>,
+    /// Each principal's records, in the order they were stored.
+    owners: KeyMap<Owner, BTreeSet<(u64, Arc<str>)>>,
+    /// The principals by their oldest record kept (its sequence number), oldest first.
+    by_first: BTreeSet<(u64, Owner)>,
+    /// The sequence number of the next record stored.
+    next: u64,
     bytes: usize,
 }
 
@@ -81,6 +86,8 @@ struct RecordTable {
 struct StoredRecord {
     expires: Instant,
     owner: Owner,
+    /// Its place in its principal's order.
+    seq: u64,
     raw: Bytes,
 }
 
@@ -139,28 +146,30 @@ impl MemoryRecords {
         while inner.records.len() >= self.max_records
             || inner.bytes.saturating_add(size) > self.max_bytes
         {
-            let Some(&(_, heaviest)) = inner.by_count.last() else {
+            let Some(&(_, newest)) = inner.by_first.last() else {
                 break;
             };
-            if !inner.evict_oldest_of(heaviest) {
+            if !inner.evict_oldest_of(newest) {
                 break;
             }
         }
+        let seq = inner.next;
+        inner.next = seq.wrapping_add(1);
         inner.bytes = inner.bytes.saturating_add(size);
         inner.by_expiry.insert((expires, key.clone()));
-        let count = inner.count_of(owner);
-        inner.by_count.remove(&(count, owner));
-        inner.by_count.insert((count.saturating_add(1), owner));
         let mine = inner.owners.entry(owner).or_default();
-        mine.insert((expires, key.clone()));
-        inner.records.insert(
-            key,
-            StoredRecord {
-                expires,
-                owner,
-                raw,
-            },
-        );
+        let first = mine.is_empty();
+        mine.insert((seq, key.clone()));
+        if first {
+            inner.by_first.insert((seq, owner));
+        }
+        let record = StoredRecord {
+            expires,
+            owner,
+            seq,
+            raw,
+        };
+        inner.records.insert(key, record);
         true
     }
 
@@ -182,26 +191,31 @@ impl RecordTable {
         let Some(entry) = self.records.remove(key) else {
             return;
         };
-        let at = (entry.expires, key.clone());
-        self.by_expiry.remove(&at);
+        self.by_expiry.remove(&(entry.expires, key.clone()));
         self.bytes = self.bytes.saturating_sub(cost(key, &entry.raw));
         let owner = entry.owner;
         let Some(mine) = self.owners.get_mut(&owner) else {
             return;
         };
-        let count = mine.len();
-        mine.remove(&at);
-        let left = mine.len();
-        if left == 0 {
-            self.owners.remove(&owner);
-        }
-        self.by_count.remove(&(count, owner));
-        if left > 0 {
-            self.by_count.insert((left, owner));
+        let first = mine.first().map(|(seq, _)| *seq);
+        mine.remove(&(entry.seq, key.clone()));
+        let now_first = mine.first().map(|(seq, _)| *seq);
+        if now_first != first {
+            if let Some(first) = first {
+                self.by_first.remove(&(first, owner));
+            }
+            match now_first {
+                Some(seq) => {
+                    self.by_first.insert((seq, owner));
+                }
+                None => {
+                    self.owners.remove(&owner);
+                }
+            }
         }
     }
 
-    /// Removes `owner`'s record closest to its expiry; false when it has none.
+    /// Removes `owner`'s oldest record; false when it has none.
     fn evict_oldest_of(&mut self, owner: Owner) -> bool {
         let oldest = self
             .owners
@@ -289,21 +303,23 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_evicts_from_the_principal_that_holds_the_most() {
+    fn a_full_store_evicts_the_principal_seen_last() {
         let hour = Duration::from_secs(3600);
         let store = MemoryRecords::new(10, 8, 1 << 20);
         let v = || Bytes::from_static(b"v");
-        store.insert(Arc::from("a-0"), 1, v(), hour);
-        store.insert(Arc::from("a-1"), 1, v(), hour);
-        for i in 0..8 {
-            store.insert(Arc::from(format!("b-{i}")), 2, v(), hour);
+        for i in 0..5 {
+            store.insert(Arc::from(format!("a-{i}")), 1, v(), hour);
         }
-        // Full: a third caller's record evicts the oldest of the eight, not an older one
-        // of the caller with two.
-        store.insert(Arc::from("c-0"), 3, v(), hour);
+        store.insert(Arc::from("b-0"), 2, v(), hour);
+        // A flood from new principals, one record each: they evict each other, never the
+        // records of the principals seen before them, whichever holds more.
+        for i in 0..10_000u128 {
+            store.insert(Arc::from(format!("flood-{i}")), 100 + i, v(), hour);
+        }
         assert_eq!(store.usage().0, 10);
-        assert!(store.get("a-0").is_some() && store.get("a-1").is_some());
-        assert!(store.get("b-0").is_none() && store.get("b-1").is_some());
-        assert!(store.get("c-0").is_some());
+        assert!((0..5).all(|i| store.get(&format!("a-{i}")).is_some()));
+        assert!(store.get("b-0").is_some());
+        assert!(store.get("flood-9999").is_some());
+        assert!(store.get("flood-9990").is_none());
     }
 }

@@ -115,6 +115,12 @@ integer_lock_keys!(
 /// [`ReadRequestBodyLayer`](crate::lock::ReadRequestBodyLayer) on such a route, so that
 /// the body has arrived (within 10 s) before the lock is taken.
 ///
+/// The lock is held as long as the `Locked` value lives: in an `async fn` handler, until
+/// it returns. A closure handler whose `async` block does not use the value
+/// (`|_order: Locked<Path<OrderId>>| async move { .. }`) drops it, and so releases the
+/// lock, before the block runs: move it in (`async move { let _order = order; .. }`), or
+/// write an `async fn`.
+///
 /// Rejections ([`LockedRejection`]): `T`'s own rejection; **423 Locked** with
 /// `Retry-After` when another request holds the key (RFC 4918); 400 for an invalid key;
 /// 503 when the backend has no quorum. Bodies are `application/problem+json` (RFC 9457).

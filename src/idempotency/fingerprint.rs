@@ -7,16 +7,19 @@ use sha2::{Digest, Sha256};
 use super::record::Fingerprint;
 
 /// The default fingerprint: SHA-256 over the method, the matched route (axum's
-/// `MatchedPath`; empty without one) and the request body, each length-prefixed. The same
-/// key with another method, route or body is answered 422 (the IETF draft "The
-/// Idempotency-Key HTTP Header Field", section 2.7).
+/// `MatchedPath`; empty without one), the request's path and query, and the request body,
+/// each length-prefixed. The same key with another method, route, resource (path or query)
+/// or body is answered 422 (the IETF draft "The Idempotency-Key HTTP Header Field",
+/// section 2.7), never given the response of a request for another resource.
 pub fn default_fingerprint(parts: &Parts, body: &Bytes) -> Fingerprint {
     let mut hash = Sha256::new();
+    let target = parts.uri.path_and_query().map_or("", |p| p.as_str());
     for part in [
         parts.method.as_str().as_bytes(),
         crate::key::extractors::route_of(parts)
             .unwrap_or_default()
             .as_bytes(),
+        target.as_bytes(),
         body,
     ] {
         hash.update((part.len() as u64).to_be_bytes());
@@ -40,8 +43,12 @@ mod tests {
         let base = default_fingerprint(&parts("POST", "/orders"), &body);
         assert_eq!(base, default_fingerprint(&parts("POST", "/orders"), &body));
         assert_ne!(base, default_fingerprint(&parts("PUT", "/orders"), &body));
-        // Without a matched route (no router here) the path is left out, as in the key.
-        assert_eq!(base, default_fingerprint(&parts("POST", "/order"), &body));
+        // Another resource, or another query: another request.
+        assert_ne!(base, default_fingerprint(&parts("POST", "/order"), &body));
+        assert_ne!(
+            base,
+            default_fingerprint(&parts("POST", "/orders?to=b"), &body)
+        );
         let other = Bytes::from_static(b"{\"item\":2}");
         assert_ne!(base, default_fingerprint(&parts("POST", "/orders"), &other));
         // Length prefixes: moving bytes between parts changes the fingerprint.

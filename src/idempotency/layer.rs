@@ -190,8 +190,8 @@ impl IdempotencyLayer {
     }
 
     /// The fingerprint that tells a retry from another request reusing its key; default
-    /// [`default_fingerprint`](super::default_fingerprint) (method, route and body). Use
-    /// your own to fingerprint selected fields of the body.
+    /// [`default_fingerprint`](super::default_fingerprint) (method, route, path and query,
+    /// and body). Use your own to fingerprint selected fields of the body.
     pub fn fingerprint<F>(mut self, f: F) -> Self
     where
         F: Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,

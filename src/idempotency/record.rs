@@ -32,7 +32,8 @@ const KIND_RESPONSE: u8 = 1;
 const KIND_UNREPLAYABLE: u8 = 2;
 const KIND_RESPONSE_WITH_TRAILERS: u8 = 3;
 
-/// A request's fingerprint: 32 bytes, by default the SHA-256 of its method, route and body.
+/// A request's fingerprint: 32 bytes, by default the SHA-256 of its method, route, path and
+/// query, and body.
 pub type Fingerprint = [u8; 32];
 
 /// What a completed first request left for its retries.

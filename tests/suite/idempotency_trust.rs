@@ -239,8 +239,56 @@ async fn one_callers_stored_records_cannot_evict_anothers_in_process() {
         assert_eq!((status, replayed), (StatusCode::CREATED, false));
     }
     let again = send(&base, "victim-key", &victim).await;
-    assert_eq!(again, (StatusCode::CREATED, true, secret));
+    assert_eq!(again, (StatusCode::CREATED, true, secret.clone()));
     // The flooder's newest records are kept, up to its own bound.
     assert!(send(&base, "flood-999", &flooder).await.1);
     assert!(!send(&base, "flood-900", &flooder).await.1);
+
+    // The same token with another junk cookie on each request: a new principal each time,
+    // 1,000 of them in a store of 100.
+    for i in 0..1_000 {
+        let cookie = format!("junk={i}");
+        let headers = [flooder[0], ("cookie", cookie.as_str())];
+        let (status, replayed, _) = send(&base, &format!("minted-{i}"), &headers).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    }
+    let again = send(&base, "victim-key", &victim).await;
+    assert_eq!(again, (StatusCode::CREATED, true, secret));
+}
+
+#[tokio::test]
+async fn a_key_reused_for_another_resource_is_422_not_its_response() {
+    let nodes = nodes(1);
+    for (name, locks) in backends(&nodes).await {
+        let app = Router::new().route(
+            "/accounts/{id}/withdraw",
+            post(
+                |axum::extract::Path(id): axum::extract::Path<u32>, body: String| async move {
+                    (
+                        StatusCode::CREATED,
+                        format!("withdrew {body} from account {id}"),
+                    )
+                },
+            )
+            .layer(IdempotencyLayer::new().backend(locks)),
+        );
+        let base = serve(app).await;
+        let withdraw = |path: &str| {
+            reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .header("Idempotency-Key", "w-1")
+                .header("authorization", "Bearer a")
+                .body("100")
+                .send()
+        };
+        let first = withdraw("/accounts/1/withdraw").await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED, "{name}");
+        for other in ["/accounts/2/withdraw", "/accounts/1/withdraw?to=mallory"] {
+            let response = withdraw(other).await.unwrap();
+            assert_eq!(response.status(), 422, "{name}: {other}");
+            assert!(!response.headers().contains_key("idempotent-replayed"));
+        }
+        let again = withdraw("/accounts/1/withdraw").await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{name}");
+    }
 }
