@@ -1,4 +1,5 @@
-//! Every Lua script of the Redis backends, in one place.
+//! Every Lua script of the Redis backends, in one place: the Redlock's, the rate limiter's
+//! and the concurrency limiter's.
 //!
 //! Each script's source is a file under `src/backend/lua/`, whose opening comment gives its
 //! KEYS, ARGV and reply. The helpers that several scripts share are Lua functions in
@@ -7,7 +8,8 @@
 //!
 //! A script is hashed (SHA-1) when first used and run by `EVALSHA`, loaded again where a
 //! node answers `NOSCRIPT` (after a restart, say). The Redlock loads [`REDLOCK`] on each
-//! new connection to a node, so that the first attempts find them there.
+//! new connection to a node, so that the first attempts find them there; the limiters'
+//! stores load theirs on first use (redis-rs's `Script::invoke_async` on `NOSCRIPT`).
 
 use std::ops::Deref;
 use std::sync::OnceLock;
@@ -206,7 +208,44 @@ pub(crate) static IDEMPOTENCY_FINISH: Lua = Lua::new(concat!(
     include_str!("lua/idempotency_finish.lua"),
 ));
 
-#[cfg(test)]
+// The rate limiter.
+
+/// `lua/rate_fixed.lua`: a hit on a fixed-window counter.
+#[cfg(feature = "rate-limit")]
+pub(crate) static RATE_FIXED: Lua = Lua::new(include_str!("lua/rate_fixed.lua"));
+
+/// `lua/rate_gcra.lua`: a GCRA decision.
+#[cfg(feature = "rate-limit")]
+pub(crate) static RATE_GCRA: Lua = Lua::new(include_str!("lua/rate_gcra.lua"));
+
+// The concurrency limiter.
+
+/// `lua/concurrency_acquire.lua`: takes a permit under the limit.
+#[cfg(feature = "concurrency-limit")]
+pub(crate) static CONCURRENCY_ACQUIRE: Lua = Lua::new(concat!(
+    include_str!("lua/lib/mark.lua"),
+    include_str!("lua/concurrency_acquire.lua"),
+));
+
+/// `lua/concurrency_release.lua`: gives back a permit.
+#[cfg(feature = "concurrency-limit")]
+pub(crate) static CONCURRENCY_RELEASE: Lua = Lua::new(concat!(
+    include_str!("lua/lib/unmark.lua"),
+    include_str!("lua/concurrency_release.lua"),
+));
+
+/// `lua/concurrency_renew.lua`: renews a live permit.
+#[cfg(feature = "concurrency-limit")]
+pub(crate) static CONCURRENCY_RENEW: Lua = Lua::new(include_str!("lua/concurrency_renew.lua"));
+
+#[cfg(all(
+    test,
+    any(
+        feature = "lock",
+        feature = "rate-limit",
+        feature = "concurrency-limit"
+    )
+))]
 mod tests {
     use super::*;
 
@@ -247,6 +286,16 @@ mod tests {
             ("idempotency_begin", &IDEMPOTENCY_BEGIN),
             #[cfg(feature = "idempotency")]
             ("idempotency_finish", &IDEMPOTENCY_FINISH),
+            #[cfg(feature = "rate-limit")]
+            ("rate_fixed", &RATE_FIXED),
+            #[cfg(feature = "rate-limit")]
+            ("rate_gcra", &RATE_GCRA),
+            #[cfg(feature = "concurrency-limit")]
+            ("concurrency_acquire", &CONCURRENCY_ACQUIRE),
+            #[cfg(feature = "concurrency-limit")]
+            ("concurrency_release", &CONCURRENCY_RELEASE),
+            #[cfg(feature = "concurrency-limit")]
+            ("concurrency_renew", &CONCURRENCY_RENEW),
         ]
     }
 
