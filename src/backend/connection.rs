@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -25,6 +25,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value,
 };
 
+use crate::backend::lua::Scripts;
 use crate::backend::node::{Conn, Connector};
 
 /// The shortest time between two connection attempts to one node: 100 ms.
@@ -72,9 +73,6 @@ async fn reconnect(
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type Connecting = Shared<BoxFuture<'static, RedisResult<Conn>>>;
-
-/// Lua scripts loaded on every new connection of a node (see [`Connection::new`]).
-pub(crate) type Scripts = &'static [&'static LazyLock<redis::Script>];
 
 /// A cheap handle to one node's connection; clones share it. See the module docs.
 #[derive(Clone)]

@@ -16,6 +16,8 @@ pub(crate) mod handle;
 pub(crate) mod hold;
 #[cfg(feature = "lock")]
 pub(crate) mod inspect;
+#[cfg(feature = "redis")]
+pub(crate) mod lua;
 #[cfg(feature = "lock")]
 pub(crate) mod memory;
 #[cfg(feature = "redis")]

@@ -29,22 +29,6 @@ pub(crate) enum Channels {
     Suffixed,
 }
 
-/// Lua that defines `mark(key, ms)`: sets the waiters' mark `key` (`1`) for `ms` ms, unless
-/// it holds a value this crate did not write, which is left as it is (a release then does
-/// not publish, and the waiters fall back to their timer).
-pub(crate) const MARK: &str = "local function mark(key, ms)
-  local m = redis.pcall('GET', key)
-  if not m or m == '1' then redis.call('SET', key, '1', 'PX', ms) end
-end";
-
-/// Lua that defines `unmark(key)`: deletes the waiters' mark `key` if it is one (`1`), and
-/// answers whether it did; a value this crate did not write is left as it is.
-pub(crate) const UNMARK: &str = "local function unmark(key)
-  if redis.pcall('GET', key) ~= '1' then return false end
-  redis.call('DEL', key)
-  return true
-end";
-
 /// A lock key's release channel, `<prefix>{<key>}:released` ([`Channels::Tagged`]).
 #[cfg(feature = "lock")]
 pub(crate) fn released<'a>(prefix: &'a str, key: &'a str) -> Joined<'a, 4> {

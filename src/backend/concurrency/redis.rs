@@ -1,14 +1,13 @@
 //! [`RedisConcurrencyLimiter`]: expiring permits in a sorted set per key, on one Redis node.
 
-use crate::backend::notify::{Channels, Joined, MARK, Notifier, UNMARK, UnsubscribeOnDrop};
+use crate::backend::notify::{Channels, Joined, Notifier, UnsubscribeOnDrop};
 use crate::backend::wait::Waiters;
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Script;
-
 use super::ConcurrencyError;
+use crate::backend::lua::{CONCURRENCY_ACQUIRE, CONCURRENCY_RELEASE, CONCURRENCY_RENEW};
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
 use crate::backend::store::{NodeStore, StoreSettings};
@@ -29,85 +28,8 @@ pub const DEFAULT_PERMIT_TTL: Duration = Duration::from_secs(10);
 /// a Lua number.
 const MAX_PERMIT_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 
-/// Takes a permit, atomically: drops the expired permits, counts the live ones, and under
-/// the limit adds ours (scored by its expiry in ms on the server's `TIME`, so the replicas'
-/// clocks do not matter) and keeps the set alive as long as its newest permit. Answers
-/// `{1, held}` with the permit, `{0, held}` without; a waiter's try also sets the waiters'
-/// mark KEYS[2] for ARGV[4] ms when it gets none, so that the next release publishes
-/// ([`RELEASE`]). A key of another type is not touched: the script answers an error (a
-/// mark this crate did not write is left as it is, and waiters fall back to their timer).
-/// This is Redisson's `RPermitExpirableSemaphore`.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{MARK}
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE the permit key holds a value tower-redlock did not write')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local held = redis.call('ZCARD', KEYS[1])
-if held >= tonumber(ARGV[1]) then
-  if KEYS[2] then
-    mark(KEYS[2], ARGV[4])
-  end
-  return {{0, held}}
-end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return {{1, held + 1}}
-"
-    ))
-});
-
-/// Gives back the permit ARGV[1] of the set KEYS[1]; when waiters marked the set (KEYS[2]),
-/// deletes the mark and publishes on the release channel ARGV[2]. Answers how many permits
-/// it removed (0 or 1). A key of another type, and a mark this crate did not write, are
-/// left as they are.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{UNMARK}
-if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if unmark(KEYS[2]) then
-  redis.call('PUBLISH', ARGV[2], '')
-end
-return removed
-"
-    ))
-});
-
 /// How long a waiter's mark lives: past the longest pause between two of its tries.
 const MARK_MS: u64 = 1_000;
-
-/// Renews a permit, atomically: if our token is still live, moves its expiry to now + TTL
-/// (`ZADD XX`, never re-adding it) and keeps the set alive that long; answers 1, or 0 when
-/// the permit is gone. On a key of another type `ZSCORE` fails before anything is written:
-/// the script answers that error.
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if not score or tonumber(score) <= now then
-  return 0
-end
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return 1
-",
-    )
-});
 
 /// Expiring permits on one Redis node, shared by every replica that uses that node: the
 /// distributed form of tower's `ConcurrencyLimit` (Redisson's `RPermitExpirableSemaphore`).
@@ -251,7 +173,7 @@ impl RedisConcurrencyLimiter {
         let key = self.key(resource);
         let token = token();
         let mut conn = inner.store.conn();
-        let mut invocation = ACQUIRE.key(&key);
+        let mut invocation = CONCURRENCY_ACQUIRE.key(&key);
         if waiting {
             invocation.key(Joined([&key, ":waiters"]));
         }
@@ -291,7 +213,7 @@ impl RedisConcurrencyLimiter {
     /// the new end of its validity.
     pub(crate) async fn renew(&self, key: &str, token: &str) -> Result<Instant, ConcurrencyError> {
         let mut conn = self.inner.store.conn();
-        let mut invocation = RENEW.key(key);
+        let mut invocation = CONCURRENCY_RENEW.key(key);
         invocation.arg(token).arg(self.inner.ttl.as_millis() as u64);
         let start = Instant::now();
         let renewed = self
@@ -307,11 +229,11 @@ impl RedisConcurrencyLimiter {
         Ok(validity(start, self.inner.ttl))
     }
 
-    /// Gives back the permit `token` on `key` ([`RELEASE`]), and wakes the requests of this
-    /// process that wait on it.
+    /// Gives back the permit `token` on `key` ([`CONCURRENCY_RELEASE`]), and wakes the
+    /// requests of this process that wait on it.
     pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), ConcurrencyError> {
         let mut conn = self.inner.store.conn();
-        let mut invocation = RELEASE.key(key);
+        let mut invocation = CONCURRENCY_RELEASE.key(key);
         invocation
             .key(Joined([key, ":waiters"]))
             .arg(token)

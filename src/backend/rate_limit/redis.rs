@@ -1,13 +1,12 @@
 //! [`RedisRateLimiter`]: fixed-window counters on one Redis node.
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-use redis::Script;
 
 use super::quota::{Quota, Usage};
 use super::{RateLimitError, rate_verdict};
+use crate::backend::lua::{RATE_FIXED, RATE_GCRA};
 use crate::backend::node::Node;
 use crate::backend::settings::check_resource;
 use crate::backend::store::{NodeStore, StoreSettings};
@@ -20,65 +19,6 @@ use crate::error::ConfigError;
 pub const DEFAULT_RATE_PREFIX: &str = "tower-redlock-rate:";
 /// Default bound on one Redis call of [`RedisRateLimiter`]: 100 ms.
 pub const DEFAULT_RATE_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// The fixed-window counter, atomically: `INCR` the key, set its expiry on the first hit
-/// only, answer `{count, pttl_ms}`.
-///
-/// This is the Redis `INCR` documentation's "Pattern: Rate limiter 2"
-/// (<https://redis.io/docs/latest/commands/incr/>) as one script, so that no client can
-/// crash between `INCR` and `PEXPIRE` and leave a counter without expiry. A value this
-/// crate did not write (another type, not a decimal count, or without expiry) is left as
-/// it is, and the script answers an error.
-static HIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local v = redis.pcall('GET', KEYS[1])
-if v and (type(v) ~= 'string' or not string.match(v, '^%d+$') or redis.call('PTTL', KEYS[1]) < 0) then
-  return redis.error_reply('ERR the rate limit key holds a value tower-redlock did not write')
-end
-local count = redis.call('INCR', KEYS[1])
-if count == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  return {count, tonumber(ARGV[1])}
-end
-return {count, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
-
-/// GCRA (see [`Quota::gcra`]) on the key KEYS[1], which holds the theoretical arrival
-/// time (TAT) in µs on the server's clock (`TIME`: the replicas' clocks never enter it).
-/// ARGV: the emission interval and the tolerance, in µs. Integers throughout, below 2^53,
-/// so Lua's doubles hold them exactly; written with `%d`, never in exponent form.
-///
-/// Returns `{1, remaining, reset}` when allowed (the TAT moved on by one emission; what
-/// is left of the burst; µs until all of it is back), `{0, retry, reset}` when refused
-/// (µs until a request would pass). A value this crate did not write (another type, not
-/// digits, or without expiry) is left as it is, and the script answers an error.
-static GCRA: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local emission = tonumber(ARGV[1])
-local tolerance = tonumber(ARGV[2])
-local v = redis.pcall('GET', KEYS[1])
-local tat = now
-if v then
-  if type(v) ~= 'string' or #v > 16 or not string.match(v, '^%d+$') or redis.call('PTTL', KEYS[1]) < 0 then
-    return redis.error_reply('ERR the rate limit key holds a value tower-redlock did not write')
-  end
-  tat = math.max(tonumber(v), now)
-end
-if tat - now > tolerance then
-  return {0, tat - now - tolerance, tat - now}
-end
-tat = tat + emission
-redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000))
-return {1, math.floor((tolerance + emission - (tat - now)) / emission), tat - now}
-",
-    )
-});
 
 /// Rate-limit counters on one Redis node, shared by every replica that uses that node:
 /// a fixed window, or GCRA's arrival time ([`Quota::gcra`]), per key.
@@ -159,7 +99,7 @@ impl RedisRateLimiter {
         key.push_str(resource);
         let mut conn = store.conn();
         if quota.burst().is_some() {
-            let mut invocation = GCRA.key(key);
+            let mut invocation = RATE_GCRA.key(key);
             invocation
                 .arg(quota.emission_us())
                 .arg(quota.tolerance_us());
@@ -177,7 +117,7 @@ impl RedisRateLimiter {
                 us(micros),
             ));
         }
-        let mut invocation = HIT.key(key);
+        let mut invocation = RATE_FIXED.key(key);
         invocation.arg(quota.window_ms());
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
         let (count, pttl_ms) = store.bounded(call).await.map_err(unavailable)?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::connection::Connection;
+use crate::backend::lua::REDLOCK;
 use crate::backend::node::Node;
 
 use super::local::LocalHolders;
@@ -145,7 +146,7 @@ impl RedlockBuilder {
                 })?;
             }
             connectors.push(connector.clone());
-            nodes.push(Connection::new(connector, connect_timeout, scripts::ALL));
+            nodes.push(Connection::new(connector, connect_timeout, REDLOCK));
         }
         let quorum = nodes.len() / 2 + 1;
         if nodes.len() % 2 == 0 {

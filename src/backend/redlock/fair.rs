@@ -12,93 +12,22 @@
 //! Only the head of the queue (or anyone, when it is empty) may take the lock, with the
 //! plain lock's `SET NX`, quorum and validity rules, woken by its release notifications.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp, Fence};
 use super::keys::{Auxiliary, Keys};
-use super::scripts::{Attempted, COUNTER_VALID, FOREIGN, evalsha, run, run_attempt};
-use super::shared::NOW;
+use super::scripts::{Attempted, evalsha, run, run_attempt};
 use crate::backend::connection::Connection;
-use crate::backend::notify::{MARK, released};
+use crate::backend::lua::{FAIR_ACQUIRE, FAIR_LEAVE};
+use crate::backend::notify::released;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
 /// How long a waiter that is not the head sleeps, at most, when the lock is free.
 const TURN: Duration = Duration::from_millis(100);
-
-/// A fair attempt. KEYS: the lock key, the queue, the deadlines, the waiters' mark, the
-/// fencing counter. ARGV: waiter id, token, TTL (ms), the mark's TTL (ms; `0`: do not
-/// mark), arrival (µs), the entry's lifetime (ms; `0`: do not queue), `1` to read the
-/// fencing counter. Answers as every acquisition script ([`Attempted::decode`]). A queue
-/// or deadlines key of another type than a sorted set holds the lock (for its `PTTL`) and
-/// is left as it is.
-pub(in crate::backend::redlock) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{NOW}
-{MARK}
-{FOREIGN}
-for i = 2, 3 do
-  if foreign(KEYS[i], 'zset') then return {{0, redis.call('PTTL', KEYS[i])}} end
-end
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
-if #gone > 0 then
-  redis.call('ZREM', KEYS[2], unpack(gone))
-  redis.call('ZREM', KEYS[3], unpack(gone))
-end
-local entry = tonumber(ARGV[6])
-if entry > 0 then
-  redis.call('ZADD', KEYS[2], 'NX', ARGV[5], ARGV[1])
-  redis.call('ZADD', KEYS[3], now + entry, ARGV[1])
-  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-  local at = math.ceil(tonumber(last[2]))
-  redis.call('PEXPIREAT', KEYS[2], at)
-  redis.call('PEXPIREAT', KEYS[3], at)
-end
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if not head or head == ARGV[1] then
-  local c = false
-  if ARGV[7] == '1' then
-    c = redis.pcall('GET', KEYS[5])
-    if not {COUNTER_VALID} then return {{-1, 1}} end
-  end
-  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
-    if head then
-      redis.call('ZREM', KEYS[2], ARGV[1])
-      redis.call('ZREM', KEYS[3], ARGV[1])
-    end
-    return {{1, tonumber(c or '0')}}
-  end
-end
-if ARGV[4] ~= '0' then mark(KEYS[4], ARGV[4]) end
-return {{0, redis.call('PTTL', KEYS[1])}}
-"
-    ))
-});
-
-/// Leaves the queue (KEYS: the queue, the deadlines; ARGV: waiter id, the lock's release
-/// channel), waking the others when the leaver was the head. Keys of another type than a
-/// sorted set are left as they are.
-pub(in crate::backend::redlock) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{FOREIGN}
-if foreign(KEYS[1], 'zset') or foreign(KEYS[2], 'zset') then return 0 end
-local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if head == ARGV[1] and redis.call('ZCARD', KEYS[1]) > 0 then
-  redis.call('PUBLISH', ARGV[2], '')
-end
-return 1
-"
-    ))
-});
 
 /// One waiter of a fair wait.
 #[derive(Clone, Copy)]

@@ -3,17 +3,17 @@
 //! [`IdempotencyLayer`](crate::IdempotencyLayer) only.
 //!
 //! A first request looks for the record and acquires the lock in one script per node
-//! ([`BEGIN`]); it stores its record and releases the lock in one script per node
-//! ([`FINISH`]), on every node, acknowledged by a quorum. A retry takes the record if any
-//! node that answered has it: a quorum that let the retry acquire shares a node with the
-//! quorum that stored the record, and on that node the record was written before the
-//! lock was deleted, in the same script, so the retry finds it.
+//! ([`IDEMPOTENCY_BEGIN`]); it stores its record and releases the lock in one script per
+//! node ([`IDEMPOTENCY_FINISH`]), on every node, acknowledged by a quorum. A retry takes
+//! the record if any node that answered has it: a quorum that let the retry acquire shares
+//! a node with the quorum that stored the record, and on that node the record was written
+//! before the lock was deleted, in the same script, so the retry finds it.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use redis::{Script, Value};
+use redis::Value;
 
 use super::Redlock;
 use super::keys::{Auxiliary, Keys};
@@ -21,72 +21,16 @@ use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::notify::{UNMARK, released};
+use crate::backend::lua::{IDEMPOTENCY_BEGIN, IDEMPOTENCY_FINISH};
+use crate::backend::notify::released;
 use crate::backend::records::Begin;
 use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
-use crate::idempotency::record::MAGIC;
 use crate::keyed::policy::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
-/// The record KEYS[2] when there is one (`{2, record}`); else `SET KEYS[1] ARGV[1] NX PX
-/// ARGV[2]`: `{1}` when set, `{0, pttl}` when the lock is held. A value of another type
-/// at the record key answers `{2, ''}`, a record that does not parse (the layer answers
-/// 500), and is left as it is.
-pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local r = redis.pcall('GET', KEYS[2])
-if type(r) == 'string' then
-  return {2, r}
-elseif r then
-  return {2, ''}
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
-
-/// Stores the record ARGV[2] under KEYS[2] for ARGV[3] ms, then deletes the lock KEYS[1]
-/// if it holds our token ARGV[1] (publishing on the lock's release channel ARGV[4] when a
-/// waiter set the mark KEYS[3]). A node where the lock is gone stores the record too, so
-/// that it lives on every node that can take it; a node where another holder has the lock
-/// is left alone. Returns 1 when stored, -1 when another holder has the lock. A value at
-/// the record key that is not a record ([`MAGIC`]) is left as it is: the lock is released
-/// all the same, and the script answers an error.
-pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{UNMARK}
-local v = redis.pcall('GET', KEYS[1])
-if v and v ~= ARGV[1] then
-  return -1
-end
-local r = redis.pcall('GET', KEYS[2])
-local ours = not r or (type(r) == 'string' and string.sub(r, 1, {len}) == '{MAGIC}')
-if ours then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-end
-if v then
-  redis.call('DEL', KEYS[1])
-  if unmark(KEYS[3]) then
-    redis.call('PUBLISH', ARGV[4], '')
-  end
-end
-if not ours then
-  return redis.error_reply('ERR the idempotency record key holds a value tower-redlock did not write; it was left as it is')
-end
-return 1
-",
-        len = MAGIC.len()
-    ))
-});
-
-/// One node's answer to [`BEGIN`].
+/// One node's answer to [`IDEMPOTENCY_BEGIN`].
 enum Found {
     Record(Bytes),
     Set,
@@ -100,16 +44,18 @@ async fn begin_on(
     token: Token,
     ttl_ms: u64,
 ) -> Result<Found, NodeFailureReason> {
-    let mut cmd = scripts::evalsha(&BEGIN, 2);
+    let mut cmd = scripts::evalsha(&IDEMPOTENCY_BEGIN, 2);
     cmd.arg(&*key)
         .arg(Auxiliary::record(&prefix, &key))
         .arg(token.as_bytes())
         .arg(ttl_ms);
-    let reply: Vec<Value> =
-        scripts::run_acked(&mut conn, Some(&BEGIN), &cmd, |reply: &Vec<Value>| {
-            matches!(reply.as_slice(), [Value::Int(1)])
-        })
-        .await?;
+    let reply: Vec<Value> = scripts::run_acked(
+        &mut conn,
+        Some(&IDEMPOTENCY_BEGIN),
+        &cmd,
+        |reply: &Vec<Value>| matches!(reply.as_slice(), [Value::Int(1)]),
+    )
+    .await?;
     Ok(match reply.as_slice() {
         [Value::Int(2), Value::BulkString(record)] => Found::Record(Bytes::from(record.clone())),
         [Value::Int(1)] => Found::Set,
@@ -126,7 +72,7 @@ async fn finish_on(
     record: Bytes,
     ttl_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = scripts::evalsha(&FINISH, 3);
+    let mut cmd = scripts::evalsha(&IDEMPOTENCY_FINISH, 3);
     cmd.arg(&*key)
         .arg(Auxiliary::record(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key))
@@ -134,7 +80,10 @@ async fn finish_on(
         .arg(&record[..])
         .arg(ttl_ms)
         .arg(released(&prefix, &key));
-    scripts::run_acked(&mut conn, Some(&FINISH), &cmd, |&stored| stored == 1).await
+    scripts::run_acked(&mut conn, Some(&IDEMPOTENCY_FINISH), &cmd, |&stored| {
+        stored == 1
+    })
+    .await
 }
 
 async fn read_on(
@@ -147,7 +96,8 @@ async fn read_on(
         .query_async(&mut conn)
         .await;
     match raw {
-        // A value of another type: found, as a record that does not parse (as `BEGIN`).
+        // A value of another type: found, as a record that does not parse (as
+        // `IDEMPOTENCY_BEGIN` answers it).
         Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(Bytes::new())),
         raw => Ok(raw?.map(Bytes::from)),
     }

@@ -1,51 +1,17 @@
 //! [`Locks::inspect`](crate::Locks::inspect) and
 //! [`Locks::force_unlock`](crate::Locks::force_unlock) over the Redlock nodes.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-use redis::Script;
 
 use super::Redlock;
 use super::keys::Auxiliary;
 use super::scripts::{evalsha, run};
 use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
-use crate::backend::notify::{UNMARK, released};
+use crate::backend::lua::{FORCE_RELEASE, INSPECT};
+use crate::backend::notify::released;
 use crate::error::{LockError, NodeFailureReason};
-
-/// Reads what one node holds for the lock key KEYS[1]: its `PTTL`, the fencing counter
-/// KEYS[2] (`''` when unset), the readers' set KEYS[3]'s size, and whether the waiters'
-/// mark KEYS[4] or the fair queue KEYS[5] exists. Values of another type read as absent.
-pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local c = redis.pcall('GET', KEYS[2])
-if type(c) ~= 'string' then c = '' end
-local r = redis.pcall('ZCARD', KEYS[3])
-if type(r) ~= 'number' then r = 0 end
-return {redis.call('PTTL', KEYS[1]), c, r, redis.call('EXISTS', KEYS[4], KEYS[5])}
-",
-    )
-});
-
-/// Deletes the lock key KEYS[1] whoever holds it, waking the waiters that marked it
-/// (KEYS[2]) on the release channel ARGV[1] as a release does. Returns 1 when a lock was
-/// there. Only a string is a lock (any client's token): a value of another type is left as
-/// it is, as is a mark this crate did not write.
-pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{UNMARK}
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
-redis.call('DEL', KEYS[1])
-if unmark(KEYS[2]) then
-  redis.call('PUBLISH', ARGV[1], '')
-end
-return 1
-"
-    ))
-});
 
 /// One node's view of a lock.
 struct NodeView {

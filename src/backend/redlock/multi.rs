@@ -13,7 +13,7 @@
 //! ([`acquire_on`]).
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use futures_util::future::join_all;
 use redis::Script;
@@ -21,11 +21,10 @@ use redis::Script;
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp, Fence};
 use super::keys::{Auxiliary, Keys};
-use super::scripts::{
-    Attempted, COUNTER_VALID, evalsha, invalid_counter, run, run_acked, run_attempt,
-};
+use super::scripts::{Attempted, evalsha, invalid_counter, run, run_acked, run_attempt};
 use crate::backend::connection::Connection;
-use crate::backend::notify::{UNMARK, released};
+use crate::backend::lua::{ACQUIRE_ALL, EXTEND_ALL, FENCE_ALL, RELEASE_ALL};
+use crate::backend::notify::released;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
@@ -52,136 +51,6 @@ impl Redlock {
             .await
     }
 }
-
-/// Takes every key of the set, or none. KEYS: the N lock keys, then (fenced) their N
-/// fencing counters. ARGV: the token, the TTL in ms, N, `1` when fenced. Answers as every
-/// acquisition script ([`Attempted::decode`]), with the highest counter, or the longest
-/// time a holder has left.
-pub(in crate::backend::redlock) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local n = tonumber(ARGV[3])
-local held, longest = false, 0
-for i = 1, n do
-  local p = redis.call('PTTL', KEYS[i])
-  if p == -1 then
-    held, longest = true, -1
-  elseif p >= 0 then
-    held = true
-    if longest ~= -1 and p > longest then longest = p end
-  end
-end
-if held then
-  return {{0, longest}}
-end
-local top = 0
-if ARGV[4] == '1' then
-  for i = 1, n do
-    local c = redis.pcall('GET', KEYS[n + i])
-    if not {COUNTER_VALID} then
-      return {{-1, i}}
-    end
-    if c and tonumber(c) > top then top = tonumber(c) end
-  end
-end
-for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
-return {{1, top}}
-"
-    ))
-});
-
-/// Raises the counters KEYS[N+1..2N] to ARGV[2] (expiring in ARGV[3] ms) while every lock
-/// key KEYS[1..N] holds our token ARGV[1]; N is ARGV[4]. Returns 1 when done, 0 when a key
-/// does not hold the token, -2 when a counter is not an integer below 2^53 (none written).
-pub(in crate::backend::redlock) static FENCE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local n = tonumber(ARGV[4])
-for i = 1, n do
-  if redis.pcall('GET', KEYS[i]) ~= ARGV[1] then return 0 end
-end
-for i = 1, n do
-  local c = redis.pcall('GET', KEYS[n + i])
-  if not {COUNTER_VALID} then return -2 end
-end
-for i = 1, n do
-  local c = redis.call('GET', KEYS[n + i])
-  if tonumber(c or '0') < tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[n + i], ARGV[2], 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[n + i], ARGV[3])
-  end
-end
-return 1
-"
-    ))
-});
-
-/// Sets a new TTL (ARGV[2] ms) on every lock key KEYS[1..N] (N = ARGV[3]) if every one
-/// holds our token ARGV[1]; fenced, refreshes the counters KEYS[N+1..2N] to ARGV[4] ms.
-/// Returns 1 when extended, else (nothing extended) -1 when a key holds anything else, 0
-/// when a key is gone.
-pub(in crate::backend::redlock) static EXTEND_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local n = tonumber(ARGV[3])
-local gone = false
-for i = 1, n do
-  local v = redis.pcall('GET', KEYS[i])
-  if not v then
-    gone = true
-  elseif v ~= ARGV[1] then
-    return -1
-  end
-end
-if gone then return 0 end
-for i = 1, n do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
-end
-if #KEYS > n then
-  for i = 1, n do
-    local c = redis.pcall('GET', KEYS[n + i])
-    if c and {COUNTER_VALID} then
-      redis.call('PEXPIRE', KEYS[n + i], ARGV[4])
-    end
-  end
-end
-return 1
-"
-    ))
-});
-
-/// Deletes every lock key KEYS[1..N] (N = ARGV[3]) that holds our token ARGV[1]; when
-/// ARGV[2] is `1`, wakes the waiters that marked a deleted key (KEYS[N+i]) on its release
-/// channel ARGV[3+i]. Answers as
-/// the single-key release ([`ReleaseReply::of`](super::scripts::ReleaseReply::of)): 1 all deleted, 0 some gone, -1 any held
-/// by another. A value this crate did not write (at a lock key or a mark) is left as it is.
-pub(in crate::backend::redlock) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{UNMARK}
-local n = tonumber(ARGV[3])
-local deleted, other = 0, false
-for i = 1, n do
-  local v = redis.pcall('GET', KEYS[i])
-  if v == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    deleted = deleted + 1
-    if ARGV[2] == '1' and unmark(KEYS[n + i]) then
-      redis.call('PUBLISH', ARGV[3 + i], '')
-    end
-  elseif v then
-    other = true
-  end
-end
-if other then return -1 end
-if deleted == n then return 1 end
-return 0
-"
-    ))
-});
 
 /// Which auxiliary key of each lock key a script also gets.
 #[derive(Clone, Copy)]

@@ -1,14 +1,16 @@
-//! The Lua scripts, hashed once (SHA-1 in `redis::Script::new`) and run by `EVALSHA`,
-//! with a fallback to loading them when a node answers `NOSCRIPT` (after a restart, say).
+//! Running the Redlock's Lua scripts ([`crate::backend::lua`]): by `EVALSHA`, with a
+//! fallback to loading them when a node answers `NOSCRIPT` (after a restart, say), and
+//! what their replies mean.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
 use super::keys::Auxiliary;
 use crate::backend::connection::Connection;
+use crate::backend::lua::{ACQUIRE, ACQUIRE_FENCED, RELEASE};
 use crate::backend::node::ReplicaAck;
-use crate::backend::notify::{MARK, UNMARK, released};
+use crate::backend::notify::released;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
@@ -27,28 +29,6 @@ pub(super) fn evalsha(script: &Script, numkeys: usize) -> Cmd {
     cmd
 }
 
-/// Every script, to load on each node when the client is built.
-pub(super) static ALL: &[&LazyLock<Script>] = &[
-    &RELEASE,
-    &ACQUIRE,
-    &ACQUIRE_FENCED,
-    &super::shared::SHARED_ACQUIRE,
-    &super::shared::EXCLUSIVE_ACQUIRE,
-    &super::shared::SHARED_EXTEND,
-    &super::shared::SHARED_RELEASE,
-    &super::fair::FAIR_ACQUIRE,
-    &super::fair::FAIR_LEAVE,
-    &super::multi::ACQUIRE_ALL,
-    &super::multi::FENCE_ALL,
-    &super::multi::EXTEND_ALL,
-    &super::multi::RELEASE_ALL,
-    &super::inspect::INSPECT,
-    &super::inspect::FORCE_RELEASE,
-    #[cfg(feature = "idempotency")]
-    &super::idempotency::BEGIN,
-    #[cfg(feature = "idempotency")]
-    &super::idempotency::FINISH,
-];
 /// Runs an [`evalsha`] command; loads the script and runs it again on `NOSCRIPT`.
 pub(super) async fn run<T: FromRedisValue>(
     conn: &mut Connection,
@@ -62,92 +42,6 @@ pub(super) async fn run<T: FromRedisValue>(
         }
         result => result,
     }
-}
-
-/// Deletes the lock key KEYS[1] only if it holds our token ARGV[1] (the Redis docs'
-/// release script). A release that wakes waiters passes the waiters' mark as KEYS[2] and
-/// the lock's release channel as ARGV[2]: when the mark is there, it deletes it and
-/// publishes on the channel. The cleanup of an attempt that fell short passes no mark: two
-/// waiters that split the nodes would otherwise wake each other in a loop while the holder
-/// keeps the lock. A value this crate did not write (at either key) is left as it is.
-///
-/// Returns 1 when deleted, 0 when the key is gone, and -1 when it holds anything else.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-{UNMARK}
-local v = redis.pcall('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if KEYS[2] and unmark(KEYS[2]) then
-    redis.call('PUBLISH', ARGV[2], '')
-  end
-  return 1
-elseif not v then
-  return 0
-end
-return -1
-"
-    ))
-});
-
-/// An attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free, else the holder's
-/// `PTTL`, in the same reply, so that a refusal costs one round trip; a waiter's attempt
-/// (ARGV[3] not `0`) also sets the waiters' mark KEYS[2] for ARGV[3] ms, atomically with
-/// the check. Answers as every acquisition script ([`Attempted::decode`]). A lock key
-/// holding anything (another client's token, or a value of another type) is held.
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&set_or_pttl("", "0", "ARGV[3] ~= '0'")));
-
-/// Holds for the fencing counter `c` (read with `redis.pcall('GET', ..)`) when it is unset
-/// or a decimal integer below 2^53 (exact as a Lua number).
-pub(super) const COUNTER_VALID: &str = "(not c or (type(c) == 'string' and #c <= 16 and string.match(c, '^%d+$') and tonumber(c) < 9007199254740992))";
-
-/// Lua that defines `foreign(key, kind)`: whether `key` holds a value of another type than
-/// `kind` (a Redis `TYPE` name), which this crate did not write and leaves as it is.
-pub(super) const FOREIGN: &str = "local function foreign(key, kind)
-  local t = redis.call('TYPE', key).ok
-  return t ~= kind and t ~= 'none'
-end";
-
-/// [`ACQUIRE`] with the fencing counter KEYS[2], read atomically with the `SET`; the mark
-/// is KEYS[3], set when ARGV[4] is `1`. When ARGV[5] is not `0`, the attempt that sets the
-/// lock also raises the counter by one (expiring in ARGV[5] ms): a client of one node
-/// needs no second round for its fencing token, which is the counter as it stood plus one.
-static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local c = redis.pcall('GET', KEYS[2])
-if not {COUNTER_VALID} then
-  return {{-1, 1}}
-end{}",
-        set_or_pttl(
-            "if ARGV[5] ~= '0' then redis.call('SET', KEYS[2], string.format('%d', tonumber(c or '0') + 1), 'PX', ARGV[5]) end",
-            "tonumber(c or '0')",
-            "ARGV[4] == '1'"
-        )
-    ))
-});
-
-/// The body of both acquisition scripts: `{1, on_set}` when set (after running
-/// `after_set`), else `{0, pttl}`, first setting the waiters' mark (the last key) for
-/// ARGV[3] ms when `waiting` holds.
-fn set_or_pttl(after_set: &str, on_set: &str, waiting: &str) -> String {
-    format!(
-        r"
-{MARK}
-local t = redis.call('PTTL', KEYS[1])
-if t == -2 then
-  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  {after_set}
-  return {{1, {on_set}}}
-end
-if {waiting} then
-  mark(KEYS[#KEYS], ARGV[3])
-end
-return {{0, t}}
-"
-    )
 }
 
 /// One node's answer to a release.
@@ -297,7 +191,8 @@ pub(super) async fn release(
     Ok(ReleaseReply::of(run(&mut conn, &RELEASE, &cmd).await?))
 }
 
-/// Connects to the node, which loads every script ([`ALL`]), and checks that it answers.
+/// Connects to the node, which loads every script
+/// ([`REDLOCK`](crate::backend::lua::REDLOCK)), and checks that it answers.
 pub(super) async fn connect(mut conn: Connection) -> Result<(), NodeFailureReason> {
     let _: Value = conn.query(&redis::cmd("PING")).await?;
     Ok(())

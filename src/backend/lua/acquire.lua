@@ -1,0 +1,25 @@
+-- An attempt on one lock key: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` when the key is free,
+-- else the holder's `PTTL`, in the same reply, so that a refusal costs one round trip. A
+-- lock key holding anything (another client's token, or a value of another type) is held.
+--
+-- KEYS[1]  the lock key
+-- KEYS[2]  the waiters' mark
+-- ARGV[1]  the token
+-- ARGV[2]  the lease TTL, in ms
+-- ARGV[3]  a waiter's attempt: the mark's TTL, in ms, set atomically with the check when
+--          the lock is held; `0`: not a waiter, no mark
+--
+-- Reply, as every acquisition script's:
+--   {1, 0}     set (unfenced: the counter reads 0)
+--   {0, pttl}  held, for `pttl` ms more (-1: no expiry)
+--
+-- Uses lib/mark.lua.
+local t = redis.call('PTTL', KEYS[1])
+if t == -2 then
+  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  return {1, 0}
+end
+if ARGV[3] ~= '0' then
+  mark(KEYS[#KEYS], ARGV[3])
+end
+return {0, t}
