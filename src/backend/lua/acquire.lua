@@ -3,23 +3,23 @@
 -- lock key holding anything (another client's token, or a value of another type) is held.
 --
 -- KEYS[1]  the lock key
--- KEYS[2]  the waiters' mark
+-- KEYS[2]  a waiter's attempt only: the waiters' mark
 -- ARGV[1]  the token
 -- ARGV[2]  the lease TTL, in ms
 -- ARGV[3]  a waiter's attempt: the mark's TTL, in ms, set atomically with the check when
---          the lock is held; `0`: not a waiter, no mark
+--          the lock is held; `0`: not a waiter, no mark (and no KEYS[2])
 --
--- Reply, as every acquisition script's:
---   {1, 0}     set (unfenced: the counter reads 0)
---   {0, pttl}  held, for `pttl` ms more (-1: no expiry)
+-- Reply, as short as `SET`'s, so that the client parses no array:
+--   +OK   set
+--   pttl  (an integer) held, for `pttl` ms more (-1: no expiry)
 --
 -- Uses lib/mark.lua.
 local t = redis.call('PTTL', KEYS[1])
 if t == -2 then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  return {1, 0}
+  return redis.status_reply('OK')
 end
 if ARGV[3] ~= '0' then
-  mark(KEYS[#KEYS], ARGV[3])
+  mark(KEYS[2], ARGV[3])
 end
-return {0, t}
+return t

@@ -143,25 +143,52 @@ pub(super) async fn acquire(
     token: Token,
     attempt: Attempt,
 ) -> Result<Attempted, NodeFailureReason> {
-    let (script, numkeys) = if attempt.fenced {
-        (&*ACQUIRE_FENCED, 3)
-    } else {
-        (&*ACQUIRE, 2)
-    };
-    let mut cmd = evalsha(script, numkeys);
-    cmd.arg(&*key);
-    if attempt.fenced {
-        cmd.arg(Auxiliary::fence(&prefix, &key));
+    if !attempt.fenced {
+        return acquire_unfenced(conn, &prefix, &key, token, attempt).await;
     }
-    cmd.arg(Auxiliary::waiters(&prefix, &key))
+    let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
+    cmd.arg(&*key)
+        .arg(Auxiliary::fence(&prefix, &key))
+        .arg(Auxiliary::waiters(&prefix, &key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
-        .arg(attempt.mark_ms.unwrap_or(0));
-    if attempt.fenced {
-        cmd.arg(if attempt.mark_ms.is_some() { "1" } else { "0" })
-            .arg(attempt.raise_fence_ms.unwrap_or(0));
+        .arg(attempt.mark_ms.unwrap_or(0))
+        .arg(if attempt.mark_ms.is_some() { "1" } else { "0" })
+        .arg(attempt.raise_fence_ms.unwrap_or(0));
+    let slice = std::slice::from_ref(&key);
+    run_attempt(&mut conn, &ACQUIRE_FENCED, &cmd, &prefix, slice).await
+}
+
+/// [`ACQUIRE`]: `+OK` when set, else the holder's `PTTL` as an integer, replies as cheap to
+/// parse as `SET`'s; the waiters' mark is a key only of a waiter's attempt.
+async fn acquire_unfenced(
+    mut conn: Connection,
+    prefix: &str,
+    key: &str,
+    token: Token,
+    attempt: Attempt,
+) -> Result<Attempted, NodeFailureReason> {
+    let mut cmd = evalsha(&ACQUIRE, if attempt.mark_ms.is_some() { 2 } else { 1 });
+    cmd.arg(key);
+    if attempt.mark_ms.is_some() {
+        cmd.arg(Auxiliary::waiters(prefix, key));
     }
-    run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
+    cmd.arg(token.as_bytes())
+        .arg(attempt.ttl_ms)
+        .arg(attempt.mark_ms.unwrap_or(0));
+    let reply = run_acked(&mut conn, Some(&ACQUIRE), &cmd, |v: &Value| {
+        matches!(v, Value::Okay)
+    })
+    .await?;
+    match reply {
+        Value::Okay => Ok(Attempted::Set(0)),
+        Value::Int(pttl_ms) => Ok(Attempted::Held { pttl_ms }),
+        other => Err(NodeFailureReason::from(redis::RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "an acquisition script answered neither OK nor an integer",
+            format!("{other:?}"),
+        )))),
+    }
 }
 
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
