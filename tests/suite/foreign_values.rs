@@ -533,7 +533,7 @@ fn orders(url: String, locks: Locks, runs: Arc<std::sync::atomic::AtomicUsize>) 
                 if let Some(order) = body.strip_prefix("foreign:") {
                     let (role, i) = order.split_once(':').unwrap();
                     let idempotency_key = headers["idempotency-key"].to_str().unwrap();
-                    let lock = scan(&url, &format!("{P}*{idempotency_key}*")).await;
+                    let lock = support::scan(&url, &format!("{P}*{idempotency_key}*")).await;
                     let [lock] = &lock[..] else {
                         panic!("one lock key while the handler runs: {lock:?}");
                     };
@@ -548,33 +548,6 @@ fn orders(url: String, locks: Locks, runs: Arc<std::sync::atomic::AtomicUsize>) 
 }
 
 const FOREIGN: [Foreign; 3] = [Hash, List, Str("not a record")];
-
-/// The keys that match `pattern` on the node at `url`.
-async fn scan(url: &str, pattern: &str) -> Vec<String> {
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        keys.extend(batch);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
-    }
-}
 
 async fn post_order(base: &str, key: &str, body: &str) -> reqwest::Response {
     reqwest::Client::new()
@@ -601,7 +574,7 @@ async fn an_idempotency_record_of_another_type_or_format_is_refused_and_left_as_
     for (i, value) in FOREIGN.into_iter().enumerate() {
         let key = format!("order-retried-{i}");
         assert_eq!(post_order(&base, &key, "first").await.status(), 201);
-        let records = scan(&node.url(), &format!("{P}{{*{key}*}}:record")).await;
+        let records = support::scan(&node.url(), &format!("{P}{{*{key}*}}:record")).await;
         let [record] = &records[..] else {
             panic!("one record: {records:?}");
         };
@@ -625,7 +598,7 @@ async fn an_idempotency_record_of_another_type_or_format_is_refused_and_left_as_
             let first = post_order(&base, &key, &format!("foreign:{role}:{i}")).await;
             assert_eq!(first.status(), 201, "{role}, {value:?}");
             assert_eq!(first.text().await.unwrap(), "created");
-            let locks = scan(&node.url(), &format!("{P}*{key}*")).await;
+            let locks = support::scan(&node.url(), &format!("{P}*{key}*")).await;
             let lock = locks.iter().find(|k| !k.contains('{'));
             let beside = locks.iter().find(|k| k.ends_with(&format!("}}:{role}")));
             let beside = beside.expect("the value the handler wrote");
@@ -692,7 +665,7 @@ async fn a_rate_limit_counter_of_another_type_or_format_is_an_error_and_left_as_
             // A first request finds the layer's key.
             let first = support::post_to(&client, format!("{base}/search")).await;
             assert_eq!(first.status(), 200);
-            let keys = scan(&node.url(), &format!("tower-redlock-rate:{scope}:*")).await;
+            let keys = support::scan(&node.url(), &format!("tower-redlock-rate:{scope}:*")).await;
             let [key] = &keys[..] else {
                 panic!("one key: {keys:?}")
             };

@@ -57,27 +57,9 @@ async fn backends(nodes: &[RedisNode]) -> Vec<(&'static str, Locks)> {
     ]
 }
 
-/// The record keys on `node` (`SCAN` for `*:record`).
+/// The record keys on `node`.
 async fn record_keys(node: &RedisNode) -> Vec<String> {
-    let mut conn = node.conn().await;
-    let mut keys: Vec<String> = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg("*:record")
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        keys.extend(batch);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
-    }
+    support::scan(&node.url(), "*:record").await
 }
 
 #[tokio::test]

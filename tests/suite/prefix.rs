@@ -23,25 +23,8 @@ const LOCKS: &str = "myapp:";
 const RATE: &str = "myapp-rate:";
 const PERMITS: &str = "myapp-concurrency:";
 
-/// The keys on the node (`SCAN`).
 async fn keys(node: &RedisNode) -> Vec<String> {
-    let mut conn = node.conn().await;
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        keys.extend(batch);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
-    }
+    support::scan(&node.url(), "*").await
 }
 
 /// The channels with subscribers on the node (`PUBSUB CHANNELS`).

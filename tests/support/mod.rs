@@ -236,6 +236,33 @@ pub async fn exists(node: &RedisNode, key: &str) -> bool {
         == 1
 }
 
+/// The keys on the node at `url` that match `pattern` (`SCAN ... MATCH`), in no order.
+pub async fn scan(url: &str, pattern: &str) -> Vec<String> {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
 /// Polls `check` every 10 ms until it holds or `within` passes; returns whether it held.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
 where
