@@ -69,8 +69,8 @@ where
         let (max, fingerprint) = (self.max, self.fingerprint.clone());
         let on_rejection = self.on_rejection.clone();
         // Split here, not in the future: a future keeps what it captures until it ends,
-        // so a split inside it would hold the request and its head both (1,160 bytes
-        // instead of 936) and copy the head once more.
+        // so a split inside it would hold the request and its head both, and copy the
+        // head once more.
         let (mut parts, body) = req.into_parts();
         crate::keyed::policy::boxed(|| async move {
             let bytes = match Limited::new(body, max).collect().await {

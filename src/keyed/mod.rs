@@ -1,6 +1,7 @@
 //! The core every keyed middleware shares: [`LockLayer`](crate::LockLayer),
-//! [`RateLimitLayer`](crate::RateLimitLayer), and the ones to come, are a [`KeyedLayer`]
-//! with a policy of their own.
+//! [`RateLimitLayer`](crate::RateLimitLayer), [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)
+//! and [`IdempotencyLayer`](crate::IdempotencyLayer) are a [`KeyedLayer`] with a policy of
+//! their own.
 //!
 //! One request through a keyed layer:
 //!

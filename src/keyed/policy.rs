@@ -16,7 +16,7 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// Boxes the future that `make` returns, written in place: the box is allocated first,
 /// so that the future (an `async` block or `async fn` call, the size of its largest state
 /// however little it holds at first) is not built on the stack and copied into the box
-/// whole. A Redis acquisition's future is about 3.6 KB, of which it holds a few hundred
+/// whole: a Redis acquisition's future is a few kilobytes, of which it holds a few hundred
 /// bytes at first. Coerces to a [`BoxFuture`].
 #[inline(always)]
 pub(crate) fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {

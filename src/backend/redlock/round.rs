@@ -90,7 +90,7 @@ impl Drop for NodeWatch {
 
 /// The node operations of one round, made before it starts (keeping the iterator and its
 /// borrows out of the round's future): one, run in place, or several, each boxed in place
-/// (an operation's future is about 1.9 KB, which a box of a built one would copy).
+/// (an operation's future is large, and a box of a built one would copy it whole).
 pub(super) enum Ops<Fut> {
     One(Fut),
     Many(Vec<Option<Pin<Box<Fut>>>>),
