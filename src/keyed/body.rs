@@ -26,6 +26,8 @@ pin_project! {
     where
         P: Policy,
     {
+        // What the response future already took from the body, handed on first.
+        first: Option<Item>,
         #[pin]
         kind: BodyKind<B, P::Permit>,
     }
@@ -71,7 +73,7 @@ enum Holding<H> {
 
 /// What one poll of a body yields, kept small (it moves with the body): data, trailers
 /// (boxed: they are rare), an error, or the end.
-enum Item {
+pub(crate) enum Item {
     Data(Bytes),
     Trailers(Box<HeaderMap>),
     Error(BoxError),
@@ -79,7 +81,7 @@ enum Item {
 }
 
 impl Item {
-    fn from_poll<E: Into<BoxError>>(polled: Option<Result<Frame<Bytes>, E>>) -> Self {
+    pub(crate) fn from_poll<E: Into<BoxError>>(polled: Option<Result<Frame<Bytes>, E>>) -> Self {
         match polled {
             None => Item::End,
             Some(Err(e)) => Item::Error(e.into()),
@@ -119,7 +121,10 @@ impl<B, P: Policy> fmt::Debug for ResponseBody<B, P> {
             BodyKind::Plain { .. } => "Plain",
             BodyKind::Held { .. } => "Held",
         };
-        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .field("first", &self.first.is_some())
+            .finish()
     }
 }
 
@@ -127,6 +132,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
     /// The layer's own answer: `data`, then `trailers` if any.
     pub(crate) fn answer(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         Self {
+            first: None,
             kind: BodyKind::Answer {
                 data: (!data.is_empty()).then_some(data),
                 trailers,
@@ -134,22 +140,30 @@ impl<B, P: Policy> ResponseBody<B, P> {
         }
     }
 
-    /// The inner body, nothing held.
-    pub(crate) fn plain(body: B) -> Self {
+    /// The inner body, nothing held; `first` (taken from it already) is handed on first.
+    pub(crate) fn plain(body: B, first: Option<Item>) -> Self {
         Self {
+            first,
             kind: BodyKind::Plain { body },
         }
     }
 
-    /// The inner body, holding `permit` until it ends (`lost`: it was lost already, and
-    /// the body streams unprotected). A `grpc` body that loses its permit ends with the
-    /// gRPC status `UNAVAILABLE` in trailers, not an error.
-    pub(crate) fn held(body: B, permit: P::Permit, lost: bool, grpc: bool) -> Self
+    /// The inner body, holding `permit` until it ends; `first` (taken from it already, not
+    /// its last frame) is handed on first. A `grpc` body that loses its permit ends with
+    /// the gRPC status `UNAVAILABLE` in trailers, not an error.
+    pub(crate) fn held(
+        body: B,
+        permit: P::Permit,
+        lost: bool,
+        grpc: bool,
+        first: Option<Item>,
+    ) -> Self
     where
         B: Body,
     {
         let remaining = body.size_hint().exact();
         Self {
+            first,
             kind: BodyKind::Held {
                 body,
                 state: Holding::Streaming { permit, lost, grpc },
@@ -172,7 +186,11 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(first.into_poll());
+        }
+        match this.kind.project() {
             BodyKindProj::Answer { data, trailers } => Poll::Ready(match data.take() {
                 Some(data) => Some(Ok(Frame::data(data))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
@@ -187,6 +205,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
+        match &self.first {
+            Some(Item::End) => return true,
+            Some(_) => return false,
+            None => {}
+        }
         match &self.kind {
             BodyKind::Answer { data, trailers } => data.is_none() && trailers.is_none(),
             BodyKind::Plain { body } => body.is_end_stream(),
@@ -195,7 +218,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
+        let inner = match &self.kind {
             BodyKind::Answer { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -205,13 +228,21 @@ where
                 Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
                 Holding::Done => SizeHint::with_exact(0),
             },
+        };
+        let Some(first) = self.first.as_ref().map(Item::len).filter(|len| *len > 0) else {
+            return inner;
+        };
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(first));
         }
+        hint.set_lower(inner.lower().saturating_add(first));
+        hint
     }
 }
 
 /// One step of a held body: the next frame under the permit, and the release before the
-/// last one is handed on. The one place a held body meets the permit's loss and release:
-/// the response future hands the body on untouched, so the body need not be `Unpin`.
+/// last one is handed on.
 fn poll_held<B, H>(
     mut body: Pin<&mut B>,
     state: &mut Holding<H>,
@@ -268,21 +299,16 @@ where
             None => End::Complete,
             Some(Err(_)) => End::Failed,
             Some(Ok(frame)) => {
-                let last = if let Some(data) = frame.data_ref() {
+                if let Some(data) = frame.data_ref() {
                     permit.on_data(data);
                     if let Some(left) = remaining.as_mut() {
                         *left = left.saturating_sub(data.len() as u64);
                     }
-                    body.is_end_stream() || *remaining == Some(0)
                 } else if let Some(trailers) = frame.trailers_ref() {
                     permit.on_trailers(trailers);
-                    // Trailers are a body's last frame.
-                    true
-                } else {
-                    body.is_end_stream()
-                };
+                }
                 // The last frame: release before the client can see it.
-                if last {
+                if body.is_end_stream() || *remaining == Some(0) {
                     End::Complete
                 } else {
                     return Poll::Ready(polled.map(|r| r.map_err(Into::into)));

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::body::{Item, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
@@ -58,10 +58,12 @@ pin_project! {
             permit: Option<H>,
             lost: bool,
         },
-        // The permit is released before the response is handed on.
+        // The permit is released before the response is handed on; `first` is what was
+        // taken from its body already.
         Releasing {
             release: BoxFuture<()>,
             output: Option<Result<S::Response, S::Error>>,
+            first: Option<Item>,
         },
         // The layer answers itself.
         Answered {
@@ -192,7 +194,7 @@ impl<S, ReqB, P, ResB> Future for ResponseFuture<S, ReqB, P>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     P: Policy,
-    ResB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Unpin,
     ResB::Error: Into<BoxError>,
 {
     type Output = Result<Response<ResponseBody<ResB, P>>, S::Error>;
@@ -250,21 +252,36 @@ where
                         None => ready!(future.poll(cx)),
                     };
                     let Some(held) = permit.take() else {
-                        return Poll::Ready(output.map(|r| r.map(ResponseBody::plain)));
+                        return Poll::Ready(
+                            output.map(|r| r.map(|b| ResponseBody::plain(b, None))),
+                        );
                     };
                     let grpc = matches!(this.answers, Rendering::Grpc);
-                    match finish(held, output, *lost, grpc) {
+                    match finish(held, output, *lost, grpc, cx) {
                         Finish::Ready(output) => return Poll::Ready(output),
-                        Finish::Releasing { release, output } => this.state.set(Phase::Releasing {
+                        Finish::Lost(response) => this.state.set(Phase::Answered {
+                            response: Some(response),
+                        }),
+                        Finish::Releasing {
+                            release,
+                            output,
+                            first,
+                        } => this.state.set(Phase::Releasing {
                             release,
                             output: Some(output),
+                            first,
                         }),
                     }
                 }
-                PhaseProj::Releasing { release, output } => {
+                PhaseProj::Releasing {
+                    release,
+                    output,
+                    first,
+                } => {
                     ready!(release.as_mut().poll(cx));
                     let output = output.take().expect("polled after completion");
-                    return Poll::Ready(output.map(|r| r.map(ResponseBody::plain)));
+                    let first = first.take();
+                    return Poll::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first))));
                 }
                 PhaseProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
@@ -346,42 +363,89 @@ pub(crate) struct Trailers(pub(crate) http::HeaderMap);
 enum Finish<B, P: Policy, E> {
     /// Hand on this.
     Ready(Result<Response<ResponseBody<B, P>>, E>),
-    /// Release first, then hand on the response.
+    /// The permit was lost before the response was handed on: this answer instead.
+    Lost(Response<Bytes>),
+    /// Release first, then hand on the response, with `first` before the rest of its body.
     Releasing {
         release: BoxFuture<()>,
         output: Result<Response<B>, E>,
+        first: Option<Item>,
     },
 }
 
-/// Lets the permit add its headers, and decides when it is released: a permit held until
-/// the body ends goes into the body untouched (the body, which may not be `Unpin`, is
-/// polled only once pinned there, and releases before its last frame is handed on); a
-/// permit released at the head, or after an inner error, is released here, before the
-/// response is handed on.
+/// Lets the permit add its headers, and decides when it is released. A permit held until
+/// the body ends first takes one look at the body: most bodies are ready at once (a
+/// handler's bytes, JSON), and then the permit is released here, before the response head
+/// is handed on, so the head and the body leave together; a body that is not ready, or
+/// not over after its first frame, keeps the permit until it ends.
 fn finish<B, H, E, P>(
     mut held: H,
     output: Result<Response<B>, E>,
     lost: bool,
     grpc: bool,
+    cx: &mut Context<'_>,
 ) -> Finish<B, P, E>
 where
-    B: Body,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
     H: Permit,
     P: Policy<Permit = H>,
 {
-    let (end, output) = match output {
-        Err(e) => (End::Failed, Err(e)),
+    let (end, output, first) = match output {
+        Err(e) => (End::Failed, Err(e), None),
         Ok(response) => {
-            let (mut head, body) = response.into_parts();
-            if held.on_response(&mut head) == Hold::BodyEnd {
-                let body = ResponseBody::held(body, held, lost, grpc);
-                return Finish::Ready(Ok(Response::from_parts(head, body)));
+            let (mut head, mut body) = response.into_parts();
+            let hold = held.on_response(&mut head);
+            // A body that has ended already yields its end to the look below.
+            if hold == Hold::Head {
+                (End::Complete, Ok(Response::from_parts(head, body)), None)
+            } else {
+                let mut peek = |cx: &mut Context<'_>| Pin::new(&mut body).poll_frame(cx);
+                let polled = if lost {
+                    peek(cx).map(Ok)
+                } else {
+                    poll_guarded(&mut held, cx, peek)
+                };
+                let first = match polled {
+                    Poll::Pending => None,
+                    Poll::Ready(Err(Lost)) => {
+                        if held.abort_on_loss() {
+                            return Finish::Lost(held.lost_response());
+                        }
+                        // Streams on unprotected; the body says so.
+                        let body = ResponseBody::held(body, held, true, grpc, None);
+                        return Finish::Ready(Ok(Response::from_parts(head, body)));
+                    }
+                    Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
+                };
+                let (complete, end) = match &first {
+                    None => (false, End::Complete),
+                    Some(Item::End) => (true, End::Complete),
+                    Some(Item::Trailers(trailers)) => {
+                        held.on_trailers(trailers);
+                        (true, End::Complete)
+                    }
+                    Some(Item::Error(_)) => (true, End::Failed),
+                    Some(Item::Data(data)) => {
+                        held.on_data(data);
+                        let over = body.is_end_stream() || body.size_hint().exact() == Some(0);
+                        (over, End::Complete)
+                    }
+                };
+                if !complete {
+                    let body = ResponseBody::held(body, held, lost, grpc, first);
+                    return Finish::Ready(Ok(Response::from_parts(head, body)));
+                }
+                (end, Ok(Response::from_parts(head, body)), first)
             }
-            (End::Complete, Ok(Response::from_parts(head, body)))
         }
     };
     match held.release(end) {
-        Release::Done => Finish::Ready(output.map(|r| r.map(ResponseBody::plain))),
-        Release::Pending(release) => Finish::Releasing { release, output },
+        Release::Done => Finish::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first)))),
+        Release::Pending(release) => Finish::Releasing {
+            release,
+            output,
+            first,
+        },
     }
 }

@@ -57,7 +57,7 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     K: KeyExtractor,
     P: Policy,
-    ResB: http_body::Body<Data = bytes::Bytes>,
+    ResB: http_body::Body<Data = bytes::Bytes> + Unpin,
     ResB::Error: Into<super::policy::BoxError>,
 {
     type Response = Response<ResponseBody<ResB, P>>;

@@ -227,11 +227,7 @@ async fn the_concurrency_limit_on_a_cluster_admits_at_most_the_limit_per_key_acr
         let (client, url) = (client.clone(), format!("{base}/work"));
         tokio::spawn(async move {
             let resp = client.post(url).header("x-tenant", tenant).send().await;
-            // The whole response is read: the permit is released by its end.
-            let resp = resp.unwrap();
-            let status = resp.status().as_u16();
-            resp.bytes().await.unwrap();
-            status
+            resp.unwrap().status().as_u16()
         })
     };
     // One request per tenant is admitted and waits: its permit is held on its key's shard.
