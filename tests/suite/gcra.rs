@@ -64,9 +64,12 @@ async fn a_burst_passes_then_the_next_waits_one_emission_on_redis() {
 /// interval between two allowed requests, at most `burst + t / emission` pass (one more
 /// for the clock readings around each call), and the steady rate is reached.
 ///
-/// The rate is reached only while requests keep coming: a pause between two calls (the
-/// test descheduled on a loaded machine) longer than the burst's worth of emissions loses
-/// the allowance earned beyond the burst, and the lower bound leaves that out.
+/// The rate is reached only while requests keep coming: a pause between two readings of
+/// the limiter's clock (the test descheduled on a loaded machine, between two calls or
+/// within one) longer than the burst's worth of emissions loses the allowance earned
+/// beyond the burst, and the lower bound leaves that out. A call reads the clock between
+/// its send and its answer, so two readings are at most the previous send and this
+/// answer apart.
 async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
     let emission = Duration::from_millis(20);
     let burst = 5;
@@ -77,16 +80,17 @@ async fn never_over_burst_plus_rate(limiters: &[RateLimiter], run: Duration) {
     let mut calls = 0usize;
     // Allowance lost to pauses between calls, in requests.
     let mut lost = 0.0;
-    let mut answered = start;
+    let mut previous_sent = start;
     while start.elapsed() < run {
         let limiter = &limiters[calls % limiters.len()];
         calls += 1;
         let sent = Instant::now();
-        let pause = (sent - answered).as_secs_f64() / emission.as_secs_f64();
+        let usage = limiter.hit("steady", quota).await.unwrap();
+        let answered = Instant::now();
+        let pause = (answered - previous_sent).as_secs_f64() / emission.as_secs_f64();
         // Less than one request's allowance was left when the pause began.
         lost += (pause + 1.0 - burst as f64).max(0.0);
-        let usage = limiter.hit("steady", quota).await.unwrap();
-        answered = Instant::now();
+        previous_sent = sent;
         if !usage.is_exceeded() {
             allowed.push((sent, answered));
         }
