@@ -27,6 +27,12 @@ pub mod error;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+mod future;
 pub mod key;
 #[cfg(any(
     feature = "lock",

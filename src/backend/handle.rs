@@ -12,7 +12,7 @@ use crate::backend::reentry;
 use crate::backend::request::{self, Claim, LockBackend, LockRequest, LockResult, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
-use crate::keyed::policy::boxed;
+use crate::future::boxed;
 use crate::lease::Lease;
 use crate::redact::LogKey;
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
-use crate::keyed::policy::BoxFuture;
+use crate::future::BoxFuture;
 use crate::redact::LogKey;
 
 /// How a held lease, or a concurrency permit, is renewed while the protected work runs

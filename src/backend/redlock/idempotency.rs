@@ -26,7 +26,7 @@ use crate::backend::notify::released;
 use crate::backend::records::Begin;
 use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
-use crate::keyed::policy::boxed;
+use crate::future::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
