@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 #[cfg(doc)]
-use crate::backend::handle::Locks;
+use crate::lock::handle::Locks;
 
 /// What the backend holds for one lock key, as [`Locks::inspect`] found it.
 ///

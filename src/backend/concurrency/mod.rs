@@ -77,7 +77,7 @@ pub enum ConcurrencyError {
 }
 
 /// A renewal that found the permit gone loses it; others are retried.
-impl crate::backend::renewal::RenewError for ConcurrencyError {
+impl crate::renewal::RenewError for ConcurrencyError {
     fn is_gone(&self) -> bool {
         matches!(self, ConcurrencyError::Expired { .. })
     }
