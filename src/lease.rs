@@ -110,7 +110,7 @@ pub struct Lease {
     pub(crate) fencing_token: Option<NonZeroU64>,
     /// Which backend instance issued it (see `backend::next_backend_id`).
     pub(crate) backend: u64,
-    /// Handed back to a request that already held it (`backend::reentry`).
+    /// Handed back to a request that already held it (`lock::reentry`).
     pub(crate) reentered: bool,
 }
 

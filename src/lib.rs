@@ -1,14 +1,23 @@
 #![doc = include_str!("docs/crate.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The layout, from the top down (no module imports from one above it):
-// - the middlewares: `lock` (LockLayer), `rate_limit` (RateLimitLayer), `concurrency`
+// The layout, from the top down (no module imports from one above it; scripts/layering
+// checks it, and holds the order):
+// - the middlewares: `lock` (LockLayer: lock/{layer,policy,body}.rs), `idempotency`
+//   (IdempotencyLayer), `rate_limit` (RateLimitLayer), `concurrency`
 //   (ConcurrencyLimitLayer), `extract` (axum extractors);
 // - `keyed`: the core every keyed middleware is a policy of;
-// - `backend`: the handles (`Locks`, `RateLimiter`), the lease watchdog, and the backends
-//   (in-process; Redlock; the rate-limit stores);
-// - the primitives: `key`, `lease`, `protect`, `rejection` and `problem` (refusals and
-//   their answers), `error`, `observe` (metric names and spans).
+// - the lock domain, in `lock/`: `handle` (`Locks`), `request` (`LockRequest` and the one
+//   acquisition path), `status` (`LeaseStatus`), `watchdog` (renewal, `OnLockLoss`),
+//   `reentry`;
+// - `backend`: storage only: the backends (in process; Redlock; the limiters' stores, with
+//   their handles `RateLimiter`, `ConcurrencyLimiter`), connections, scripts, and the
+//   private contract the lock domain runs them through (`contract`: `LockBackend`, `Claim`,
+//   `LockMode`);
+// - the primitives: `key`, `lease` (`Lease`, `Token`), `renewal` (the schedule a lease and
+//   a concurrency permit share), `future` (boxed futures and errors), `protect`,
+//   `rejection` and `problem` (refusals and their answers), `error`, `redact`, `observe`
+//   (metric names and spans).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
 // the backends with their builders, the extractors and their rejections, the errors,
@@ -27,6 +36,12 @@ pub mod error;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+mod future;
 pub mod key;
 #[cfg(any(
     feature = "lock",
@@ -57,13 +72,12 @@ mod protect;
 pub mod rate_limit;
 mod redact;
 pub mod rejection;
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+mod renewal;
 
 #[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::node::Node;
-#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "lock", feature = "concurrency-limit"))))]
-pub use backend::renewal::Renewal;
 #[cfg(feature = "concurrency-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "concurrency-limit")))]
 pub use concurrency::{
@@ -102,6 +116,9 @@ pub use rate_limit::{
 pub use rate_limit::{RedisRateLimiter, RedisRateLimiterBuilder};
 pub use redact::log_full_keys;
 pub use rejection::{RejectedBy, Rejection, RejectionKind};
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "lock", feature = "concurrency-limit"))))]
+pub use renewal::Renewal;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;

@@ -1,11 +1,9 @@
-//! The operator's view of one lock, as [`Locks::inspect`] finds it.
+//! The operator's view of one lock, as [`Locks::inspect`](crate::Locks::inspect) finds it.
 
 use std::time::Duration;
 
-#[cfg(doc)]
-use crate::backend::handle::Locks;
-
-/// What the backend holds for one lock key, as [`Locks::inspect`] found it.
+/// What the backend holds for one lock key, as [`Locks::inspect`](crate::Locks::inspect)
+/// found it.
 ///
 /// On Redlock, each field gathers every node that answered within the node timeout; a
 /// node that did not answer is left out of the counts (see

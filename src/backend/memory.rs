@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
+use crate::backend::contract::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::hold::HoldTimes;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{
     DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORDS_PER_PRINCIPAL, MemoryRecords,
 };
-use crate::backend::request::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::Waiters;
 use crate::error::{ConfigError, LockError};
@@ -469,16 +469,13 @@ impl MemoryLocks {
         I: IntoIterator,
         I::Item: Into<std::borrow::Cow<'a, str>>,
     {
-        let request = crate::backend::request::LockRequest::all(resources);
+        let request = crate::lock::request::LockRequest::all(resources);
         let (claim, _) = request.resolve(&self.inner.policy)?;
         self.attempt(&claim, LockMode::Plain, Instant::now())
     }
 
-    pub(crate) async fn take(
-        &self,
-        request: crate::backend::request::LockRequest<'_>,
-    ) -> LockResult {
+    pub(crate) async fn take(&self, request: crate::lock::request::LockRequest<'_>) -> LockResult {
         let (claim, options) = request.resolve(&self.inner.policy)?;
-        crate::backend::request::acquire(self, claim, options).await
+        crate::lock::request::acquire(self, claim, options).await
     }
 }

@@ -1,5 +1,7 @@
-//! The backends, the [`Locks`](crate::Locks) handle over them, and what they share; each
-//! submodule's docs open with what it holds.
+//! Storage only: the backends (in process; Redlock's rounds, tally and scripts; the
+//! limiters' stores), their connections, and the private contract the lock domain runs
+//! them through (`contract`); each submodule's docs open with what it holds. Nothing here
+//! imports from the lock domain, the keyed core or the middlewares (scripts/layering).
 
 /// The hash map of the per-key tables: foldhash's fast hasher, seeded at random per map
 /// (keys come from clients, so a fixed seed would let them aim collisions).
@@ -9,9 +11,9 @@ pub(crate) type KeyMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::R
 pub(crate) mod concurrency;
 #[cfg(feature = "redis")]
 pub(crate) mod connection;
-pub(crate) mod fallback;
 #[cfg(feature = "lock")]
-pub(crate) mod handle;
+pub(crate) mod contract;
+pub(crate) mod fallback;
 #[cfg(feature = "lock")]
 pub(crate) mod hold;
 #[cfg(feature = "lock")]
@@ -33,15 +35,7 @@ pub(crate) mod rate_limit;
 pub(crate) mod records;
 #[cfg(all(feature = "lock", feature = "redis"))]
 pub(crate) mod redlock;
-#[cfg(feature = "lock")]
-pub(crate) mod reentry;
-#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
-pub(crate) mod renewal;
-#[cfg(feature = "lock")]
-pub(crate) mod request;
 pub(crate) mod settings;
-#[cfg(feature = "lock")]
-pub(crate) mod status;
 #[cfg(all(
     feature = "redis",
     any(feature = "rate-limit", feature = "concurrency-limit")
@@ -49,8 +43,6 @@ pub(crate) mod status;
 pub(crate) mod store;
 #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 pub(crate) mod wait;
-#[cfg(feature = "lock")]
-pub(crate) mod watchdog;
 
 /// A process-unique id for a backend instance, so that a lease can tell which one issued it.
 #[cfg(feature = "lock")]

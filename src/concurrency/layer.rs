@@ -6,9 +6,9 @@ use http::HeaderName;
 
 use super::policy::ConcurrencyPolicy;
 use crate::backend::concurrency::ConcurrencyLimiter;
-use crate::backend::renewal::Renewal;
 use crate::key::{FnKey, GlobalKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
+use crate::renewal::Renewal;
 
 /// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
 /// across every replica that shares its store, and answers **503 Service Unavailable**

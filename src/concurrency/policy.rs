@@ -12,13 +12,13 @@ use http::{Request, Response, StatusCode, response};
 
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::fallback::User;
-use crate::backend::renewal::{Renewal, Schedule};
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
+use crate::renewal::{Renewal, Schedule};
 
 /// The policy of [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer): its store, limit,
 /// wait for a permit and renewals. Set through the layer's builder methods.

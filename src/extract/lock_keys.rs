@@ -8,11 +8,11 @@ use axum::extract::{FromRef, FromRequest, Request};
 use http::StatusCode;
 
 use super::locked::{LockKey, Locked, LockedRejection, Owned};
-use crate::backend::handle::Locks;
-use crate::backend::status::LeaseStatus;
-use crate::backend::watchdog::{Renewal, Watchdog};
 use crate::error::LockError;
 use crate::key::{KeyError, MAX_KEYS_PER_LEASE, validate_value};
+use crate::lock::handle::Locks;
+use crate::lock::status::LeaseStatus;
+use crate::lock::watchdog::{Renewal, Watchdog};
 use crate::rejection::Rejection;
 
 /// Turns an extracted value into the lock keys [`Locked<T>`] holds: one, or several held
@@ -144,8 +144,7 @@ pub(super) async fn lock<T: LockKeys>(
     let acquired = match &resources[..] {
         [resource] => locks.try_lock(resource).await,
         _ => {
-            let all =
-                crate::backend::request::LockRequest::all(resources.iter().map(String::as_str));
+            let all = crate::lock::request::LockRequest::all(resources.iter().map(String::as_str));
             locks.acquire(all).await
         }
     };

@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use super::lock_keys::LockKeys;
-use crate::backend::handle::Locks;
-use crate::backend::status::LeaseStatus;
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::lock::handle::Locks;
+use crate::lock::status::LeaseStatus;
 use crate::protect::{Lost, Protected, Watch};
 use crate::rejection::Rejection;
 
@@ -325,7 +325,7 @@ mod tests {
 
     use super::*;
     use crate::MemoryLocks;
-    use crate::backend::watchdog::{Renewal, Watchdog};
+    use crate::lock::watchdog::{Renewal, Watchdog};
 
     /// A job id read from the `job` header.
     #[derive(Debug)]

@@ -15,9 +15,9 @@ use super::key::IdempotencyKey;
 use super::policy::IdempotencyPolicy;
 use super::record::Fingerprint;
 use super::service::{Idempotency, ReadBody};
-use crate::backend::handle::Locks;
-use crate::backend::watchdog::Renewal;
 use crate::keyed::{Keyed, KeyedLayer};
+use crate::lock::handle::Locks;
+use crate::lock::watchdog::Renewal;
 use crate::rejection::Rejection;
 
 /// Default record TTL: 24 hours, as Stripe keeps its keys.

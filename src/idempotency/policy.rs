@@ -11,16 +11,16 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
-use crate::backend::handle::{LeaseGuard, Locks};
 use crate::backend::records::{Begin, Owner, RecordOwner};
-use crate::backend::watchdog::Renewal;
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
+use crate::lock::handle::{LeaseGuard, Locks};
 use crate::lock::policy::{LockPermit, refused};
+use crate::lock::watchdog::Renewal;
 use crate::observe::IdempotencyResult;
 use crate::protect::Watch;
 use crate::rejection::{GRPC_MESSAGE, GRPC_STATUS, RejectedBy, Rejection, RejectionKind};

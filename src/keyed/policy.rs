@@ -1,31 +1,13 @@
 //! What sets one keyed middleware apart from another: its [`Policy`], which decides for a
 //! key, and the [`Permit`] an admitted request holds until its response is done.
 
-use std::future::Future;
-use std::pin::Pin;
-
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, response};
 
 use crate::protect::Watch;
 
-/// A boxed future, for decisions and releases that wait on a backend.
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// Boxes the future that `make` returns, written in place: the box is allocated first,
-/// so that the future (an `async` block or `async fn` call, the size of its largest state
-/// however little it holds at first) is not built on the stack and copied into the box
-/// whole: a Redis acquisition's future is a few kilobytes, of which it holds a few hundred
-/// bytes at first. Coerces to a [`BoxFuture`].
-#[inline(always)]
-pub(crate) fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    let uninit = Box::<F>::new_uninit();
-    Box::into_pin(Box::write(uninit, make()))
-}
-
-/// A boxed error, as response bodies report them.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use crate::future::{BoxError, BoxFuture, boxed};
 
 mod sealed {
     pub trait Sealed {}

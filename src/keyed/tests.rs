@@ -470,5 +470,5 @@ fn a_verdict_moves_at_about_the_size_of_its_permit() {
         size_of::<Option<super::policy::Decision<LockPermit>>>() <= size_of::<LockPermit>() + word
     );
     // The watchdog inside the permit makes its schedule only once the work waits.
-    assert!(size_of::<crate::backend::watchdog::Watchdog>() <= 2 * word);
+    assert!(size_of::<crate::lock::watchdog::Watchdog>() <= 2 * word);
 }

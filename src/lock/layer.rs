@@ -6,12 +6,13 @@ use http::HeaderName;
 use http::StatusCode;
 
 use super::policy::LockPolicy;
-use crate::backend::handle::Locks;
-#[cfg(doc)]
-use crate::backend::request::LockRequest;
-use crate::backend::request::{LockMode, Wait};
-use crate::backend::watchdog::{OnLockLoss, Renewal};
+use crate::backend::contract::LockMode;
 use crate::key::{FnKey, FnKeys, HeaderKey, IntoHeaderName, KeyExtractor};
+use crate::lock::handle::Locks;
+#[cfg(doc)]
+use crate::lock::request::LockRequest;
+use crate::lock::request::Wait;
+use crate::lock::watchdog::{OnLockLoss, Renewal};
 use tower_layer::Layer;
 
 use super::body::ReadRequestBody;

@@ -171,11 +171,22 @@
 //! fails closed: a lock silently skipped protects nothing. The handler then has no lease
 //! (take `Option<Lease>` or `Option<LeaseStatus>`).
 
+// The middleware: the layer, its policy over the keyed core, the request body it reads.
 mod body;
 mod layer;
 pub(crate) mod policy;
 #[cfg(test)]
 mod tests;
+
+// The lock domain, below the middlewares and the keyed core, above the backends (no file
+// here imports the middleware's): the `Locks` handle, what a `LockRequest` asks and the one
+// acquisition path that runs it, a lease's live `LeaseStatus`, the renewing watchdog,
+// reentrancy within a request.
+pub(crate) mod handle;
+pub(crate) mod reentry;
+pub(crate) mod request;
+pub(crate) mod status;
+pub(crate) mod watchdog;
 
 pub use body::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_REQUEST_BODY_TIMEOUT, ReadRequestBody, ReadRequestBodyFuture,
@@ -184,13 +195,18 @@ pub use body::{
 pub use layer::{Lock, LockLayer};
 pub use policy::LockPolicy;
 
-pub use crate::backend::handle::Locks;
+// The lock domain, beside the layer: the handle, the request, the lease's status, the
+// watchdog and reentrancy.
+pub use handle::Locks;
+pub use request::LockRequest;
+pub use status::LeaseStatus;
+pub use watchdog::{OnLockLoss, Renewal};
+
+// What the storage below defines: the modes it implements, what it reports, the backends.
+pub use crate::backend::contract::LockMode;
 pub use crate::backend::inspect::LockInspection;
 pub use crate::backend::memory::{MemoryLocks, MemoryLocksBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::backend::redlock::{Redlock, RedlockBuilder};
-pub use crate::backend::request::{LockMode, LockRequest};
-pub use crate::backend::status::LeaseStatus;
-pub use crate::backend::watchdog::{OnLockLoss, Renewal};
 pub use crate::lease::{Lease, Token};

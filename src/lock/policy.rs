@@ -10,15 +10,16 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
+use crate::backend::contract::Claim;
 use crate::backend::fallback::User;
-use crate::backend::handle::{LeaseGuard, Locks};
-use crate::backend::request::{Claim, Options, Wait};
-use crate::backend::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::error::LockError;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
+use crate::lock::handle::{LeaseGuard, Locks};
+use crate::lock::request::{Options, Wait};
+use crate::lock::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::observe;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
@@ -222,7 +223,7 @@ impl Watch for LockPermit {
 
 impl Permit for LockPermit {
     fn scoped<R>(&mut self, poll: impl FnOnce(&mut Self) -> R) -> R {
-        crate::backend::reentry::scoped(self.watchdog.status(), || poll(self))
+        crate::lock::reentry::scoped(self.watchdog.status(), || poll(self))
     }
 
     fn admit<B>(&mut self, request: &mut Request<B>) {

@@ -20,7 +20,7 @@ pub use redis::{
     RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
 };
 
-pub(crate) use crate::keyed::policy::BoxFuture;
+pub(crate) use crate::future::BoxFuture;
 
 /// Why a request got no permit.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum ConcurrencyError {
 }
 
 /// A renewal that found the permit gone loses it; others are retried.
-impl crate::backend::renewal::RenewError for ConcurrencyError {
+impl crate::renewal::RenewError for ConcurrencyError {
     fn is_gone(&self) -> bool {
         matches!(self, ConcurrencyError::Expired { .. })
     }
@@ -210,7 +210,7 @@ impl PermitSlot {
             Some(HeldPermit::Memory { .. }) | None => None,
             // Armed until the release is done: dropped midway, it goes on in the background.
             #[cfg(feature = "redis")]
-            Some(HeldPermit::Redis(_)) => Some(crate::keyed::policy::boxed(|| async move {
+            Some(HeldPermit::Redis(_)) => Some(crate::future::boxed(|| async move {
                 let mut held = self;
                 if let Some(HeldPermit::Redis(slot)) = &held.0 {
                     slot.release().await;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::MemoryLocks;
+use crate::backend::contract::LockBackend as _;
 use crate::backend::records::{Begin, Owner, record_key};
-use crate::backend::request::LockBackend as _;
 use crate::error::LockError;
 use crate::lease::Lease;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{MemoryLocks, Table};
 use crate::backend::KeyMap;
-use crate::backend::request::{LockBackend as _, LockResult};
+use crate::backend::contract::{LockBackend as _, LockResult};
 use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
@@ -297,7 +297,8 @@ impl Drop for LeaveQueue<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::request::{LockMode, LockRequest};
+    use crate::backend::contract::LockMode;
+    use crate::lock::request::LockRequest;
 
     const ONCE: Duration = Duration::ZERO;
     const LONG: Duration = Duration::from_secs(10);

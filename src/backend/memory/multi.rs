@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{HeldKey, MemoryLocks};
-use crate::backend::request::LockResult;
+use crate::backend::contract::LockResult;
 use crate::error::LockError;
 use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
 use crate::lease::{Lease, Shape, Token};

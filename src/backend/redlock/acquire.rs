@@ -13,7 +13,7 @@ use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::request::{LockBackend, LockMode};
+use crate::backend::contract::{LockBackend, LockMode};
 use crate::backend::settings::Settings;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};

@@ -21,12 +21,12 @@ use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
+use crate::backend::contract::LockBackend;
 use crate::backend::lua::{IDEMPOTENCY_BEGIN, IDEMPOTENCY_FINISH};
 use crate::backend::notify::released;
 use crate::backend::records::Begin;
-use crate::backend::request::LockBackend;
 use crate::error::{LockError, NodeFailureReason};
-use crate::keyed::policy::boxed;
+use crate::future::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 

@@ -44,9 +44,9 @@ use std::time::{Duration, Instant};
 use redis::Client;
 
 use crate::backend::connection::Connection;
+use crate::backend::contract::LockBackend;
 use crate::backend::node::Node;
 use crate::backend::notify::Notifier;
-use crate::backend::request::LockBackend;
 use crate::backend::settings::Settings;
 use crate::backend::wait::Waiters;
 use crate::error::{LockError, NodeFailure, NodeFailureReason};

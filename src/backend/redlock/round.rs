@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::tally::{QuorumVerdict, Rule, Tally, Vote};
 use crate::error::NodeFailureReason;
-use crate::keyed::policy::boxed;
+use crate::future::boxed;
 
 /// What to do with the nodes still answering once the verdict is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

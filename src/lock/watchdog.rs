@@ -9,14 +9,14 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::backend::handle::{LeaseGuard, Locks};
-pub use crate::backend::renewal::Renewal;
-use crate::backend::renewal::{RenewError, Schedule};
-use crate::backend::request::LockRequest;
-use crate::backend::status::{LeaseState, LeaseStatus};
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::lock::handle::{LeaseGuard, Locks};
+use crate::lock::request::LockRequest;
+use crate::lock::status::{LeaseState, LeaseStatus};
 use crate::protect::{Lost, Protected, Watch};
+pub use crate::renewal::Renewal;
+use crate::renewal::{RenewError, Schedule};
 
 /// What the [`LockLayer`](crate::LockLayer) does when the lease is lost while the inner
 /// service runs (a renewal found the token gone, or the validity ran out).

@@ -1,5 +1,5 @@
 //! The renewal schedule every expiring hold shares: a lock's lease (through the
-//! [`Watchdog`](super::watchdog::Watchdog)) and a concurrency limit's permit. A
+//! [`Watchdog`](crate::lock::watchdog::Watchdog)) and a concurrency limit's permit. A
 //! [`Schedule`] extends the hold every `every` up to `max_hold` in all, reports it lost when
 //! a renewal finds it gone or the validity runs out, and retries other failures soon.
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::time::Sleep;
 
-use crate::keyed::policy::BoxFuture;
+use crate::future::BoxFuture;
 use crate::redact::LogKey;
 
 /// How a held lease, or a concurrency permit, is renewed while the protected work runs

@@ -10,8 +10,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use crate::backend::status::LeaseStatus;
 use crate::lease::Lease;
+use crate::lock::status::LeaseStatus;
 
 thread_local! {
     /// The lease of the `LockLayer` whose inner service this thread is polling: set for

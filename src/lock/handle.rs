@@ -3,17 +3,18 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::backend::contract::{Claim, LockBackend, LockResult};
 use crate::backend::fallback::{self, User};
 use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
-use crate::backend::reentry;
-use crate::backend::request::{self, Claim, LockBackend, LockRequest, LockResult, Options, Wait};
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
-use crate::keyed::policy::boxed;
+use crate::future::boxed;
 use crate::lease::Lease;
+use crate::lock::reentry;
+use crate::lock::request::{self, LockRequest, Options, Wait};
 use crate::redact::LogKey;
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
@@ -250,7 +251,9 @@ impl Locks {
         match &self.backend {
             #[cfg(feature = "redis")]
             LockStore::Redis(r) => match claim {
-                Claim::One(key) if once && options.mode == super::request::LockMode::Plain => {
+                Claim::One(key)
+                    if once && options.mode == crate::backend::contract::LockMode::Plain =>
+                {
                     r.acquire(key, false).await
                 }
                 claim => boxed(|| request::acquire(r, claim, options)).await,

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::backend::handle::Locks;
-use crate::backend::renewal::Renewal;
 use crate::lease::Lease;
+use crate::lock::handle::Locks;
+use crate::renewal::Renewal;
 
 /// What a [`Watchdog`](super::watchdog::Watchdog) shares with the [`LeaseStatus`]
 /// handles: the lease, its validity (moved by renewals), the loss, and whether the holder
