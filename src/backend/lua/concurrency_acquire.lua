@@ -17,14 +17,15 @@
 -- ours included.
 --
 -- Uses lib/mark.lua.
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE the permit key holds a value tower-redlock did not write')
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+-- On a key of another type the command fails with WRONGTYPE and changes nothing: no
+-- `TYPE` needed before it.
+local swept = redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if type(swept) == 'table' and swept.err then
+  return redis.error_reply('WRONGTYPE the permit key holds a value tower-redlock did not write')
+end
 local held = redis.call('ZCARD', KEYS[1])
 if held >= tonumber(ARGV[1]) then
   if KEYS[2] then

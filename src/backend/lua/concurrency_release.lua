@@ -10,8 +10,9 @@
 -- Reply: how many permits it removed (0 or 1).
 --
 -- Uses lib/unmark.lua.
-if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then return 0 end
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+-- On a key of another type `ZREM` fails with WRONGTYPE and changes nothing.
+local removed = redis.pcall('ZREM', KEYS[1], ARGV[1])
+if type(removed) ~= 'number' then return 0 end
 if unmark(KEYS[2]) then
   redis.call('PUBLISH', ARGV[2], '')
 end
