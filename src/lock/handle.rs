@@ -477,31 +477,3 @@ impl Drop for LeaseGuard {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_once_used_cannot_be_replaced() {
-        // Any use fixes the default (here, in process): a later choice would leave the
-        // layers built before it locking per process.
-        assert!(Locks::default().is_in_process());
-        assert!(matches!(
-            Locks::set_default(MemoryLocks::new()),
-            Err(ConfigError::DefaultAlreadyChosen { handle: "Locks" })
-        ));
-    }
-
-    #[cfg(feature = "axum")]
-    #[test]
-    fn names_compares_the_escaped_key() {
-        let memory = MemoryLocks::new();
-        let locks = Locks::from(memory.clone());
-        let lease = memory.try_lock("order:{7}").unwrap();
-        assert!(locks.names(&lease, "order:{7}"));
-        assert!(!locks.names(&lease, "order:7"));
-        let other = Locks::from(MemoryLocks::new());
-        assert!(!other.names(&lease, "order:{7}"), "another backend's lease");
-    }
-}
