@@ -45,9 +45,9 @@ pin_project! {
             #[pin]
             body: B,
         },
+        // Pinned in a box: the response future looked at its first frame before handing it on.
         Held {
-            #[pin]
-            body: B,
+            body: Pin<Box<B>>,
             state: Holding<H>,
             // Bytes left to the end, when the body said how many it has.
             remaining: Option<u64>,
@@ -140,11 +140,24 @@ impl<B, P: Policy> ResponseBody<B, P> {
         }
     }
 
-    /// The inner body, nothing held; `first` (taken from it already) is handed on first.
-    pub(crate) fn plain(body: B, first: Option<Item>) -> Self {
+    /// The inner body, nothing held.
+    pub(crate) fn plain(body: B) -> Self {
+        Self {
+            first: None,
+            kind: BodyKind::Plain { body },
+        }
+    }
+
+    /// The inner body, whose permit was released after `first` (taken from it already,
+    /// its last frame) was read: `first` is handed on, then the body's end.
+    pub(crate) fn released(body: Pin<Box<B>>, first: Option<Item>) -> Self {
         Self {
             first,
-            kind: BodyKind::Plain { body },
+            kind: BodyKind::Held {
+                body,
+                state: Holding::Done,
+                remaining: None,
+            },
         }
     }
 
@@ -152,7 +165,7 @@ impl<B, P: Policy> ResponseBody<B, P> {
     /// its last frame) is handed on first. A `grpc` body that loses its permit ends with
     /// the gRPC status `UNAVAILABLE` in trailers, not an error.
     pub(crate) fn held(
-        body: B,
+        body: Pin<Box<B>>,
         permit: P::Permit,
         lost: bool,
         grpc: bool,
@@ -200,7 +213,7 @@ where
                 body,
                 state,
                 remaining,
-            } => poll_held(body, state, remaining, cx),
+            } => poll_held(body.as_mut(), state, remaining, cx),
         }
     }
 

@@ -26,13 +26,13 @@ pin_project! {
     /// It holds the inner service and the request while the decision is pending, so that
     /// the inner service is called only once the request is admitted; it knows nothing of
     /// the layer's settings.
-    pub struct ResponseFuture<S, ReqB, P>
+    pub struct ResponseFuture<S, ReqB, P, ResB>
     where
-        S: Service<Request<ReqB>>,
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
         P: Policy,
     {
         #[pin]
-        state: Phase<S, ReqB, P::Permit>,
+        state: Phase<S, ReqB, P, ResB>,
         // How the layer's own answers are rendered for this request.
         answers: Rendering,
     }
@@ -40,13 +40,14 @@ pin_project! {
 
 pin_project! {
     #[project = PhaseProj]
-    enum Phase<S, ReqB, H>
+    enum Phase<S, ReqB, P, ResB>
     where
-        S: Service<Request<ReqB>>,
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+        P: Policy,
     {
         // Waiting for the backend's answer.
         Deciding {
-            decision: BoxFuture<Verdict<H>>,
+            decision: BoxFuture<Verdict<P::Permit>>,
             call: Option<(S, Request<ReqB>)>,
             fail_open: bool,
         },
@@ -55,15 +56,13 @@ pin_project! {
         Running {
             #[pin]
             future: S::Future,
-            permit: Option<H>,
+            permit: Option<P::Permit>,
             lost: bool,
         },
-        // The permit is released before the response is handed on; `first` is what was
-        // taken from its body already.
+        // The permit is released before the response is handed on.
         Releasing {
             release: BoxFuture<()>,
-            output: Option<Result<S::Response, S::Error>>,
-            first: Option<Item>,
+            output: Option<Result<Response<ResponseBody<ResB, P>>, S::Error>>,
         },
         // The layer answers itself.
         Answered {
@@ -72,9 +71,9 @@ pin_project! {
     }
 }
 
-impl<S, ReqB, P> fmt::Debug for ResponseFuture<S, ReqB, P>
+impl<S, ReqB, P, ResB> fmt::Debug for ResponseFuture<S, ReqB, P, ResB>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
     P: Policy,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,9 +89,9 @@ where
     }
 }
 
-impl<S, ReqB, P> ResponseFuture<S, ReqB, P>
+impl<S, ReqB, P, ResB> ResponseFuture<S, ReqB, P, ResB>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
     P: Policy,
 {
     #[inline]
@@ -112,7 +111,7 @@ where
         answers: Rendering,
     ) -> Self {
         Self {
-            state: Phase::from_verdict::<P>(verdict, fail_open, service, request),
+            state: Phase::from_verdict(verdict, fail_open, service, request),
             answers,
         }
     }
@@ -137,9 +136,14 @@ where
 }
 
 #[inline]
-fn run<S, ReqB, H>(service: &mut S, request: Request<ReqB>, permit: Option<H>) -> Phase<S, ReqB, H>
+fn run<S, ReqB, P, ResB>(
+    service: &mut S,
+    request: Request<ReqB>,
+    permit: Option<P::Permit>,
+) -> Phase<S, ReqB, P, ResB>
 where
-    S: Service<Request<ReqB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    P: Policy,
 {
     Phase::Running {
         future: service.call(request),
@@ -148,14 +152,14 @@ where
     }
 }
 
-impl<S, ReqB, H> Phase<S, ReqB, H>
+impl<S, ReqB, P, ResB> Phase<S, ReqB, P, ResB>
 where
-    S: Service<Request<ReqB>>,
-    H: Permit,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    P: Policy,
 {
     #[inline]
-    fn from_verdict<P: Policy>(
-        verdict: Verdict<H>,
+    fn from_verdict(
+        verdict: Verdict<P::Permit>,
         fail_open: bool,
         service: &mut S,
         mut request: Request<ReqB>,
@@ -190,11 +194,11 @@ where
     }
 }
 
-impl<S, ReqB, P, ResB> Future for ResponseFuture<S, ReqB, P>
+impl<S, ReqB, P, ResB> Future for ResponseFuture<S, ReqB, P, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     P: Policy,
-    ResB: Body<Data = Bytes> + Unpin,
+    ResB: Body<Data = Bytes>,
     ResB::Error: Into<BoxError>,
 {
     type Output = Result<Response<ResponseBody<ResB, P>>, S::Error>;
@@ -215,7 +219,7 @@ where
                     let verdict = ready!(decision.as_mut().poll(cx));
                     let (mut service, request) =
                         call.take().expect("Deciding is left once decided");
-                    let next = Phase::from_verdict::<P>(verdict, *fail_open, &mut service, request);
+                    let next = Phase::from_verdict(verdict, *fail_open, &mut service, request);
                     this.state.set(next);
                 }
                 PhaseProj::Running {
@@ -252,9 +256,7 @@ where
                         None => ready!(future.poll(cx)),
                     };
                     let Some(held) = permit.take() else {
-                        return Poll::Ready(
-                            output.map(|r| r.map(|b| ResponseBody::plain(b, None))),
-                        );
+                        return Poll::Ready(output.map(|r| r.map(ResponseBody::plain)));
                     };
                     let grpc = matches!(this.answers, Rendering::Grpc);
                     match finish(held, output, *lost, grpc, cx) {
@@ -262,26 +264,15 @@ where
                         Finish::Lost(response) => this.state.set(Phase::Answered {
                             response: Some(response),
                         }),
-                        Finish::Releasing {
-                            release,
-                            output,
-                            first,
-                        } => this.state.set(Phase::Releasing {
+                        Finish::Releasing { release, output } => this.state.set(Phase::Releasing {
                             release,
                             output: Some(output),
-                            first,
                         }),
                     }
                 }
-                PhaseProj::Releasing {
-                    release,
-                    output,
-                    first,
-                } => {
+                PhaseProj::Releasing { release, output } => {
                     ready!(release.as_mut().poll(cx));
-                    let output = output.take().expect("polled after completion");
-                    let first = first.take();
-                    return Poll::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first))));
+                    return Poll::Ready(output.take().expect("polled after completion"));
                 }
                 PhaseProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
@@ -365,19 +356,19 @@ enum Finish<B, P: Policy, E> {
     Ready(Result<Response<ResponseBody<B, P>>, E>),
     /// The permit was lost before the response was handed on: this answer instead.
     Lost(Response<Bytes>),
-    /// Release first, then hand on the response, with `first` before the rest of its body.
+    /// Release first, then hand on the response.
     Releasing {
         release: BoxFuture<()>,
-        output: Result<Response<B>, E>,
-        first: Option<Item>,
+        output: Result<Response<ResponseBody<B, P>>, E>,
     },
 }
 
 /// Lets the permit add its headers, and decides when it is released. A permit held until
-/// the body ends first takes one look at the body: most bodies are ready at once (a
-/// handler's bytes, JSON), and then the permit is released here, before the response head
-/// is handed on, so the head and the body leave together; a body that is not ready, or
-/// not over after its first frame, keeps the permit until it ends.
+/// the body ends first takes one look at the body (pinned in a box, so that any body will
+/// do, as tower-http's `TimeoutBody`): most bodies are ready at once (a handler's bytes,
+/// JSON), and then the permit is released here, before the response head is handed on, so
+/// that a client that has read the head never finds the permit still held; a body that is
+/// not ready, or not over after its first frame, keeps the permit until it ends.
 fn finish<B, H, E, P>(
     mut held: H,
     output: Result<Response<B>, E>,
@@ -386,21 +377,21 @@ fn finish<B, H, E, P>(
     cx: &mut Context<'_>,
 ) -> Finish<B, P, E>
 where
-    B: Body<Data = Bytes> + Unpin,
+    B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
     H: Permit,
     P: Policy<Permit = H>,
 {
-    let (end, output, first) = match output {
-        Err(e) => (End::Failed, Err(e), None),
+    let (end, output) = match output {
+        Err(e) => (End::Failed, Err(e)),
         Ok(response) => {
-            let (mut head, mut body) = response.into_parts();
-            let hold = held.on_response(&mut head);
-            // A body that has ended already yields its end to the look below.
-            if hold == Hold::Head {
-                (End::Complete, Ok(Response::from_parts(head, body)), None)
+            let (mut head, body) = response.into_parts();
+            if held.on_response(&mut head) == Hold::Head {
+                let body = ResponseBody::plain(body);
+                (End::Complete, Ok(Response::from_parts(head, body)))
             } else {
-                let mut peek = |cx: &mut Context<'_>| Pin::new(&mut body).poll_frame(cx);
+                let mut body = Box::pin(body);
+                let mut peek = |cx: &mut Context<'_>| body.as_mut().poll_frame(cx);
                 let polled = if lost {
                     peek(cx).map(Ok)
                 } else {
@@ -436,16 +427,13 @@ where
                     let body = ResponseBody::held(body, held, lost, grpc, first);
                     return Finish::Ready(Ok(Response::from_parts(head, body)));
                 }
-                (end, Ok(Response::from_parts(head, body)), first)
+                let body = ResponseBody::released(body, first);
+                (end, Ok(Response::from_parts(head, body)))
             }
         }
     };
     match held.release(end) {
-        Release::Done => Finish::Ready(output.map(|r| r.map(|b| ResponseBody::plain(b, first)))),
-        Release::Pending(release) => Finish::Releasing {
-            release,
-            output,
-            first,
-        },
+        Release::Done => Finish::Ready(output),
+        Release::Pending(release) => Finish::Releasing { release, output },
     }
 }

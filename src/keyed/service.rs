@@ -57,12 +57,12 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     K: KeyExtractor,
     P: Policy,
-    ResB: http_body::Body<Data = bytes::Bytes> + Unpin,
+    ResB: http_body::Body<Data = bytes::Bytes>,
     ResB::Error: Into<super::policy::BoxError>,
 {
     type Response = Response<ResponseBody<ResB, P>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, P>;
+    type Future = ResponseFuture<S, ReqB, P, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
