@@ -2,12 +2,20 @@
 //! and checked keys of a request ([`Claim`]), and the private [`LockBackend`] trait that
 //! [`Locks`](crate::Locks) runs a [`LockRequest`](crate::LockRequest) over.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+#[cfg(feature = "idempotency")]
+use bytes::Bytes;
+
+use crate::backend::inspect::LockInspection;
+#[cfg(feature = "idempotency")]
+use crate::backend::records::{Begin, Owner};
 use crate::backend::settings::Settings;
 use crate::error::LockError;
+use crate::future::{BoxFuture, boxed};
 use crate::lease::{Access, Lease};
 
 /// How a lease holds its key.
@@ -83,29 +91,79 @@ impl Claim {
     }
 }
 
-/// What a lock backend does, mode by mode, for [`acquire`]: one attempt, and a wait of up
-/// to `max_wait` woken by releases. Keys are prefixed and checked.
-pub(crate) trait LockBackend: Sync {
-    fn policy(&self) -> &Settings;
+/// A backend's answer: at once (in process), or a future (over the network).
+pub(crate) enum Answer<T> {
+    Now(T),
+    Later(BoxFuture<T>),
+}
+
+impl<T> Answer<T> {
+    /// The answer of `make`'s future, built in its box.
+    pub(crate) fn later<F>(make: impl FnOnce() -> F) -> Self
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        Answer::Later(boxed(make))
+    }
+
+    pub(crate) async fn get(self) -> T {
+        match self {
+            Answer::Now(value) => value,
+            Answer::Later(future) => future.await,
+        }
+    }
+}
+
+/// What a lock backend does, in the storage's terms: keys are prefixed and checked, and
+/// the lock domain (`lock/`: waits, retries, reentrancy, renewal) runs every request
+/// through these. The in-process store answers at once ([`Answer::Now`]) wherever it need
+/// not wait; Redlock answers with a future.
+pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    fn settings(&self) -> &Settings;
     /// Which backend instance this is (see `backend::next_backend_id`), so that a lease
     /// can tell which one issued it.
     fn id(&self) -> u64;
+    fn in_process(&self) -> bool;
     /// The prefix put before every key.
     fn prefix(&self) -> &str {
-        &self.policy().prefix
+        &self.settings().prefix
     }
-    /// One plain attempt on `key`.
-    fn try_one(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send;
-    /// One attempt on every key of a set.
-    fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send;
-    /// `key` in `mode`, waiting up to `max_wait`; a zero `max_wait` is one attempt (a fair
-    /// one granted only when nobody waits).
-    fn wait(
+    /// One attempt on `claim` in `mode`, from `started` (a fair one is granted only when
+    /// nobody waits); a set in another mode than plain is `Unsupported`.
+    fn attempt(&self, claim: Claim, mode: LockMode, started: Instant) -> Answer<LockResult>;
+    /// `key` in `mode`, waiting up to `max_wait`, woken by releases.
+    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult>;
+    /// The lease extended to a full TTL from now; on error the caller keeps the old one.
+    fn extend(&self, lease: Lease) -> Answer<LockResult>;
+    fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
+    /// The end of a layer's lease: [`unlock`](Self::unlock) with a failure logged (the keys
+    /// left behind expire by their TTL), and in the background if the future is dropped.
+    fn end(&self, lease: Lease) -> Answer<()>;
+    /// Releases without waiting: at once in process, on a spawned task for Redis.
+    fn release_detached(&self, lease: &Lease);
+    /// The `Retry-After` of a contended `key`, from its hold times and what the holder has
+    /// left (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
+    fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration;
+    fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>>;
+    fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>>;
+    /// The idempotency record of `key`, or the lock on `key` when there is none; waits up
+    /// to `max_wait` for a holder to finish.
+    #[cfg(feature = "idempotency")]
+    fn begin_idempotent(
         &self,
         key: Arc<str>,
-        mode: LockMode,
         max_wait: Duration,
-    ) -> impl Future<Output = LockResult> + Send;
+    ) -> Answer<Result<Begin, LockError>>;
+    /// Stores `record` (when given) for `ttl` as one of `owner`'s, and ends the lease as
+    /// [`end`](Self::end) does; a record that a quorum did not take is logged.
+    #[cfg(feature = "idempotency")]
+    fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Option<Bytes>,
+        owner: Owner,
+        ttl: Duration,
+    ) -> Answer<()>;
 }
 
 pub(crate) type LockResult = Result<Lease, LockError>;

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
-use crate::backend::contract::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::hold::HoldTimes;
+use crate::backend::inspect::LockInspection;
 #[cfg(feature = "idempotency")]
 use crate::backend::records::{
     DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_MAX_RECORDS_PER_PRINCIPAL, MemoryRecords,
@@ -17,6 +18,7 @@ use crate::backend::records::{
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::Waiters;
 use crate::error::{ConfigError, LockError};
+use crate::future::{BoxFuture, boxed};
 use crate::lease::{Access, Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
@@ -236,12 +238,6 @@ impl MemoryLocks {
         MemoryLocksBuilder::default()
     }
 
-    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.state()
-            .holds
-            .retry_after(key, self.prefix(), holder_left)
-    }
-
     /// The idempotency records kept with these locks.
     #[cfg(feature = "idempotency")]
     pub(crate) fn records(&self) -> &MemoryRecords {
@@ -312,22 +308,8 @@ impl MemoryLocks {
         }
     }
 
-    /// One attempt, at once, from `now` (read by the caller just before).
-    pub(crate) fn attempt(&self, claim: &Claim, mode: LockMode, now: Instant) -> LockResult {
-        match (claim, mode) {
-            (Claim::One(key), LockMode::Plain) => self.acquire_from(key.clone(), now),
-            (Claim::One(key), LockMode::Shared) => self.acquire_access(key.clone(), Access::Shared),
-            (Claim::One(key), LockMode::Exclusive) => {
-                self.acquire_access(key.clone(), Access::Exclusive)
-            }
-            (Claim::One(key), LockMode::Fair) => self.acquire_fair(key.clone(), None),
-            (Claim::Set(keys), LockMode::Plain) => self.acquire_all(keys),
-            (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
-        }
-    }
-
     /// [`Locks::extend`](crate::Locks::extend) in process: never `NoQuorum` or `TooSlow`.
-    pub(crate) fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+    pub(crate) fn extend_lease(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.extend", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.extend_untraced(lease), observe::lock_verdict)
     }
@@ -347,7 +329,7 @@ impl MemoryLocks {
     }
 
     /// [`Locks::unlock`](crate::Locks::unlock) in process: never `NoQuorum`.
-    pub(crate) fn unlock(&self, lease: &Lease) -> Result<(), LockError> {
+    pub(crate) fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let span = op_span!("tower_redlock.release", lease.key(), self.prefix(), 1);
         observe::traced_now(span, || self.unlock_untraced(lease), observe::lock_verdict)
     }
@@ -393,7 +375,7 @@ impl MemoryLocks {
     }
 
     /// [`Locks::inspect`](crate::Locks::inspect) for a full key.
-    pub(crate) fn inspect_key(&self, key: &str) -> crate::backend::inspect::LockInspection {
+    pub(crate) fn inspect_key(&self, key: &str) -> LockInspection {
         let now = Instant::now();
         let state = self.state();
         let entry = state.keys.get(key);
@@ -401,7 +383,7 @@ impl MemoryLocks {
             .and_then(|k| k.holder.as_ref())
             .and_then(|h| h.left(now));
         let modes = entry.and_then(|k| k.modes.as_deref());
-        crate::backend::inspect::LockInspection {
+        LockInspection {
             key: key.to_owned(),
             nodes_answered: 1,
             nodes_holding: usize::from(remaining.is_some()),
@@ -431,7 +413,7 @@ impl MemoryLocks {
 }
 
 impl LockBackend for MemoryLocks {
-    fn policy(&self) -> &Settings {
+    fn settings(&self) -> &Settings {
         &self.inner.policy
     }
 
@@ -439,20 +421,86 @@ impl LockBackend for MemoryLocks {
         self.inner.id
     }
 
-    fn try_one(&self, key: Arc<str>) -> impl Future<Output = LockResult> + Send {
-        std::future::ready(self.acquire(key))
+    fn in_process(&self) -> bool {
+        true
     }
 
-    fn try_all(&self, keys: Arc<[Arc<str>]>) -> impl Future<Output = LockResult> + Send {
-        std::future::ready(self.acquire_all(&keys))
+    fn attempt(&self, claim: Claim, mode: LockMode, started: Instant) -> Answer<LockResult> {
+        Answer::Now(match (claim, mode) {
+            (Claim::One(key), LockMode::Plain) => self.acquire_from(key, started),
+            (Claim::One(key), LockMode::Shared) => self.acquire_access(key, Access::Shared),
+            (Claim::One(key), LockMode::Exclusive) => self.acquire_access(key, Access::Exclusive),
+            (Claim::One(key), LockMode::Fair) => self.acquire_fair(key, None),
+            (Claim::Set(keys), LockMode::Plain) => self.acquire_all(&keys),
+            (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
+        })
     }
 
-    async fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> LockResult {
-        if mode == LockMode::Fair {
-            self.lock_fair_key_within(key, max_wait).await
-        } else {
-            self.lock_within(key, mode.access(), max_wait).await
+    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult> {
+        let this = self.clone();
+        boxed(|| async move {
+            if mode == LockMode::Fair {
+                this.lock_fair_key_within(key, max_wait).await
+            } else {
+                this.lock_within(key, mode.access(), max_wait).await
+            }
+        })
+    }
+
+    fn extend(&self, mut lease: Lease) -> Answer<LockResult> {
+        Answer::Now(self.extend_lease(&mut lease).map(|()| lease))
+    }
+
+    fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>> {
+        Answer::Now(self.release(&lease))
+    }
+
+    fn end(&self, lease: Lease) -> Answer<()> {
+        let _ = self.release(&lease);
+        Answer::Now(())
+    }
+
+    fn release_detached(&self, lease: &Lease) {
+        let _ = self.release(lease);
+    }
+
+    fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
+        self.state()
+            .holds
+            .retry_after(key, self.prefix(), holder_left)
+    }
+
+    fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>> {
+        Answer::Now(Ok(self.inspect_key(&key)))
+    }
+
+    fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>> {
+        Answer::Now(Ok(self.force_unlock_key(&key)))
+    }
+
+    #[cfg(feature = "idempotency")]
+    fn begin_idempotent(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
+        if max_wait.is_zero() {
+            return Answer::Now(self.begin_idempotent_now(key));
         }
+        let this = self.clone();
+        Answer::later(|| async move { this.begin_idempotent_within(key, max_wait).await })
+    }
+
+    #[cfg(feature = "idempotency")]
+    fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Option<bytes::Bytes>,
+        owner: crate::backend::records::Owner,
+        ttl: Duration,
+    ) -> Answer<()> {
+        self.store_and_release(lease, record, owner, ttl);
+        Answer::Now(())
     }
 }
 
@@ -471,7 +519,10 @@ impl MemoryLocks {
     {
         let request = crate::lock::request::LockRequest::all(resources);
         let (claim, _) = request.resolve(&self.inner.policy)?;
-        self.attempt(&claim, LockMode::Plain, Instant::now())
+        match self.attempt(claim, LockMode::Plain, Instant::now()) {
+            Answer::Now(result) => result,
+            Answer::Later(_) => unreachable!("the in-process store answers at once"),
+        }
     }
 
     pub(crate) async fn take(&self, request: crate::lock::request::LockRequest<'_>) -> LockResult {

@@ -11,6 +11,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
 use super::record::{Fingerprint, Record, kept_headers};
+use crate::backend::contract::Answer;
 use crate::backend::records::{Begin, Owner, RecordOwner};
 use crate::error::LockError;
 use crate::keyed::future::Trailers;
@@ -18,7 +19,7 @@ use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
-use crate::lock::handle::{LeaseGuard, Locks};
+use crate::lock::handle::Locks;
 use crate::lock::policy::{LockPermit, refused};
 use crate::lock::watchdog::Renewal;
 use crate::observe::IdempotencyResult;
@@ -112,20 +113,24 @@ impl Policy for IdempotencyPolicy {
             ));
         };
         let key = Arc::<str>::from(key);
-        if let Some(memory) = self.locks.as_memory().filter(|_| self.max_wait.is_zero()) {
-            let begun = memory.begin_idempotent(key.clone());
-            let begun = begun.map_err(|e| self.locks.estimated(&key, e));
-            return Decision::Ready(self.verdict(begun, fingerprint, owner));
+        match self
+            .locks
+            .backend()
+            .begin_idempotent(key.clone(), self.max_wait)
+        {
+            Answer::Now(begun) => {
+                let begun = begun.map_err(|e| self.locks.estimated(&key, e));
+                Decision::Ready(self.verdict(begun, fingerprint, owner))
+            }
+            Answer::Later(beginning) => {
+                let policy = self.clone();
+                Decision::Pending(boxed(|| async move {
+                    let begun = beginning.await;
+                    let begun = begun.map_err(|e| policy.locks.estimated(&key, e));
+                    policy.verdict(begun, fingerprint, owner)
+                }))
+            }
         }
-        let policy = self.clone();
-        Decision::Pending(boxed(|| async move {
-            let begun = policy
-                .locks
-                .begin_idempotent(key.clone(), policy.max_wait)
-                .await
-                .map_err(|e| policy.locks.estimated(&key, e));
-            policy.verdict(begun, fingerprint, owner)
-        }))
     }
 }
 
@@ -363,17 +368,9 @@ impl Permit for IdempotencyPermit {
         let record = self.record(end);
         let (ttl, owner) = (self.record_ttl, self.owner);
         let (locks, lease) = self.lease.disarm();
-        if let Some(memory) = locks.as_memory() {
-            memory.finish_idempotent(lease, record, owner, ttl);
-            return Release::Done;
+        match locks.backend().finish_idempotent(lease, record, owner, ttl) {
+            Answer::Now(()) => Release::Done,
+            Answer::Later(release) => Release::Pending(release),
         }
-        // Should the future be dropped meanwhile, the guard releases in the background.
-        let mut guard = LeaseGuard::new(locks.clone(), lease.clone());
-        Release::Pending(boxed(|| async move {
-            if let Err(e) = locks.finish_idempotent(lease, record, owner, ttl).await {
-                tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
-            }
-            guard.take();
-        }))
     }
 }

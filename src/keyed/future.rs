@@ -139,14 +139,20 @@ where
 fn run<S, ReqB, P, ResB>(
     service: &mut S,
     request: Request<ReqB>,
-    permit: Option<P::Permit>,
+    mut permit: Option<P::Permit>,
 ) -> Phase<S, ReqB, P, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     P: Policy,
 {
+    let future = match permit.as_mut() {
+        // Called as the request's own: a layer inside that takes the same lock gets this
+        // lease back (reentrancy).
+        Some(permit) => permit.scoped(|_| service.call(request)),
+        None => service.call(request),
+    };
     Phase::Running {
-        future: service.call(request),
+        future,
         permit,
         lost: false,
     }

@@ -1,9 +1,9 @@
 //! [`Locks`]: one cheap handle over either backend.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::backend::contract::{Claim, LockBackend, LockResult};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockResult};
 use crate::backend::fallback::{self, User};
 use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
@@ -11,7 +11,6 @@ use crate::backend::memory::MemoryLocks;
 use crate::backend::redlock::Redlock;
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
-use crate::future::boxed;
 use crate::lease::Lease;
 use crate::lock::reentry;
 use crate::lock::request::{self, LockRequest, Options, Wait};
@@ -24,17 +23,10 @@ use crate::redact::LogKey;
 /// `Locks::from(memory_locks)`; [`Locks::default`] is the app's default backend.
 #[derive(Clone, Debug)]
 pub struct Locks {
-    backend: LockStore,
+    backend: Arc<dyn LockBackend>,
     /// Whether this is the in-process fallback ([`Locks::default`] with no default
     /// chosen), which refuses in a process that built a `Redlock` ([`fallback`]).
     fallback: bool,
-}
-
-#[derive(Clone, Debug)]
-enum LockStore {
-    #[cfg(feature = "redis")]
-    Redis(Redlock),
-    Memory(MemoryLocks),
 }
 
 #[cfg(feature = "redis")]
@@ -42,7 +34,7 @@ enum LockStore {
 impl From<Redlock> for Locks {
     fn from(redis: Redlock) -> Self {
         Self {
-            backend: LockStore::Redis(redis),
+            backend: Arc::new(redis),
             fallback: false,
         }
     }
@@ -51,7 +43,7 @@ impl From<Redlock> for Locks {
 impl From<MemoryLocks> for Locks {
     fn from(memory: MemoryLocks) -> Self {
         Self {
-            backend: LockStore::Memory(memory),
+            backend: Arc::new(memory),
             fallback: false,
         }
     }
@@ -76,7 +68,7 @@ impl Default for Locks {
     fn default() -> Self {
         DEFAULT
             .get_or_init(|| Locks {
-                backend: LockStore::Memory(MemoryLocks::new()),
+                backend: Arc::new(MemoryLocks::new()),
                 fallback: true,
             })
             .clone()
@@ -86,16 +78,7 @@ impl Default for Locks {
 impl Locks {
     /// Whether this is the in-process backend.
     pub fn is_in_process(&self) -> bool {
-        matches!(self.backend, LockStore::Memory(_))
-    }
-
-    /// The in-process backend, when this is one: it answers without `.await`.
-    pub(crate) fn as_memory(&self) -> Option<&MemoryLocks> {
-        match &self.backend {
-            LockStore::Memory(memory) => Some(memory),
-            #[cfg(feature = "redis")]
-            LockStore::Redis(_) => None,
-        }
+        self.backend.in_process()
     }
 
     /// Makes `locks` the app's default backend: every [`LockLayer`](crate::LockLayer) and
@@ -156,19 +139,16 @@ impl Locks {
 
     /// Which backend instance this is (see `backend::next_backend_id`).
     fn id(&self) -> u64 {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.id(),
-            LockStore::Memory(m) => m.id(),
-        }
+        self.backend.id()
     }
 
     fn policy(&self) -> &Settings {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.policy(),
-            LockStore::Memory(m) => m.policy(),
-        }
+        self.backend.settings()
+    }
+
+    /// The backend, for the lock domain's own use (the layers' decisions and releases).
+    pub(crate) fn backend(&self) -> &dyn LockBackend {
+        &*self.backend
     }
 
     /// Takes what `request` asks for: the one way to take a lock, on either backend (the
@@ -222,11 +202,11 @@ impl Locks {
         if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
             return Ok(lease);
         }
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.acquire(key, false).await,
-            LockStore::Memory(m) => m.attempt(&Claim::One(key), Default::default(), Instant::now()),
-        }
+        let plain = crate::backend::contract::LockMode::Plain;
+        self.backend
+            .attempt(Claim::One(key), plain, Instant::now())
+            .get()
+            .await
     }
 
     /// `resource` with the backend's retries: [`acquire`](Self::acquire) with
@@ -239,28 +219,30 @@ impl Locks {
         self.acquire(LockRequest::new(resource).retry()).await
     }
 
-    /// The one acquisition path: keys already prefixed and checked. One attempt in the
-    /// plain mode runs in place; the rest (waits, retries, the other modes) in a box, so
-    /// that the future of the common case stays small.
+    /// The one acquisition path: keys already prefixed and checked.
     pub(crate) async fn acquire_claim(&self, claim: Claim, options: Options) -> LockResult {
-        self.check_chosen()?;
+        self.decide(claim, options, Instant::now()).get().await
+    }
+
+    /// [`acquire_claim`](Self::acquire_claim) as an answer: at once in process unless it
+    /// waits. A request that holds the keys already gets its own lease back (reentrancy).
+    pub(crate) fn decide(
+        &self,
+        claim: Claim,
+        options: Options,
+        started: Instant,
+    ) -> Answer<LockResult> {
+        if let Err(e) = self.check_chosen() {
+            return Answer::Now(Err(e));
+        }
         if let Some(lease) = reentry::held(self.id(), claim.keys()) {
-            return Ok(lease);
+            return Answer::Now(Ok(lease));
         }
-        let once = options.wait == Wait::Once;
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => match claim {
-                Claim::One(key)
-                    if once && options.mode == crate::backend::contract::LockMode::Plain =>
-                {
-                    r.acquire(key, false).await
-                }
-                claim => boxed(|| request::acquire(r, claim, options)).await,
-            },
-            LockStore::Memory(m) if once => m.attempt(&claim, options.mode, Instant::now()),
-            LockStore::Memory(m) => boxed(|| request::acquire(m, claim, options)).await,
+        if options.wait == Wait::Once {
+            return self.backend.attempt(claim, options.mode, started);
         }
+        let backend = self.backend.clone();
+        Answer::later(|| async move { request::acquire(&*backend, claim, options).await })
     }
 
     /// Extends the lease to a full TTL from now (every key of a lease on several keys).
@@ -276,11 +258,8 @@ impl Locks {
             // The request's own lease: its holder renews it.
             return Ok(());
         }
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.extend(lease).await,
-            LockStore::Memory(m) => m.extend(lease),
-        }
+        *lease = self.backend.extend(lease.clone()).get().await?;
+        Ok(())
     }
 
     /// Releases the lease (every key of it that still holds its token; another holder's
@@ -296,54 +275,7 @@ impl Locks {
             // The request's own lease: its holder releases it.
             return Ok(());
         }
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.unlock(lease).await,
-            LockStore::Memory(m) => m.unlock(&lease),
-        }
-    }
-
-    /// Looks for the idempotency record of `key` and, when there is none, acquires `key`;
-    /// waits up to `max_wait` for a holder to finish.
-    #[cfg(feature = "idempotency")]
-    pub(crate) async fn begin_idempotent(
-        &self,
-        key: std::sync::Arc<str>,
-        max_wait: Duration,
-    ) -> Result<crate::backend::records::Begin, LockError> {
-        self.check_chosen()?;
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.begin_idempotent(key, max_wait).await,
-            LockStore::Memory(m) => m.begin_idempotent_within(key, max_wait).await,
-        }
-    }
-
-    /// Stores an idempotency record (when given) for `ttl` and releases the lease.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::NoQuorum`] when too few nodes took the record (a retry may then run
-    /// the request again), [`LockError::Expired`] when the lease had run out.
-    #[cfg(feature = "idempotency")]
-    pub(crate) async fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Result<(), LockError> {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => match record {
-                Some(record) => r.finish_idempotent(lease, record, ttl).await,
-                None => r.unlock(lease).await,
-            },
-            LockStore::Memory(m) => {
-                m.finish_idempotent(lease, record, owner, ttl);
-                Ok(())
-            }
-        }
+        self.backend.unlock(lease).get().await
     }
 
     /// A lock error with the `Retry-After` of a contended `key` estimated from the hold
@@ -352,12 +284,9 @@ impl Locks {
         let LockError::Taken { retry_after: left } = error else {
             return error;
         };
-        let retry_after = match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.retry_estimate(key, left),
-            LockStore::Memory(m) => m.retry_estimate(key, left),
-        };
-        LockError::Taken { retry_after }
+        LockError::Taken {
+            retry_after: self.backend.retry_estimate(key, left),
+        }
     }
 
     /// What the backend holds for `resource`, for an operator: whether it is held, for
@@ -385,11 +314,7 @@ impl Locks {
     pub async fn inspect(&self, resource: &str) -> Result<LockInspection, LockError> {
         self.check_chosen()?;
         let key = self.policy().full_key(resource)?;
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.inspect_key(&key).await,
-            LockStore::Memory(m) => Ok(m.inspect_key(&key)),
-        }
+        self.backend.inspect(key).get().await
     }
 
     /// Deletes the lock on `resource` whoever holds it, on every node that answers: for
@@ -412,11 +337,7 @@ impl Locks {
     pub async fn force_unlock(&self, resource: &str) -> Result<usize, LockError> {
         self.check_chosen()?;
         let key = self.policy().full_key(resource)?;
-        let deleted = match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.force_unlock_key(&key).await?,
-            LockStore::Memory(m) => m.force_unlock_key(&key),
-        };
+        let deleted = self.backend.force_unlock(key.clone()).get().await?;
         tracing::warn!(key = %LogKey(&key), nodes = deleted, "force_unlock: the lock was deleted whoever held it");
         Ok(deleted)
     }
@@ -437,13 +358,7 @@ impl Locks {
     /// Releases without waiting: at once for the in-process backend, on a spawned task for
     /// Redis (the TTL is the backstop when there is no runtime).
     pub(crate) fn release_detached(&self, lease: &Lease) {
-        match &self.backend {
-            #[cfg(feature = "redis")]
-            LockStore::Redis(r) => r.release_lease_detached(lease),
-            LockStore::Memory(m) => {
-                let _ = m.unlock(lease);
-            }
-        }
+        self.backend.release_detached(lease);
     }
 }
 
@@ -462,11 +377,6 @@ impl LeaseGuard {
 
     pub(crate) fn take(&mut self) -> Option<(Locks, Lease)> {
         self.held.take()
-    }
-
-    /// A copy of what is held, leaving the guard armed.
-    pub(crate) fn cloned(&self) -> Option<(Locks, Lease)> {
-        self.held.clone()
     }
 }
 

@@ -10,14 +10,14 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
-use crate::backend::contract::Claim;
+use crate::backend::contract::{Answer, Claim};
 use crate::backend::fallback::User;
 use crate::error::LockError;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
-use crate::lock::handle::{LeaseGuard, Locks};
+use crate::lock::handle::Locks;
 use crate::lock::request::{Options, Wait};
 use crate::lock::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::observe;
@@ -137,18 +137,16 @@ impl LockPolicy {
     /// Acquires at once on the in-process backend when not waiting, else as a future.
     fn decide_claim(&self, claim: Claim, options: Options) -> Decision<LockPermit> {
         let started = Instant::now();
-        if options.wait == Wait::Once
-            && let Some(memory) = self.locks.as_memory()
-        {
-            let acquired = memory.attempt(&claim, options.mode, started);
-            return Decision::Ready(self.verdict(claim.first(), acquired, started));
+        let first = claim.first().clone();
+        match self.locks.decide(claim, options, started) {
+            Answer::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
+            Answer::Later(acquiring) => {
+                let policy = self.clone();
+                Decision::Pending(boxed(|| async move {
+                    policy.verdict(&first, acquiring.await, started)
+                }))
+            }
         }
-        let policy = self.clone();
-        Decision::Pending(boxed(|| async move {
-            let first = claim.first().clone();
-            let acquired = policy.locks.acquire_claim(claim, options).await;
-            policy.verdict(&first, acquired, started)
-        }))
     }
 }
 
@@ -262,22 +260,11 @@ impl Permit for LockPermit {
         }
     }
 
-    fn release(mut self, _end: End) -> Release {
-        if let Some(memory) = self.watchdog.locks().as_memory() {
-            self.armed = false;
-            let _ = memory.unlock(self.watchdog.lease());
-            return Release::Done;
-        }
+    fn release(self, _end: End) -> Release {
         let (locks, lease) = self.disarm();
-        // Should the future be dropped meanwhile, the guard releases in the background.
-        let mut guard = LeaseGuard::new(locks, lease);
-        Release::Pending(boxed(|| async move {
-            if let Some((locks, lease)) = guard.cloned()
-                && let Err(e) = locks.unlock(lease).await
-            {
-                tracing::debug!(error = %e, "lease release");
-            }
-            guard.take();
-        }))
+        match locks.backend().end(lease) {
+            Answer::Now(()) => Release::Done,
+            Answer::Later(release) => Release::Pending(release),
+        }
     }
 }

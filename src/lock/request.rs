@@ -1,7 +1,7 @@
 //! [`LockRequest`]: what to take, as data; [`Locks::acquire`](crate::Locks::acquire) runs it.
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::contract::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::Settings;
@@ -47,7 +47,7 @@ pub(crate) struct Options {
 ///
 /// ```
 /// # async fn demo() -> Result<(), tower_redlock::LockError> {
-/// use std::time::Duration;
+/// use std::time::{Duration, Instant};
 /// use tower_redlock::{LockMode, LockRequest, Locks};
 ///
 /// let locks = Locks::default();
@@ -170,22 +170,23 @@ impl<'a> From<&LockRequest<'a>> for LockRequest<'a> {
 /// Why a set of keys that waits is refused.
 const SET_WAIT: &str = "a lease on several keys waits with retry() only, not wait(..)";
 
-/// The one acquisition path, on either backend: runs a request on prefixed keys.
-pub(crate) async fn acquire<B: LockBackend>(
-    backend: &B,
+/// Runs a request that waits or retries on prefixed keys, on either backend.
+pub(crate) async fn acquire(
+    backend: &dyn LockBackend,
     claim: Claim,
     options: Options,
 ) -> LockResult {
     let mode = options.mode;
+    let attempt = |claim| backend.attempt(claim, mode, Instant::now()).get();
     match (options.wait, claim) {
-        (Wait::Once, claim) => attempt(backend, claim, mode).await,
+        (Wait::Once, claim) => attempt(claim).await,
         // Again after a random retry delay, up to the retry count, while it fails on
         // anything but the request itself.
         (Wait::Retries, claim) => {
-            let policy = backend.policy();
+            let policy = backend.settings();
             let mut retries = 0;
             loop {
-                match attempt(backend, claim.clone(), mode).await {
+                match attempt(claim.clone()).await {
                     Err(e)
                         if !matches!(e, LockError::InvalidKey(_) | LockError::Unsupported(_))
                             && retries < policy.retry_count =>
@@ -200,15 +201,5 @@ pub(crate) async fn acquire<B: LockBackend>(
         (Wait::Within(max_wait), Claim::One(key)) => backend.wait(key, mode, max_wait).await,
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
-    }
-}
-
-/// One attempt, without waiting.
-async fn attempt<B: LockBackend>(backend: &B, claim: Claim, mode: LockMode) -> LockResult {
-    match (claim, mode) {
-        (Claim::One(key), LockMode::Plain) => backend.try_one(key).await,
-        (Claim::One(key), mode) => backend.wait(key, mode, Duration::ZERO).await,
-        (Claim::Set(keys), LockMode::Plain) => backend.try_all(keys).await,
-        (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
     }
 }

@@ -11,7 +11,7 @@ use crate::lease::Lease;
 
 impl MemoryLocks {
     /// The record of `key`, or the lock on `key` when there is none; at once.
-    pub(crate) fn begin_idempotent(&self, key: Arc<str>) -> Result<Begin, LockError> {
+    pub(crate) fn begin_idempotent_now(&self, key: Arc<str>) -> Result<Begin, LockError> {
         let record_key = record_key(self.prefix(), &key);
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
@@ -39,7 +39,7 @@ impl MemoryLocks {
     fn recheck(&self, lease: Lease, record_key: &str) -> Begin {
         match self.records().get(record_key) {
             Some(raw) => {
-                let _ = self.unlock(&lease);
+                let _ = self.release(&lease);
                 Begin::Found(raw)
             }
             None => Begin::Acquired(lease),
@@ -48,7 +48,7 @@ impl MemoryLocks {
 
     /// Stores `record` for `ttl` as one of `owner`'s while the lease is valid, then
     /// releases the lease.
-    pub(crate) fn finish_idempotent(
+    pub(crate) fn store_and_release(
         &self,
         lease: Lease,
         record: Option<bytes::Bytes>,
@@ -59,6 +59,6 @@ impl MemoryLocks {
             self.records()
                 .insert(record_key(self.prefix(), lease.key()), owner, raw, ttl);
         }
-        let _ = self.unlock(&lease);
+        let _ = self.release(&lease);
     }
 }

@@ -348,12 +348,12 @@ mod tests {
         let b = locks.take(read("doc", ONCE)).await.unwrap();
         assert!(a.is_shared() && b.is_shared());
         assert!(is_taken(locks.take(write("doc", ONCE)).await));
-        locks.unlock(&a).unwrap();
-        locks.unlock(&b).unwrap();
+        locks.release(&a).unwrap();
+        locks.release(&b).unwrap();
         let w = locks.take(write("doc", ONCE)).await.unwrap();
         assert!(!w.is_shared());
         assert!(is_taken(locks.take(read("doc", ONCE)).await));
-        locks.unlock(&w).unwrap();
+        locks.release(&w).unwrap();
         assert!(!locks.has_modes("doc"), "nothing left behind");
     }
 
@@ -367,9 +367,9 @@ mod tests {
         });
         assert!(until(&locks, |e| e.writers_waiting > 0).await);
         assert!(is_taken(locks.take(read("doc", ONCE)).await));
-        locks.unlock(&reader).unwrap();
+        locks.release(&reader).unwrap();
         let lease = writer.await.unwrap().unwrap();
-        locks.unlock(&lease).unwrap();
+        locks.release(&lease).unwrap();
         assert!(locks.take(read("doc", ONCE)).await.is_ok());
     }
 
@@ -377,18 +377,18 @@ mod tests {
     async fn shared_leases_extend_and_expire() {
         let locks = locks(Duration::from_millis(50));
         let mut lease = locks.take(read("doc", ONCE)).await.unwrap();
-        locks.extend(&mut lease).unwrap();
+        locks.extend_lease(&mut lease).unwrap();
         // The writer waits out the reader's TTL.
         let w = locks
             .take(write("doc", Duration::from_secs(5)))
             .await
             .unwrap();
         assert!(matches!(
-            locks.extend(&mut lease),
+            locks.extend_lease(&mut lease),
             Err(LockError::Expired { taken_over: false })
         ));
-        assert!(locks.unlock(&lease).is_err());
-        locks.unlock(&w).unwrap();
+        assert!(locks.release(&lease).is_err());
+        locks.release(&w).unwrap();
     }
 
     #[tokio::test]
@@ -402,14 +402,14 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let lease = waiter.take(fair("q", LONG)).await.unwrap();
                 order.lock().unwrap().push(i);
-                waiter.unlock(&lease).unwrap();
+                waiter.release(&lease).unwrap();
             }));
             // Each joins the queue before the next starts.
             assert!(until(&locks, |e| e.queue.len() == i + 1).await);
         }
         // A newcomer does not jump the queue, and leaves it when it gives up.
         assert!(locks.take(fair("q", ONCE)).await.is_err());
-        locks.unlock(&holder).unwrap();
+        locks.release(&holder).unwrap();
         for task in tasks {
             task.await.unwrap();
         }

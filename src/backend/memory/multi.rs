@@ -139,8 +139,8 @@ mod tests {
         assert!(is_taken(locks.try_lock_all(["alice", "bob"])));
         // Alice was not left locked by the attempt.
         let alice = locks.try_lock("alice").unwrap();
-        locks.unlock(&alice).unwrap();
-        locks.unlock(&bob).unwrap();
+        locks.release(&alice).unwrap();
+        locks.release(&bob).unwrap();
         let both = locks.try_lock_all(["bob", "alice"]).unwrap();
         assert_eq!(
             both.keys().collect::<Vec<_>>(),
@@ -149,7 +149,7 @@ mod tests {
         assert_eq!(both.key(), "tower-redlock:alice");
         assert!(is_taken(locks.try_lock("alice")));
         assert!(is_taken(locks.try_lock("bob")));
-        locks.unlock(&both).unwrap();
+        locks.release(&both).unwrap();
         locks.try_lock_all(["alice", "bob"]).unwrap();
     }
 
@@ -181,22 +181,22 @@ mod tests {
     fn extend_and_unlock_act_on_every_key() {
         let locks = MemoryLocks::new();
         let mut both = locks.try_lock_all(["x", "y"]).unwrap();
-        locks.extend(&mut both).unwrap();
+        locks.extend_lease(&mut both).unwrap();
         // One key taken behind the holder's back: the set is lost.
         locks.state().let_go("tower-redlock:y");
         let thief = locks.try_lock("y").unwrap();
         assert!(matches!(
-            locks.extend(&mut both.clone()),
+            locks.extend_lease(&mut both.clone()),
             Err(LockError::Expired { taken_over: true })
         ));
         assert!(matches!(
-            locks.unlock(&both),
+            locks.release(&both),
             Err(LockError::Expired { taken_over: true })
         ));
         // The thief's key was left alone; ours was released.
         assert!(is_taken(locks.try_lock("y")));
         locks.try_lock("x").unwrap();
-        locks.unlock(&thief).unwrap();
+        locks.release(&thief).unwrap();
     }
 
     #[test]

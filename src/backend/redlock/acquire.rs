@@ -13,13 +13,15 @@ use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::contract::{LockBackend, LockMode};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
 use crate::error::{LockError, NodeFailureReason};
+use crate::future::{BoxFuture, boxed};
 use crate::lease::{Lease, Token};
 
 impl LockBackend for Redlock {
-    fn policy(&self) -> &Settings {
+    fn settings(&self) -> &Settings {
         &self.inner.policy
     }
 
@@ -27,30 +29,121 @@ impl LockBackend for Redlock {
         self.inner.id
     }
 
-    fn try_one(&self, key: Arc<str>) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.acquire(key, false)
+    fn in_process(&self) -> bool {
+        false
     }
 
-    fn try_all(
-        &self,
-        keys: Arc<[Arc<str>]>,
-    ) -> impl Future<Output = Result<Lease, LockError>> + Send {
-        self.acquire_all(keys)
+    fn attempt(&self, claim: Claim, mode: LockMode, _started: Instant) -> Answer<LockResult> {
+        let this = self.clone();
+        match (claim, mode) {
+            (Claim::One(key), LockMode::Plain) => {
+                Answer::later(|| async move { this.acquire(key, false).await })
+            }
+            (Claim::Set(keys), LockMode::Plain) => {
+                Answer::later(|| async move { this.acquire_all(keys).await })
+            }
+            (Claim::Set(_), _) => Answer::Now(Err(LockError::Unsupported(SET_MODE))),
+            (Claim::One(key), mode) => Answer::Later(self.wait(key, mode, Duration::ZERO)),
+        }
     }
 
-    async fn wait(
+    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult> {
+        let this = self.clone();
+        boxed(|| async move {
+            match (mode, mode.access()) {
+                (LockMode::Fair, _) => this.lock_fair_key_within(key, max_wait).await,
+                (_, Some(access)) => {
+                    let attempt = |waiting| this.acquire_access(key.clone(), access, waiting);
+                    this.wait_with(key.clone(), max_wait, attempt).await
+                }
+                (_, None) => this.lock_key_within(key, max_wait).await,
+            }
+        })
+    }
+
+    fn extend(&self, mut lease: Lease) -> Answer<LockResult> {
+        let this = self.clone();
+        Answer::later(|| async move { this.extend_lease(&mut lease).await.map(|()| lease) })
+    }
+
+    fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>> {
+        let this = self.clone();
+        Answer::later(|| async move { this.release(lease).await })
+    }
+
+    fn end(&self, lease: Lease) -> Answer<()> {
+        let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
+        Answer::later(|| async move {
+            if let Some((redlock, lease)) = guard.0.clone()
+                && let Err(e) = redlock.release(lease).await
+            {
+                tracing::debug!(error = %e, "lease release");
+            }
+            guard.0.take();
+        })
+    }
+
+    fn release_detached(&self, lease: &Lease) {
+        self.release_lease_detached(lease);
+    }
+
+    fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
+        self.inner
+            .local
+            .retry_after(key, self.prefix(), holder_left)
+    }
+
+    fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>> {
+        let this = self.clone();
+        Answer::later(|| async move { this.inspect_key(&key).await })
+    }
+
+    fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>> {
+        let this = self.clone();
+        Answer::later(|| async move { this.force_unlock_key(&key).await })
+    }
+
+    #[cfg(feature = "idempotency")]
+    fn begin_idempotent(
         &self,
         key: Arc<str>,
-        mode: LockMode,
         max_wait: Duration,
-    ) -> Result<Lease, LockError> {
-        match (mode, mode.access()) {
-            (LockMode::Fair, _) => self.lock_fair_key_within(key, max_wait).await,
-            (_, Some(access)) => {
-                let attempt = |waiting| self.acquire_access(key.clone(), access, waiting);
-                self.wait_with(key.clone(), max_wait, attempt).await
+    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
+        let this = self.clone();
+        Answer::later(|| async move { this.find_or_acquire(key, max_wait).await })
+    }
+
+    #[cfg(feature = "idempotency")]
+    fn finish_idempotent(
+        &self,
+        lease: Lease,
+        record: Option<bytes::Bytes>,
+        _owner: crate::backend::records::Owner,
+        ttl: Duration,
+    ) -> Answer<()> {
+        let Some(record) = record else {
+            return self.end(lease);
+        };
+        let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
+        Answer::later(|| async move {
+            if let Some((redlock, lease)) = guard.0.clone()
+                && let Err(e) = redlock.store_and_release(lease, record, ttl).await
+            {
+                tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
-            (_, None) => self.lock_key_within(key, max_wait).await,
+            guard.0.take();
+        })
+    }
+}
+
+/// Releases the lease in the background when dropped still holding it: a release whose
+/// future was dropped before it ended.
+struct ReleaseOnDrop(Option<(Redlock, Lease)>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some((redlock, lease)) = self.0.take() {
+            redlock.release_lease_detached(&lease);
         }
     }
 }

@@ -106,7 +106,7 @@ async fn read_on(
 impl Redlock {
     /// Finds the record of `key`, or acquires `key` when there is none; with `max_wait`,
     /// waits for a holder to finish (woken by its release) and then finds its record.
-    pub(crate) async fn begin_idempotent(
+    pub(crate) async fn find_or_acquire(
         &self,
         key: Arc<str>,
         max_wait: Duration,
@@ -231,7 +231,7 @@ impl Redlock {
 
     /// Stores `record` for `ttl` on every node and releases the lease there, in one
     /// script per node; succeeds once a quorum stored it.
-    pub(crate) async fn finish_idempotent(
+    pub(crate) async fn store_and_release(
         &self,
         lease: Lease,
         record: Bytes,

@@ -172,7 +172,7 @@ impl Redlock {
 
     /// [`Locks::extend`](crate::Locks::extend) on the nodes (a set: where every key holds
     /// the token), with the verdicts of the module docs; on error the lease is unchanged.
-    pub(crate) async fn extend(&self, lease: &mut Lease) -> Result<(), LockError> {
+    pub(crate) async fn extend_lease(&self, lease: &mut Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.extend",
             lease.key(),
@@ -223,7 +223,7 @@ impl Redlock {
 
     /// [`Locks::unlock`](crate::Locks::unlock) on the nodes: deletes the keys where they
     /// hold the token, with the verdicts of the module docs.
-    pub(crate) async fn unlock(&self, lease: Lease) -> Result<(), LockError> {
+    pub(crate) async fn release(&self, lease: Lease) -> Result<(), LockError> {
         let span = op_span!(
             "tower_redlock.release",
             lease.key(),
@@ -329,12 +329,6 @@ impl Redlock {
     {
         let vote = |_: &T| Vote::For;
         self.on_nodes(Instant::now(), op, vote, Rule::Held, Stragglers::Await)
-    }
-
-    pub(crate) fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.inner
-            .local
-            .retry_after(key, self.prefix(), holder_left)
     }
 
     /// Releases `lease` in the background: for guards dropped outside an async context.
