@@ -10,36 +10,41 @@ use crate::key::{FnKey, GlobalKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 use crate::renewal::Renewal;
 
-/// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
-/// across every replica that shares its store, and answers **503 Service Unavailable**
-/// with `Retry-After` over it; see the [module docs](crate::concurrency).
-///
-/// Cloning the layer shares its store, key extractor and settings.
-///
-/// ```
-/// use axum::{Router, routing::post};
-/// use tower_redlock::ConcurrencyLimitLayer;
-///
-/// // At most 8 exports in flight per tenant.
-/// let app: Router = Router::new()
-///     .route("/export", post(|| async { "exported" }))
-///     .layer(ConcurrencyLimitLayer::by_header("X-Tenant", 8));
-/// ```
-pub type ConcurrencyLimitLayer<K> = KeyedLayer<K, ConcurrencyPolicy>;
+crate::keyed::keyed_middleware! {
+    /// A [`Layer`](tower_layer::Layer) that lets at most `limit` requests per key run at once,
+    /// across every replica that shares its store, and answers **503 Service Unavailable**
+    /// with `Retry-After` over it; see the [module docs](crate::concurrency).
+    ///
+    /// Cloning the layer shares its store, key extractor and settings.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_redlock::ConcurrencyLimitLayer;
+    ///
+    /// // At most 8 exports in flight per tenant.
+    /// let app: Router = Router::new()
+    ///     .route("/export", post(|| async { "exported" }))
+    ///     .layer(ConcurrencyLimitLayer::by_header("X-Tenant", 8));
+    /// ```
+    pub struct ConcurrencyLimitLayer<K> = ConcurrencyPolicy;
 
-/// The service of [`ConcurrencyLimitLayer`]: takes a permit before calling the inner
-/// service `S`.
-pub type ConcurrencyLimit<S, K> = Keyed<S, K, ConcurrencyPolicy>;
+    /// The service of [`ConcurrencyLimitLayer`]: takes a permit before calling the inner
+    /// service `S`. (Named apart from `tower::limit::ConcurrencyLimit`, a limit per
+    /// service.)
+    pub struct ConcurrencyLimitService<S, K> = Keyed<S, K, ConcurrencyPolicy>, via [.inner];
+}
 
 impl<S, K> tower_layer::Layer<S> for ConcurrencyLimitLayer<K> {
-    type Service = ConcurrencyLimit<S, K>;
+    type Service = ConcurrencyLimitService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Keyed::new(inner, self.clone())
+        ConcurrencyLimitService {
+            inner: Keyed::new(inner, self.keyed.clone()),
+        }
     }
 }
 
-impl<S, K: KeyExtractor> ConcurrencyLimit<S, K> {
+impl<S, K: KeyExtractor> ConcurrencyLimitService<S, K> {
     /// A [`ConcurrencyLimitLayer`] over `extractor`; the same as
     /// [`ConcurrencyLimitLayer::new`].
     pub fn layer(extractor: K, limit: u32) -> ConcurrencyLimitLayer<K> {
@@ -68,7 +73,7 @@ impl ConcurrencyLimitLayer<HeaderKey> {
     ///
     /// When `name` is a string that is not a header name.
     pub fn by_header(name: impl IntoHeaderName, limit: u32) -> Self {
-        KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit)).tenant_wide()
+        Self::from_keyed(KeyedLayer::from_header(name, ConcurrencyPolicy::new(limit)).tenant_wide())
     }
 }
 
@@ -83,11 +88,11 @@ impl ConcurrencyLimitLayer<crate::key::PathParamKey> {
     ///
     /// When `name` is empty.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, limit: u32) -> Self {
-        KeyedLayer::from_path_param(
+        Self::from_keyed(KeyedLayer::from_path_param(
             name,
             ConcurrencyPolicy::new(limit),
             "The request has no path parameter to limit on.",
-        )
+        ))
     }
 }
 
@@ -110,11 +115,11 @@ impl<K: KeyExtractor> ConcurrencyLimitLayer<K> {
     /// open, no wait ([`max_wait`](Self::max_wait) zero), [`Renewal::default`],
     /// `Retry-After: 1` over the limit.
     pub fn new(extractor: K, limit: u32) -> Self {
-        KeyedLayer::from_parts(
+        Self::from_keyed(KeyedLayer::from_parts(
             extractor,
             ConcurrencyPolicy::new(limit),
             Cow::Borrowed("The request carries no concurrency limit key."),
-        )
+        ))
     }
 }
 
@@ -150,6 +155,6 @@ impl<K> ConcurrencyLimitLayer<K> {
 
     /// The limit: at most this many requests in flight per key.
     pub fn limit(&self) -> u32 {
-        self.core.policy.limit
+        self.keyed.core.policy.limit
     }
 }

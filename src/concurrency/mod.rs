@@ -2,7 +2,7 @@
 //! downstream), across every replica that shares one Redis: the distributed form of
 //! tower's `ConcurrencyLimitLayer`.
 //!
-//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! For each request the layer (the [keyed core](crate::keyed) with the
 //! [`ConcurrencyPolicy`])
 //! 1. takes the key value with its [`KeyExtractor`](crate::key::KeyExtractor) (a header,
 //!    a path parameter, your function, or one global key) and checks it;
@@ -56,5 +56,5 @@ pub use crate::backend::concurrency::{
     DEFAULT_CONCURRENCY_PREFIX, DEFAULT_CONCURRENCY_TIMEOUT, DEFAULT_PERMIT_TTL,
     RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder,
 };
-pub use layer::{ConcurrencyLimit, ConcurrencyLimitLayer};
+pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitService};
 pub use policy::ConcurrencyPolicy;

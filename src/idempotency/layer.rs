@@ -169,7 +169,7 @@ impl IdempotencyLayer {
     where
         F: Fn(&Rejection) -> http::Response<Bytes> + Send + Sync + 'static,
     {
-        self.keyed = self.keyed.on_rejection(render);
+        self.keyed = self.keyed.on_rejection(std::sync::Arc::new(render));
         self
     }
 

@@ -12,7 +12,7 @@ use crate::protect::{Lost, poll_guarded};
 use crate::rejection::Rejection;
 
 pin_project! {
-    /// The response body of [`Keyed`](super::Keyed): the inner service's body, or the
+    /// The response body of a keyed middleware: the inner service's body, or the
     /// layer's own answer (a problem, `application/problem+json`).
     ///
     /// When the permit is held until the body ends (a lock lease, by default), the body

@@ -19,7 +19,7 @@ use http_body::Body;
 use std::time::Duration;
 
 pin_project! {
-    /// The response future of [`Keyed`](super::Keyed): waits for the policy's decision
+    /// The response future of a keyed middleware: waits for the policy's decision
     /// when the backend is remote, runs the inner service under the permit, and hands the
     /// permit to the [`ResponseBody`] when it is held until the body ends.
     ///

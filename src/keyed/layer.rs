@@ -127,11 +127,9 @@ impl<K, P: Clone> KeyedLayer<K, P> {
         &mut self.core_mut().policy
     }
 
-    /// A fixed scope instead of the extractor's: the key becomes `{scope}:{value}`. Layers
-    /// of one kind (and, for locks, [`Locked`](crate::Locked) extractors) with the same
-    /// scope and value share a lock or a count. The scope is the server's: never build it
-    /// from the request.
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+    // The settings every keyed layer has; documented on the public layers
+    // (`keyed_middleware!`).
+    pub(crate) fn scope(mut self, scope: impl Into<String>) -> Self {
         let scope = scope.into();
         let mut escaped = String::with_capacity(scope.len());
         push_escaped(&mut escaped, &scope);
@@ -139,57 +137,18 @@ impl<K, P: Clone> KeyedLayer<K, P> {
         self
     }
 
-    /// Whether requests without a key pass through, unguarded, instead of getting **400**.
-    /// Default `false`: the key is required. An invalid key is a 400 either way, and a
-    /// server misconfiguration a 500.
-    pub fn optional(mut self, optional: bool) -> Self {
+    pub(crate) fn optional(mut self, optional: bool) -> Self {
         self.core_mut().required = !optional;
         self
     }
 
-    /// Whether the inner service runs when the backend cannot decide (Redis down, or
-    /// slower than its timeout): `true` runs it unguarded, `false` answers **503 Service
-    /// Unavailable** with `Retry-After: 1` and no internal details. Either way the
-    /// counter `tower_redlock_store_unavailable_total` counts the request, and a warning
-    /// is logged at most once per 10 s for each kind of layer. The default is one rule:
-    /// limiters ([`RateLimitLayer`](crate::rate_limit#failing-open),
-    /// [`ConcurrencyLimitLayer`](crate::concurrency#failing-open)) fail open, locks
-    /// ([`LockLayer`](crate::lock#failing-open)) and idempotency fail closed.
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
+    pub(crate) fn fail_open(mut self, fail_open: bool) -> Self {
         self.core_mut().fail_open = fail_open;
         self
     }
 
-    /// Answers this layer's refusals in the application's own format: `render` gets the
-    /// [`Rejection`] (which layer, why, the status, the detail, the retry delay) and
-    /// returns the response an HTTP client gets instead of the default
-    /// `application/problem+json` one. The response carries the rejection in its
-    /// extensions either way. A gRPC request keeps its gRPC answer
-    /// ([`rejection`](crate::rejection#grpc)), the only one a gRPC client can read.
-    ///
-    /// ```
-    /// # #[cfg(feature = "lock")] {
-    /// use bytes::Bytes;
-    /// use http::{Response, header};
-    /// use tower_redlock::LockLayer;
-    ///
-    /// let layer = LockLayer::by_header("Idempotency-Key").on_rejection(|rejection| {
-    ///     let body = format!(r#"{{"error":"{:?}"}}"#, rejection.kind());
-    ///     let mut response = Response::new(Bytes::from(body));
-    ///     *response.status_mut() = rejection.status();
-    ///     response.headers_mut().insert(
-    ///         header::CONTENT_TYPE,
-    ///         header::HeaderValue::from_static("application/json"),
-    ///     );
-    ///     response
-    /// });
-    /// # }
-    /// ```
-    pub fn on_rejection<F>(mut self, render: F) -> Self
-    where
-        F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.core_mut().on_rejection = Some(Arc::new(render));
+    pub(crate) fn on_rejection(mut self, render: Arc<RenderFn>) -> Self {
+        self.core_mut().on_rejection = Some(render);
         self
     }
 }

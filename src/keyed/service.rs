@@ -15,9 +15,9 @@ use crate::keyed::answers::Rendering;
 
 /// The service of a keyed middleware: reads the request's key, asks the policy, and calls
 /// the inner service `S` (or answers itself). [`Lock`](crate::lock::Lock) and
-/// [`RateLimit`](crate::rate_limit::RateLimit) are this type with their policies.
+/// [`RateLimitService`](crate::rate_limit::RateLimitService) wrap it with their policies.
 pub struct Keyed<S, K, P> {
-    inner: S,
+    pub(crate) inner: S,
     core: Arc<Core<K, P>>,
 }
 

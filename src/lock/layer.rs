@@ -18,32 +18,37 @@ use tower_layer::Layer;
 use super::body::ReadRequestBody;
 use crate::keyed::{Keyed, KeyedLayer};
 
-/// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
-/// the [module docs](crate::lock).
-///
-/// Cloning the layer shares its backend, its key extractor and its settings.
-///
-/// ```
-/// use axum::{Router, routing::post};
-/// use tower_redlock::LockLayer;
-///
-/// let app: Router = Router::new()
-///     .route("/orders", post(|| async { "created" }))
-///     .layer(LockLayer::by_header("Idempotency-Key"));
-/// ```
-pub type LockLayer<K> = KeyedLayer<K, LockPolicy>;
+crate::keyed::keyed_middleware! {
+    /// A [`Layer`](tower_layer::Layer) that locks each request on a key taken from it; see
+    /// the [module docs](crate::lock).
+    ///
+    /// Cloning the layer shares its backend, its key extractor and its settings.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_redlock::LockLayer;
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/orders", post(|| async { "created" }))
+    ///     .layer(LockLayer::by_header("Idempotency-Key"));
+    /// ```
+    pub struct LockLayer<K> = LockPolicy;
 
-/// The service of [`LockLayer`]: locks each request before calling the inner service `S`.
-pub type Lock<S, K> = ReadRequestBody<Keyed<S, K, LockPolicy>>;
+    /// The service of [`LockLayer`]: reads the request body (unless streamed), locks the
+    /// request, and calls the inner service `S` under the lease.
+    pub struct Lock<S, K> = ReadRequestBody<Keyed<S, K, LockPolicy>>, via [.inner.inner];
+}
 
 impl<S, K> Layer<S> for LockLayer<K> {
     type Service = Lock<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ReadRequestBody {
-            inner: Keyed::new(inner, self.clone()),
-            rule: self.core.policy.body,
-            on_rejection: self.core.on_rejection.clone(),
+        Lock {
+            inner: ReadRequestBody {
+                inner: Keyed::new(inner, self.keyed.clone()),
+                rule: self.keyed.core.policy.body,
+                on_rejection: self.keyed.core.on_rejection.clone(),
+            },
         }
     }
 }
@@ -73,7 +78,10 @@ impl LockLayer<HeaderKey> {
     /// When `name` is a string that is not a header name, such as `"Idempotency Key"`: a
     /// mistake in the code, found as the app is built.
     pub fn by_header(name: impl IntoHeaderName) -> Self {
-        KeyedLayer::from_header(name, LockPolicy::new(StatusCode::CONFLICT))
+        Self::from_keyed(KeyedLayer::from_header(
+            name,
+            LockPolicy::new(StatusCode::CONFLICT),
+        ))
     }
 }
 
@@ -90,11 +98,11 @@ impl LockLayer<crate::key::PathParamKey> {
     ///
     /// When `name` is empty.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>) -> Self {
-        KeyedLayer::from_path_param(
+        Self::from_keyed(KeyedLayer::from_path_param(
             name,
             LockPolicy::new(StatusCode::LOCKED),
             "The request has no path parameter to lock on.",
-        )
+        ))
     }
 }
 
@@ -160,11 +168,11 @@ impl<K: KeyExtractor> LockLayer<K> {
     /// ([`Locks::default`]), 423 on contention, key required, fail closed, lease held until
     /// the response body has ended.
     pub fn new(extractor: K) -> Self {
-        KeyedLayer::from_parts(
+        Self::from_keyed(KeyedLayer::from_parts(
             extractor,
             LockPolicy::new(StatusCode::LOCKED),
             Cow::Borrowed("The request carries no lock key."),
-        )
+        ))
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`LockLayer`]: take a lock per request before the inner service runs, and hold it until
 //! the response is done.
 //!
-//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! For each request the layer (the [keyed core](crate::keyed) with the
 //! [`LockPolicy`]):
 //! 1. reads the request body whole, before any lock is taken, so that a client that sends
 //!    it slowly holds nothing: at most 1 MiB ([`LockLayer::max_request_body`]; 413 beyond)

@@ -12,38 +12,42 @@ use crate::key::GlobalKey;
 use crate::key::{FnKey, HeaderKey, IntoHeaderName, KeyExtractor};
 use crate::keyed::{Keyed, KeyedLayer};
 
-/// A [`Layer`](tower_layer::Layer) that counts each request against a fixed-window limit
-/// per key and answers **429 Too Many Requests** over it; see the
-/// [module docs](crate::rate_limit).
-///
-/// Cloning the layer shares its backend, key extractor and settings.
-///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, routing::post};
-/// use tower_redlock::{Quota, RateLimitLayer};
-///
-/// # fn main() -> Result<(), tower_redlock::rate_limit::QuotaError> {
-/// let app: Router = Router::new()
-///     .route("/search", post(|| async { "results" }))
-///     .layer(RateLimitLayer::by_peer_ip(Quota::new(100, Duration::from_secs(60))?).scope("search"));
-/// # Ok(()) }
-/// ```
-pub type RateLimitLayer<K> = KeyedLayer<K, RateLimitPolicy>;
+crate::keyed::keyed_middleware! {
+    /// A [`Layer`](tower_layer::Layer) that counts each request against a fixed-window limit
+    /// per key and answers **429 Too Many Requests** over it; see the
+    /// [module docs](crate::rate_limit).
+    ///
+    /// Cloning the layer shares its backend, key extractor and settings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, routing::post};
+    /// use tower_redlock::{Quota, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), tower_redlock::rate_limit::QuotaError> {
+    /// let app: Router = Router::new()
+    ///     .route("/search", post(|| async { "results" }))
+    ///     .layer(RateLimitLayer::by_peer_ip(Quota::new(100, Duration::from_secs(60))?).scope("search"));
+    /// # Ok(()) }
+    /// ```
+    pub struct RateLimitLayer<K> = RateLimitPolicy;
 
-/// The service of [`RateLimitLayer`]: counts each request before calling the inner
-/// service `S`.
-pub type RateLimit<S, K> = Keyed<S, K, RateLimitPolicy>;
+    /// The service of [`RateLimitLayer`]: counts each request before calling the inner
+    /// service `S`. (Named apart from `tower::limit::RateLimit`, a limit per service.)
+    pub struct RateLimitService<S, K> = Keyed<S, K, RateLimitPolicy>, via [.inner];
+}
 
 impl<S, K> tower_layer::Layer<S> for RateLimitLayer<K> {
-    type Service = RateLimit<S, K>;
+    type Service = RateLimitService<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Keyed::new(inner, self.clone())
+        RateLimitService {
+            inner: Keyed::new(inner, self.keyed.clone()),
+        }
     }
 }
 
-impl<S, K: KeyExtractor> RateLimit<S, K> {
+impl<S, K: KeyExtractor> RateLimitService<S, K> {
     /// A [`RateLimitLayer`] over `extractor`; the same as [`RateLimitLayer::new`].
     pub fn layer(extractor: K, quota: Quota) -> RateLimitLayer<K> {
         RateLimitLayer::new(extractor, quota)
@@ -83,7 +87,7 @@ impl RateLimitLayer<HeaderKey> {
     ///
     /// When `name` is a string that is not a header name.
     pub fn by_header(name: impl IntoHeaderName, quota: Quota) -> Self {
-        KeyedLayer::from_header(name, RateLimitPolicy::new(quota)).tenant_wide()
+        Self::from_keyed(KeyedLayer::from_header(name, RateLimitPolicy::new(quota)).tenant_wide())
     }
 }
 
@@ -115,11 +119,11 @@ impl RateLimitLayer<crate::key::PathParamKey> {
     ///
     /// When `name` is empty.
     pub fn by_path_param(name: impl Into<Cow<'static, str>>, quota: Quota) -> Self {
-        KeyedLayer::from_path_param(
+        Self::from_keyed(KeyedLayer::from_path_param(
             name,
             RateLimitPolicy::new(quota),
             "The request has no path parameter to rate limit on.",
-        )
+        ))
     }
 }
 
@@ -152,11 +156,11 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// store ([`RateLimiter::default`]), the extractor's scope, key required, fail open,
     /// policy name `"default"`, no legacy headers.
     pub fn new(extractor: K, quota: Quota) -> Self {
-        KeyedLayer::from_parts(
+        Self::from_keyed(KeyedLayer::from_parts(
             extractor,
             RateLimitPolicy::new(quota),
             Cow::Borrowed("The request carries no rate limit key."),
-        )
+        ))
     }
 }
 
@@ -175,7 +179,7 @@ impl<K> RateLimitLayer<K> {
     /// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until the window resets,
     /// a delay, not a timestamp) wherever `RateLimit` is sent. Default: `false`.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
-        let headers = &self.core.policy.headers;
+        let headers = &self.keyed.core.policy.headers;
         let headers = Arc::new(Headers::new(headers.quota, &headers.name, enabled));
         self.policy_mut().headers = headers;
         self
@@ -196,7 +200,7 @@ impl<K> RateLimitLayer<K> {
             "RateLimitLayer::policy_name({name:?}): not printable ASCII, which the RateLimit \
              headers need"
         );
-        let headers = &self.core.policy.headers;
+        let headers = &self.keyed.core.policy.headers;
         let rebuilt = Headers::new(headers.quota, name, headers.legacy);
         self.policy_mut().headers = Arc::new(rebuilt);
         self
@@ -204,7 +208,7 @@ impl<K> RateLimitLayer<K> {
 
     /// The quota.
     pub fn quota(&self) -> Quota {
-        self.core.policy.quota()
+        self.keyed.core.policy.quota()
     }
 }
 
@@ -217,7 +221,7 @@ mod tests {
         let layer =
             RateLimitLayer::global("1/1".parse().unwrap()).policy_name(r#"per "ip" \ hour"#);
         assert_eq!(
-            layer.core.policy.headers.policy_value,
+            layer.keyed.core.policy.headers.policy_value,
             r#""per \"ip\" \\ hour";q=1;w=1"#
         );
     }
@@ -233,7 +237,7 @@ mod tests {
         let layer = RateLimitLayer::global("1/1".parse().unwrap())
             .policy_name("burst")
             .legacy_headers(true);
-        let headers = &layer.core.policy.headers;
+        let headers = &layer.keyed.core.policy.headers;
         assert!(headers.legacy);
         assert_eq!(headers.policy_value, "\"burst\";q=1;w=1");
     }

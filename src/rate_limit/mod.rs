@@ -1,7 +1,7 @@
 //! [`RateLimitLayer`]: a fixed-window or GCRA rate limit per key, shared by every replica
 //! that uses the same Redis.
 //!
-//! For each request the layer (a [`KeyedLayer`](crate::keyed::KeyedLayer) with the
+//! For each request the layer (the [keyed core](crate::keyed) with the
 //! [`RateLimitPolicy`])
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
 //!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
@@ -56,5 +56,5 @@ pub use crate::backend::rate_limit::{
 };
 pub use crate::backend::rate_limit::{MemoryRateLimiter, RateLimitError, RateLimiter};
 pub use key::{HeaderOrPeerIp, PeerIpKey};
-pub use layer::{RateLimit, RateLimitLayer};
+pub use layer::{RateLimitLayer, RateLimitService};
 pub use policy::RateLimitPolicy;
