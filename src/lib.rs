@@ -99,8 +99,8 @@ pub use extract::{LockKey, LockKeys, Locked, LockedRejection};
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use lock::{
-    Lease, LeaseStatus, LockInspection, LockLayer, LockMode, LockRequest, Locks, MemoryLocks,
-    MemoryLocksBuilder, OnLockLoss, Token,
+    Lease, LeaseStatus, LockAllLayer, LockAllRequest, LockInspection, LockLayer, LockMode,
+    LockRequest, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Token,
 };
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]

@@ -517,7 +517,9 @@ impl MemoryLocks {
         I: IntoIterator,
         I::Item: Into<std::borrow::Cow<'a, str>>,
     {
-        let request = crate::lock::request::LockRequest::all(resources);
+        let request = crate::lock::request::LockRequest::from(
+            crate::lock::request::LockRequest::all(resources),
+        );
         let (claim, _) = request.resolve(&self.inner.policy)?;
         match self.attempt(claim, LockMode::Plain, Instant::now()) {
             Answer::Now(result) => result,

@@ -192,13 +192,13 @@ pub use body::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_REQUEST_BODY_TIMEOUT, ReadRequestBody, ReadRequestBodyFuture,
     ReadRequestBodyLayer, RequestBody,
 };
-pub use layer::{Lock, LockLayer};
+pub use layer::{Lock, LockAll, LockAllLayer, LockLayer};
 pub use policy::LockPolicy;
 
 // The lock domain, beside the layer: the handle, the request, the lease's status, the
 // watchdog and reentrancy.
 pub use handle::Locks;
-pub use request::LockRequest;
+pub use request::{LockAllRequest, LockRequest};
 pub use status::LeaseStatus;
 pub use watchdog::{OnLockLoss, Renewal};
 

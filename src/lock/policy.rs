@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 
-use crate::backend::contract::{Answer, Claim};
+use crate::backend::contract::{Answer, Claim, LockMode};
 use crate::backend::fallback::User;
 use crate::error::LockError;
 use crate::keyed::policy::{
@@ -127,7 +127,7 @@ impl Policy for LockPolicy {
         // One attempt: a set does not wait (`LockRequest::resolve`).
         let options = Options {
             wait: Wait::Once,
-            ..self.options
+            mode: LockMode::Plain,
         };
         self.decide_claim(Claim::Set(keys.into()), options)
     }

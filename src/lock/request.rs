@@ -84,22 +84,16 @@ impl<'a> LockRequest<'a> {
         }
     }
 
-    /// A request for every resource of `resources` at once, with one lease: all of them or
-    /// none, one token, one validity and, on Redis, one quorum verdict for the set. The
-    /// order does not matter (they are sorted, duplicates dropped), so two callers that
-    /// name the same keys in opposite orders never deadlock. One distinct resource is a
-    /// plain request for it. [`Lease::keys`](crate::Lease::keys) lists what is held.
-    ///
-    /// A set takes [`LockMode::Plain`] only, and waits with [`retry`](Self::retry) only
-    /// ([`Locks::acquire`](crate::Locks::acquire) refuses other combinations).
-    pub fn all<I>(resources: I) -> Self
+    /// A request for every resource of `resources` at once, with one lease: a
+    /// [`LockAllRequest`].
+    pub fn all<I>(resources: I) -> LockAllRequest<'a>
     where
         I: IntoIterator,
         I::Item: Into<Cow<'a, str>>,
     {
-        Self {
-            resources: Resources::All(resources.into_iter().map(Into::into).collect()),
-            options: Options::default(),
+        LockAllRequest {
+            resources: resources.into_iter().map(Into::into).collect(),
+            wait: Wait::Once,
         }
     }
 
@@ -136,7 +130,8 @@ impl<'a> LockRequest<'a> {
                 if keys.len() == 1 {
                     Claim::One(keys.swap_remove(0))
                 } else if self.options.mode != LockMode::Plain {
-                    // What no backend does: a set in another mode than plain, or waiting.
+                    // What no backend does: a set in another mode than plain, or waiting
+                    // (only for a `LockAllRequest` turned into a `LockRequest` by hand).
                     return Err(LockError::Unsupported(SET_MODE));
                 } else if let Wait::Within(_) = self.options.wait {
                     return Err(LockError::Unsupported(SET_WAIT));
@@ -146,6 +141,49 @@ impl<'a> LockRequest<'a> {
             }
         };
         Ok((claim, self.options))
+    }
+}
+
+/// Several resources taken at once with one lease: all of them or none, one token, one
+/// validity and, on Redis, one quorum verdict for the set. The order does not matter (they
+/// are sorted, duplicates dropped), so two callers that name the same keys in opposite
+/// orders never deadlock. One distinct resource is a plain request for it.
+/// [`Lease::keys`](crate::Lease::keys) lists what is held. Built with
+/// [`LockRequest::all`]; [`Locks::acquire`](crate::Locks::acquire) takes it.
+///
+/// A set is held in [`LockMode::Plain`] and waits with [`retry`](Self::retry) only: it has
+/// no mode and no wait to set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct LockAllRequest<'a> {
+    resources: Vec<Cow<'a, str>>,
+    wait: Wait,
+}
+
+impl LockAllRequest<'_> {
+    /// Tries again while a key is held or no quorum answered, as
+    /// [`LockRequest::retry`] does.
+    pub fn retry(mut self) -> Self {
+        self.wait = Wait::Retries;
+        self
+    }
+}
+
+impl<'a> From<LockAllRequest<'a>> for LockRequest<'a> {
+    fn from(request: LockAllRequest<'a>) -> Self {
+        Self {
+            resources: Resources::All(request.resources),
+            options: Options {
+                mode: LockMode::Plain,
+                wait: request.wait,
+            },
+        }
+    }
+}
+
+impl<'a> From<&LockAllRequest<'a>> for LockRequest<'a> {
+    fn from(request: &LockAllRequest<'a>) -> Self {
+        request.clone().into()
     }
 }
 

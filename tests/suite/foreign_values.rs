@@ -201,7 +201,7 @@ async fn a_lock_key_holding_a_foreign_value_is_held_and_left_as_it_is() {
             LockRequest::new(r).mode(LockMode::Fair).wait(WAIT)
         }),
         ("a set, fenced", &fenced, |r| {
-            LockRequest::all([r.clone(), format!("{r}-other")])
+            LockRequest::all([r.clone(), format!("{r}-other")]).into()
         }),
     ];
     let mut case = 0;
@@ -350,7 +350,7 @@ async fn a_fencing_counter_of_another_format_is_an_error_and_left_as_it_is() {
             LockRequest::new(r).mode(LockMode::Exclusive)
         }),
         ("fair", |r| LockRequest::new(r).mode(LockMode::Fair)),
-        ("a set", |r| LockRequest::all([format!("{r}-a"), r])),
+        ("a set", |r| LockRequest::all([format!("{r}-a"), r]).into()),
     ];
     let mut case = 0;
     for (what, request) in requests {
@@ -403,7 +403,7 @@ async fn a_lock_key_taken_over_by_a_foreign_value_is_neither_extended_nor_delete
             case += 1;
             let resource = format!("over-{case}");
             let request = if set {
-                LockRequest::all([resource.clone(), format!("{resource}-b")])
+                LockRequest::all([resource.clone(), format!("{resource}-b")]).into()
             } else {
                 LockRequest::new(resource.clone())
             };
