@@ -17,13 +17,29 @@
 //! - `WORK_MS`: simulated work inside each locked handler (default 50);
 //! - `LOCKING=off`: the same routes without any lock, to see what the lock prevents;
 //! - `RATE_LIMIT`: `LIMIT/SECONDS` (such as `5/10`), a limit on `POST /items/{item_id}/buy`
-//!   per client (the `X-Client-Id` header if present, else the peer IP), counted in the
-//!   first Redis node (or in process). Unset: no limit;
+//!   per client IP (IPv6 per /64), counted in the first Redis node (or in process). Unset:
+//!   no limit;
+//! - `TRUSTED_PROXIES`: comma-separated address ranges of the proxies in front (such as
+//!   `10.0.0.0/8,127.0.0.1/32`): from them, `RATE_LIMIT`'s client IP is the right-most
+//!   `X-Forwarded-For` entry outside the ranges (below); else, and unset, the peer's;
 //! - `IDEMPOTENCY_TTL`: how long `POST /orders` results are kept for replay, in seconds
 //!   (default 86400);
 //! - `MAX_CONCURRENT_BUYS`: at most this many `POST /items/{item_id}/buy` in flight at
 //!   once, across all items and every example process sharing the first Redis node (or the
 //!   cluster, or in process); over it, 503 with `Retry-After`. Unset: no limit.
+//!
+//! Behind a proxy: here curl on 127.0.0.1 plays the trusted proxy and the client
+//! 203.0.113.7 forges a new left-most entry each time; the client still has two buys a
+//! minute, so the loop prints 200, 200, 429 (once `cargo run` has started the server):
+//!
+//! ```text
+//! RATE_LIMIT=2/60 TRUSTED_PROXIES=127.0.0.1/32 cargo run --example flash_sale &
+//! curl -s -o /dev/null -X PUT localhost:3000/items/tv -H 'content-type: application/json' -d '{"stock": 9}'
+//! for forged in 192.0.2.1 192.0.2.2 192.0.2.3; do
+//!   curl -s -o /dev/null -w '%{http_code}\n' -X POST localhost:3000/items/tv/buy \
+//!     -H "X-Forwarded-For: $forged, 203.0.113.7"
+//! done
+//! ```
 //!
 //! Routes:
 //! - `GET /healthz`
@@ -81,6 +97,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
+use tower_redlock::key::{ClientIpKey, ClientIpSource};
 use tower_redlock::{
     ConcurrencyLimitLayer, ConcurrencyLimiter, IdempotencyLayer, Lease, LockKey, LockLayer, Locked,
     Locks, MemoryConcurrencyLimiter, MemoryLocks, MemoryRateLimiter, Problem, Quota,
@@ -357,7 +374,7 @@ fn prometheus() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
 fn app(
     state: AppState,
     locking: bool,
-    rate_limit: Option<RateLimitLayer<tower_redlock::rate_limit::HeaderOrPeerIp>>,
+    rate_limit: Option<RateLimitLayer<ClientIpKey>>,
     buys_in_flight: Option<ConcurrencyLimitLayer<tower_redlock::key::GlobalKey>>,
     metrics: PrometheusHandle,
 ) -> Router {
@@ -431,13 +448,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 86_400,
     });
     let locking = !matches!(std::env::var("LOCKING").as_deref(), Ok("off"));
-    let urls: Vec<String> = std::env::var("REDIS_URLS")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = env_list("REDIS_URLS");
 
     let quota: Option<Quota> = match std::env::var("RATE_LIMIT") {
         Ok(text) => Some(
@@ -455,13 +466,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => None,
     };
 
-    let cluster: Vec<String> = std::env::var("REDIS_CLUSTER")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let cluster = env_list("REDIS_CLUSTER");
     let on_cluster = urls.is_empty() && !cluster.is_empty();
 
     let (locks, store, limiter) = if on_cluster {
@@ -486,8 +491,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             RateLimiter::from(limiter),
         )
     };
+    // The client IP: behind TRUSTED_PROXIES, the right-most X-Forwarded-For entry they did
+    // not write; from any other peer (every one when unset), the peer's own address.
+    let client_ip = ClientIpKey::new(ClientIpSource::RightmostXForwardedFor)
+        .trusted_proxies(env_list("TRUSTED_PROXIES"))
+        .map_err(|e| format!("TRUSTED_PROXIES: {e}"))?;
     let rate_limit = quota.map(|quota| {
-        RateLimitLayer::by_header_or_peer_ip("X-Client-Id", quota)
+        RateLimitLayer::by_client_ip(client_ip, quota)
             .scope("buy")
             .backend(limiter)
     });
@@ -539,6 +549,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The comma-separated entries of the environment variable `name`: none when unset.
+fn env_list(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The locks (one Redlock node: the cluster), the stock and the rate limit, all on one

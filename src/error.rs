@@ -167,7 +167,8 @@ impl fmt::Display for NodeFailure {
 }
 
 /// What is wrong with a [`RedlockBuilder`](crate::RedlockBuilder) or
-/// [`MemoryLocks`](crate::MemoryLocks) configuration, or the choice of a default backend.
+/// [`MemoryLocks`](crate::MemoryLocks) configuration, a client-IP key's trusted proxies
+/// or prefix lengths, or the choice of a default backend.
 ///
 /// Its `Debug` is its `Display` text, so that a `main` that returns it through `?` (as
 /// `Result<(), Box<dyn std::error::Error>>`) prints the message and the fix, not the
@@ -258,6 +259,30 @@ pub enum ConfigError {
         /// The handle whose default it is: `"Locks"`, `"RateLimiter"` or
         /// `"ConcurrencyLimiter"`.
         handle: &'static str,
+    },
+    /// A trusted proxy range given to
+    /// [`ClientIpKey::trusted_proxies`](crate::key::ClientIpKey::trusted_proxies) is neither
+    /// an address with a prefix length (CIDR notation: RFC 4632, section 3.1; RFC 4291,
+    /// section 2.3) nor a single address.
+    #[cfg(feature = "client-ip")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+    #[error(
+        "invalid trusted proxy range {0:?}: write an address with a prefix length, such as 10.0.0.0/8 or 2001:db8::/32, or a single address, such as 192.0.2.10"
+    )]
+    InvalidProxyRange(String),
+    /// A prefix length that groups client addresses
+    /// ([`ClientIpKey::ipv4_prefix`](crate::key::ClientIpKey::ipv4_prefix),
+    /// [`ipv6_prefix`](crate::key::ClientIpKey::ipv6_prefix)) is longer than the address.
+    #[cfg(feature = "client-ip")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+    #[error("invalid {family} prefix length /{len}: it is at most /{max}")]
+    InvalidPrefixLength {
+        /// `"IPv4"` or `"IPv6"`.
+        family: &'static str,
+        /// The length given, in bits.
+        len: u8,
+        /// The longest accepted, in bits: 32 or 128.
+        max: u8,
     },
 }
 

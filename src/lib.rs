@@ -134,7 +134,8 @@ pub use idempotency::IdempotencyLayer;
     feature = "idempotency",
     feature = "rate-limit",
     feature = "concurrency-limit",
-    feature = "redis"
+    feature = "redis",
+    feature = "client-ip"
 ))]
 pub mod guide {
     #![doc = include_str!("docs/guide.md")]
@@ -151,6 +152,6 @@ pub mod guide {
 }
 
 // The README's Rust examples run as doc tests too (the crate docs are src/docs/crate.md).
-#[cfg(all(doctest, feature = "idempotency"))]
+#[cfg(all(doctest, feature = "idempotency", feature = "client-ip"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

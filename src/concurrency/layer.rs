@@ -61,6 +61,25 @@ impl ConcurrencyLimitLayer<GlobalKey> {
     }
 }
 
+#[cfg(feature = "client-ip")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+impl ConcurrencyLimitLayer<crate::key::ClientIpKey> {
+    /// At most `limit` requests in flight per client IP address
+    /// ([`ClientIpKey`](crate::key::ClientIpKey)): the peer's, or behind trusted proxies the
+    /// one their header gives; IPv6 clients by /64. `key` is a `ClientIpKey` or a bare
+    /// [`ClientIpSource`](crate::key::ClientIpSource), which trusts no proxy. The scope is
+    /// `"client-ip"`; serve with `into_make_service_with_connect_info::<SocketAddr>()`.
+    pub fn by_client_ip(key: impl Into<crate::key::ClientIpKey>, limit: u32) -> Self {
+        let key = key.into();
+        let missing = key.missing_detail();
+        Self::from_keyed(KeyedLayer::from_parts(
+            key,
+            ConcurrencyPolicy::new(limit),
+            missing,
+        ))
+    }
+}
+
 impl ConcurrencyLimitLayer<HeaderKey> {
     /// Limits each value of a header, such as a tenant id. The scope is the header name
     /// alone (the key `x-tenant:acme`), so the limit is the tenant's across every route

@@ -5,7 +5,7 @@
 //! For each request the layer (the [keyed core](crate::keyed) with the
 //! [`ConcurrencyPolicy`])
 //! 1. takes the key value with its [`KeyExtractor`](crate::key::KeyExtractor) (a header,
-//!    a path parameter, your function, or one global key) and checks it;
+//!    a path parameter, the client IP, your function, or one global key) and checks it;
 //! 2. takes a permit on `{scope}:{value}` from its store ([`ConcurrencyLimiter`]): on
 //!    Redis one Lua script over a sorted set of expiring permit tokens; in process, a
 //!    count under a short mutex;

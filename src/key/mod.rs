@@ -5,7 +5,8 @@
 //!   default `"tower-redlock:"`), so that one Redis can serve several applications;
 //! - the *scope* belongs to the layer or extractor, so that `/items/{id}` and `/users/{id}`
 //!   with the same id never share a lock;
-//! - the *value* comes from the request: a header, a path parameter, or your function.
+//! - the *value* comes from the request: a header, a path parameter, the client's IP
+//!   address (behind trusted proxies: [`ClientIpKey`]), or your function.
 //!
 //! Keys travel to Redis as `KEYS` arguments of commands and scripts, never spliced into
 //! Lua source, so any byte is safe there; values are still checked (see [`validate_value`])
@@ -82,6 +83,13 @@ pub enum KeyError {
     /// tenant in it.
     #[error("the request does not say whose key it is (no tenant)")]
     MissingTenant,
+    /// The header that a trusted proxy sets for the client's address has none where the
+    /// [`ClientIpKey`] looks: not an IP address, an RFC 7239 `unknown` or obfuscated
+    /// identifier, or a header that must appear once appearing twice.
+    #[cfg(feature = "client-ip")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+    #[error("the {0} header from a trusted proxy has no client IP address where it should")]
+    UnreadableClientIp(HeaderName),
 }
 
 /// Why a request has no key, as the extractor sees it ([`KeyExtractor::no_key`]).
@@ -308,7 +316,8 @@ mod sealed {
 /// Takes a lock key from a request.
 ///
 /// Ready implementations: [`HeaderKey`] (`LockLayer::by_header`), [`PathParamKey`]
-/// (`LockLayer::by_path_param`, feature `axum`) and [`FnKey`] (`LockLayer::by_fn`, a
+/// (`LockLayer::by_path_param`, feature `axum`), [`ClientIpKey`] (the client's address,
+/// behind trusted proxies; feature `client-ip`) and [`FnKey`] (`LockLayer::by_fn`, a
 /// closure). Implement it for anything else; the value is validated by the caller with
 /// [`validate_value`], so an implementation only has to find it.
 pub trait KeyExtractor: Send + Sync + 'static {
@@ -378,8 +387,29 @@ pub trait KeyExtractor: Send + Sync + 'static {
     }
 }
 
+/// The TCP peer's address of this request, IPv4-mapped IPv6 addresses as IPv4: axum's
+/// `ConnectInfo<SocketAddr>` (feature `axum`), else a plain `SocketAddr` extension; `None`
+/// when the server recorded neither.
+#[cfg(any(feature = "rate-limit", feature = "client-ip"))]
+pub(crate) fn peer_ip(parts: &Parts) -> Option<std::net::IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+    {
+        return Some(info.0.ip().to_canonical());
+    }
+    let addr = parts.extensions.get::<std::net::SocketAddr>()?;
+    Some(addr.ip().to_canonical())
+}
+
+#[cfg(feature = "client-ip")]
+mod client_ip;
 pub(crate) mod extractors;
 
+#[cfg(feature = "client-ip")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+pub use client_ip::{ClientIpKey, ClientIpSource};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extractors::PathParamKey;

@@ -1,6 +1,6 @@
 //! Key extractors for rate limits: the peer IP, one global key, a header else the peer IP.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use http::HeaderName;
 use http::request::Parts;
@@ -17,10 +17,10 @@ use crate::key::{
 /// extension. The scope is `"ip"`; IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// This is the TCP peer: behind a proxy every client shares the proxy's limit. Do **not**
-/// key on `X-Forwarded-For` or `Forwarded` as sent (any client can write any address);
-/// behind a proxy you trust, write an [`FnKey`](crate::key::FnKey) that takes the entry it
-/// added (the right-most for a single appending proxy). An IPv6 client usually controls a
-/// whole /64: group addresses in an `FnKey` if that matters.
+/// key on `X-Forwarded-For` or `Forwarded` as sent (any client can write any address):
+/// behind proxies you trust, use [`ClientIpKey`](crate::key::ClientIpKey)
+/// ([`RateLimitLayer::by_client_ip`](crate::RateLimitLayer::by_client_ip)), which reads
+/// the entry they added, and groups IPv6 clients by /64 (one usually controls a whole /64).
 ///
 /// Without a peer address the layer answers **500** and logs the fix once
 /// ([`NoKey::Misconfigured`]).
@@ -30,15 +30,7 @@ pub struct PeerIpKey;
 impl PeerIpKey {
     /// The peer's address of this request, if the server recorded it.
     pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-        #[cfg(feature = "axum")]
-        if let Some(info) = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        {
-            return Some(info.0.ip().to_canonical());
-        }
-        let addr = parts.extensions.get::<SocketAddr>()?;
-        Some(addr.ip().to_canonical())
+        crate::key::peer_ip(parts)
     }
 }
 
@@ -176,6 +168,7 @@ impl KeyExtractor for HeaderOrPeerIp {
 mod tests {
     use super::*;
     use crate::key::GlobalKey;
+    use std::net::SocketAddr;
 
     fn parts(header: Option<&str>, peer: Option<SocketAddr>) -> Parts {
         let mut builder = http::Request::builder().uri("/items/1/buy");

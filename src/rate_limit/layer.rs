@@ -65,6 +65,36 @@ impl RateLimitLayer<PeerIpKey> {
     }
 }
 
+#[cfg(feature = "client-ip")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client-ip")))]
+impl RateLimitLayer<crate::key::ClientIpKey> {
+    /// Limits each client IP address ([`ClientIpKey`](crate::key::ClientIpKey)): the
+    /// peer's, or behind trusted proxies the one their header gives, never the left-most
+    /// `X-Forwarded-For` entry, which a client can forge; IPv6 clients by /64. `key` is a
+    /// `ClientIpKey` or a bare [`ClientIpSource`](crate::key::ClientIpSource), which
+    /// trusts no proxy. The scope is `"client-ip"`; serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`, or every request is a 500.
+    ///
+    /// ```
+    /// use tower_redlock::RateLimitLayer;
+    /// use tower_redlock::key::{ClientIpKey, ClientIpSource};
+    ///
+    /// let client = ClientIpKey::new(ClientIpSource::RightmostXForwardedFor)
+    ///     .trusted_proxies(["10.0.0.0/8"])?;
+    /// let layer = RateLimitLayer::by_client_ip(client, "100/60".parse()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn by_client_ip(key: impl Into<crate::key::ClientIpKey>, quota: Quota) -> Self {
+        let key = key.into();
+        let missing = key.missing_detail();
+        Self::from_keyed(KeyedLayer::from_parts(
+            key,
+            RateLimitPolicy::new(quota),
+            missing,
+        ))
+    }
+}
+
 impl RateLimitLayer<GlobalKey> {
     /// One limit for all requests through the layer, whoever sends them ([`GlobalKey`]).
     /// Give each such layer its own [`scope`](Self::scope), or they share one count.

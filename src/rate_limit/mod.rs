@@ -4,8 +4,8 @@
 //! For each request the layer (the [keyed core](crate::keyed) with the
 //! [`RateLimitPolicy`])
 //! 1. takes the key value from the request with its [`KeyExtractor`](crate::key::KeyExtractor)
-//!    (the peer IP, a header, a path parameter, your function, a header else the peer IP,
-//!    or one global key) and checks it ([`validate_value`](crate::key::validate_value));
+//!    (the peer IP, the client IP behind trusted proxies, a header, a path parameter, your
+//!    function, a header else the peer IP, or one global key) and checks it ([`validate_value`](crate::key::validate_value));
 //! 2. counts `{scope}:{value}` on its store ([`RateLimiter`]) in one step, by the
 //!    [`Quota`]'s algorithm: a fixed window ([`Quota::new`]) or GCRA ([`Quota::gcra`]);
 //! 3. runs the inner service with the [`Usage`] in its extensions, or answers itself.

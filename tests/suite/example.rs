@@ -202,36 +202,46 @@ async fn example_orders_and_pay() {
     assert_eq!(paid, serde_json::json!({"order_id": "o-1", "paid": true}));
 }
 
+/// The rate limit per client IP, behind a trusted proxy (the test, on 127.0.0.1, plays it):
+/// shared by two processes, and keyed by the right-most `X-Forwarded-For` entry, whatever
+/// the client forges on its left.
 #[tokio::test]
-async fn example_rate_limit_per_client_across_processes() {
+async fn example_rate_limit_per_client_ip_across_processes() {
     let nodes = nodes(1);
-    let env = [("RATE_LIMIT", "3/60")];
+    let env = [("RATE_LIMIT", "3/60"), ("TRUSTED_PROXIES", "127.0.0.1/32")];
     let examples = [
         start_example_with(&nodes, 1, true, &env).await,
         start_example_with(&nodes, 1, true, &env).await,
     ];
     put_stock(&examples[0], "lamp", 100).await;
     let client = reqwest::Client::new();
-    let buy = |i: usize, client_id: &'static str| {
+    let buy = |i: usize, forwarded_for: String| {
         client
             .post(format!("{}/items/lamp/buy", examples[i % 2].base))
-            .header("X-Client-Id", client_id)
+            .header("X-Forwarded-For", forwarded_for)
             .send()
     };
-    // One client, alternating between the two processes: the limit is shared.
+    // One client, alternating between the two processes, with a new forged left-most
+    // entry each time: the limit is shared, and the forgery changes nothing.
     let mut statuses = Vec::new();
     for i in 0..5 {
-        statuses.push(buy(i, "alice").await.unwrap().status().as_u16());
+        let forwarded_for = format!("198.51.100.{i}, 203.0.113.7");
+        statuses.push(buy(i, forwarded_for).await.unwrap().status().as_u16());
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    let limited = buy(0, "alice").await.unwrap();
+    let limited = buy(0, "203.0.113.7".into()).await.unwrap();
     assert!(limited.headers().contains_key("retry-after"));
     assert_eq!(
         limited.headers()["ratelimit-policy"],
         "\"default\";q=3;w=60"
     );
-    // Another client has its own count.
-    assert_eq!(buy(1, "bob").await.unwrap().status(), 200);
+    let stored = keys(&nodes[0]).await;
+    assert!(
+        stored.contains(&"tower-redlock-rate:buy:203.0.113.7/32".to_owned()),
+        "{stored:?}"
+    );
+    // Another client behind the proxy has its own count.
+    assert_eq!(buy(1, "203.0.113.8".into()).await.unwrap().status(), 200);
 }
 
 /// All keys on the node (a test node: `KEYS` is fine here).

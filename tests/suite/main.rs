@@ -22,6 +22,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod client_ip;
 mod cluster;
 mod concurrency;
 mod example;
