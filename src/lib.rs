@@ -125,6 +125,12 @@ pub mod idempotency;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use idempotency::IdempotencyLayer;
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+pub use keyed::Shadow;
 
 // The guide: documentation only, one module per chapter (src/docs/guide*.md). Compiled for
 // rustdoc and for doc tests, so that its examples run with the others; never in a build.

@@ -173,6 +173,15 @@ impl IdempotencyLayer {
         self
     }
 
+    /// Shadow (dry-run) mode: the layer looks up and stores records as usual, counts and
+    /// logs what it would have answered itself (a replay, a 409 for a request in flight,
+    /// a 422 for a key reused), and runs the service instead; see
+    /// [`Shadow`](crate::Shadow). Default off.
+    pub fn shadow(mut self, shadow: impl Into<crate::Shadow>) -> Self {
+        self.keyed = self.keyed.shadow(shadow.into());
+        self
+    }
+
     /// The largest request body read, in bytes; a longer one is answered 413 Content Too
     /// Large. Default 1 MiB ([`DEFAULT_MAX_REQUEST_BODY`]). The body is handed on to the
     /// service unchanged.

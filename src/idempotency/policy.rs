@@ -311,6 +311,14 @@ impl Permit for IdempotencyPermit {
         self.lease.admit(request);
     }
 
+    fn abort_on_loss(&self) -> bool {
+        self.lease.abort_on_loss()
+    }
+
+    fn shadowed(&mut self) {
+        self.lease.shadowed();
+    }
+
     fn lost_response(self) -> Response<Bytes> {
         self.lease.lost_response()
     }

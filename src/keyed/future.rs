@@ -13,6 +13,7 @@ use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
 };
 use crate::keyed::answers::Rendering;
+use crate::keyed::shadow;
 use crate::protect::{Lost, poll_guarded};
 use crate::rejection::RejectedBy;
 use http_body::Body;
@@ -49,7 +50,7 @@ pin_project! {
         Deciding {
             decision: BoxFuture<Verdict<P::Permit>>,
             call: Option<(S, Request<ReqB>)>,
-            fail_open: bool,
+            rules: Rules,
         },
         // The inner service runs, under the permit if there is one; `lost` once the permit
         // was lost and the work runs on (when the permit does not abort on loss).
@@ -105,13 +106,13 @@ where
     #[inline]
     pub(crate) fn decided(
         verdict: Verdict<P::Permit>,
-        fail_open: bool,
+        rules: Rules,
         service: &mut S,
         request: Request<ReqB>,
         answers: Rendering,
     ) -> Self {
         Self {
-            state: Phase::from_verdict(verdict, fail_open, service, request),
+            state: Phase::from_verdict(verdict, rules, service, request),
             answers,
         }
     }
@@ -119,7 +120,7 @@ where
     #[inline]
     pub(crate) fn deciding(
         decision: BoxFuture<Verdict<P::Permit>>,
-        fail_open: bool,
+        rules: Rules,
         service: S,
         request: Request<ReqB>,
         answers: Rendering,
@@ -128,7 +129,7 @@ where
             state: Phase::Deciding {
                 decision,
                 call: Some((service, request)),
-                fail_open,
+                rules,
             },
             answers,
         }
@@ -166,12 +167,17 @@ where
     #[inline]
     fn from_verdict(
         verdict: Verdict<P::Permit>,
-        fail_open: bool,
+        rules: Rules,
         service: &mut S,
         mut request: Request<ReqB>,
     ) -> Self {
         let mut permit = match verdict {
             Verdict::Admit(permit) => Some(permit),
+            // In shadow mode the inner service runs in its place.
+            Verdict::Answer(response) if rules.shadow => {
+                shadow::let_through::<P>(Some(&response));
+                None
+            }
             Verdict::Answer(response) => {
                 return Phase::Answered {
                     response: Some(*response),
@@ -183,8 +189,11 @@ where
                     answer,
                     open,
                 } = *unavailable;
-                outage::<P>(&*error, fail_open);
-                if fail_open {
+                outage::<P>(&*error, rules.fail_open || rules.shadow);
+                if rules.shadow && !rules.fail_open {
+                    shadow::let_through::<P>(None);
+                }
+                if rules.fail_open || rules.shadow {
                     open
                 } else {
                     return Phase::Answered {
@@ -194,6 +203,9 @@ where
             }
         };
         if let Some(permit) = &mut permit {
+            if rules.shadow {
+                permit.shadowed();
+            }
             permit.admit(&mut request);
         }
         run(service, request, permit)
@@ -220,12 +232,12 @@ where
                 PhaseProj::Deciding {
                     decision,
                     call,
-                    fail_open,
+                    rules,
                 } => {
                     let verdict = ready!(decision.as_mut().poll(cx));
                     let (mut service, request) =
                         call.take().expect("Deciding is left once decided");
-                    let next = Phase::from_verdict(verdict, *fail_open, &mut service, request);
+                    let next = Phase::from_verdict(verdict, *rules, &mut service, request);
                     this.state.set(next);
                 }
                 PhaseProj::Running {
@@ -299,26 +311,33 @@ where
 /// counter `tower_redlock_store_unavailable_total` counts each.
 pub(crate) const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Counts a request that found `P`'s store unavailable, and logs it at most once per
-/// [`OUTAGE_LOG_INTERVAL`] for each kind of layer, with how many went unlogged since.
-pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), fail_open: bool) {
+/// A kind of line logged at most once per [`OUTAGE_LOG_INTERVAL`] for each kind of layer.
+#[derive(Clone, Copy)]
+pub(crate) enum Log {
+    Outage = 0,
+    Shadow = 1,
+}
+
+/// Whether a `log` line for `P`'s kind of layer is due (at most one per
+/// [`OUTAGE_LOG_INTERVAL`]): how many went unlogged since the last one, or `None` (this one
+/// is counted as unlogged).
+pub(crate) fn due<P: Policy>(log: Log) -> Option<u64> {
     use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT_MS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-    static UNLOGGED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+    static NEXT_MS: [[AtomicU64; 4]; 2] = [const { [const { AtomicU64::new(0) }; 4] }; 2];
+    static UNLOGGED: [[AtomicU64; 4]; 2] = [const { [const { AtomicU64::new(0) }; 4] }; 2];
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tower_redlock_store_unavailable_total",
-        "layer" => P::LAYER,
-        "outcome" => if fail_open { "fail_open" } else { "fail_closed" }
-    )
-    .increment(1);
-    let (next_ms, unlogged_since) = match P::REJECTED_BY {
-        RejectedBy::Lock => (&NEXT_MS[0], &UNLOGGED[0]),
-        RejectedBy::Idempotency => (&NEXT_MS[1], &UNLOGGED[1]),
-        RejectedBy::RateLimit => (&NEXT_MS[2], &UNLOGGED[2]),
-        _ => (&NEXT_MS[3], &UNLOGGED[3]),
+    let layer = match P::REJECTED_BY {
+        RejectedBy::Lock => 0,
+        RejectedBy::Idempotency => 1,
+        RejectedBy::RateLimit => 2,
+        _ => 3,
+    };
+    let (Some(next_ms), Some(unlogged_since)) = (
+        NEXT_MS.get(log as usize).and_then(|l| l.get(layer)),
+        UNLOGGED.get(log as usize).and_then(|l| l.get(layer)),
+    ) else {
+        return None;
     };
     let now = START.get_or_init(std::time::Instant::now).elapsed();
     let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
@@ -335,9 +354,24 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
             .is_ok();
     if !due {
         unlogged_since.fetch_add(1, Ordering::Relaxed);
-        return;
+        return None;
     }
-    let unlogged = unlogged_since.swap(0, Ordering::Relaxed);
+    Some(unlogged_since.swap(0, Ordering::Relaxed))
+}
+
+/// Counts a request that found `P`'s store unavailable, and logs it at most once per
+/// [`OUTAGE_LOG_INTERVAL`] for each kind of layer, with how many went unlogged since.
+pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), fail_open: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tower_redlock_store_unavailable_total",
+        "layer" => P::LAYER,
+        "outcome" => if fail_open { "fail_open" } else { "fail_closed" }
+    )
+    .increment(1);
+    let Some(unlogged) = due::<P>(Log::Outage) else {
+        return;
+    };
     let answer = if fail_open {
         "running unguarded (fail open)"
     } else {
@@ -349,6 +383,14 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
         unlogged,
         "store unavailable; {answer}; at most one such line per {OUTAGE_LOG_INTERVAL:?} for this kind of layer ({unlogged} unlogged since the last one)"
     );
+}
+
+/// What a layer does with a refusal: `fail_open` runs the inner service when the store
+/// cannot decide; `shadow` runs it instead of every refusal (see [`Shadow`](super::Shadow)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rules {
+    pub(crate) fail_open: bool,
+    pub(crate) shadow: bool,
 }
 
 /// Trailers to send after a layer's own answer (a replayed gRPC response's status), in

@@ -43,7 +43,50 @@ pub(crate) struct Core<K, P> {
     reported: AtomicBool,
     /// The application's rendering of rejections for HTTP clients.
     pub(crate) on_rejection: Option<Arc<RenderFn>>,
+    /// Whether refusals are let through (shadow mode), switchable at run time.
+    pub(crate) shadow: super::Shadow,
+    /// Requests that pass unguarded whatever their key (health checks, metrics).
+    pub(crate) exempt: Vec<Exemption>,
     pub(crate) policy: P,
+}
+
+/// A request that passes a layer unguarded: a path, every path under a prefix, or what a
+/// function picks.
+#[derive(Clone)]
+pub(crate) enum Exemption {
+    Path(Box<str>),
+    Under(Box<str>),
+    If(Arc<dyn Fn(&Parts) -> bool + Send + Sync>),
+}
+
+impl Exemption {
+    /// `/metrics` is that path; `/grpc.health.v1.Health/` every path under it.
+    pub(crate) fn path(path: &str) -> Self {
+        if path.ends_with('/') {
+            Exemption::Under(path.into())
+        } else {
+            Exemption::Path(path.into())
+        }
+    }
+
+    fn covers(&self, parts: &Parts) -> bool {
+        let path = parts.uri.path();
+        match self {
+            Exemption::Path(exempt) => path == &**exempt,
+            Exemption::Under(prefix) => path.starts_with(&**prefix),
+            Exemption::If(f) => f(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Exemption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exemption::Path(path) => write!(f, "Path({path:?})"),
+            Exemption::Under(prefix) => write!(f, "Under({prefix:?})"),
+            Exemption::If(_) => f.write_str("If(..)"),
+        }
+    }
 }
 
 impl<K, P: Clone> Clone for Core<K, P> {
@@ -57,6 +100,8 @@ impl<K, P: Clone> Clone for Core<K, P> {
             // A changed copy is another layer: it reports on its own.
             reported: AtomicBool::new(false),
             on_rejection: self.on_rejection.clone(),
+            shadow: self.shadow.clone(),
+            exempt: self.exempt.clone(),
             policy: self.policy.clone(),
         }
     }
@@ -84,6 +129,8 @@ impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
             .field("required", &self.required)
             .field("fail_open", &self.fail_open)
             .field("on_rejection", &self.on_rejection.is_some())
+            .field("shadow", &self.shadow)
+            .field("exempt", &self.exempt)
             .field("policy", &self.policy)
             .finish()
     }
@@ -110,6 +157,8 @@ impl<K: KeyExtractor, P: Policy> KeyedLayer<K, P> {
                 missing,
                 reported: AtomicBool::new(false),
                 on_rejection: None,
+                shadow: super::Shadow::default(),
+                exempt: Vec::new(),
                 policy,
             }),
         }
@@ -149,6 +198,16 @@ impl<K, P: Clone> KeyedLayer<K, P> {
 
     pub(crate) fn on_rejection(mut self, render: Arc<RenderFn>) -> Self {
         self.core_mut().on_rejection = Some(render);
+        self
+    }
+
+    pub(crate) fn shadow(mut self, shadow: super::Shadow) -> Self {
+        self.core_mut().shadow = shadow;
+        self
+    }
+
+    pub(crate) fn exempt(mut self, exemption: Exemption) -> Self {
+        self.core_mut().exempt.push(exemption);
         self
     }
 }
@@ -205,6 +264,9 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     /// layer's own answer (400, 500) as a decided one; `None` when the request has no key
     /// and needs none (it runs unguarded).
     pub(crate) fn step(&self, parts: &mut Parts) -> Option<Decision<P::Permit>> {
+        if !self.exempt.is_empty() && self.exempt.iter().any(|e| e.covers(parts)) {
+            return None;
+        }
         if K::SEVERAL {
             return self.step_all(parts);
         }

@@ -127,6 +127,54 @@ macro_rules! keyed_middleware {
                 Self { keyed: self.keyed.fail_open(fail_open) }
             }
 
+            /// Shadow (dry-run) mode: the layer decides as usual, counts and logs what it
+            /// would have refused, and lets every request through to the inner service
+            /// ([`Shadow`](crate::Shadow)). `true` or `false` sets it once; a
+            /// [`Shadow`](crate::Shadow) switch kept by the application flips it at run
+            /// time. Default off.
+            pub fn shadow(self, shadow: impl Into<$crate::Shadow>) -> Self {
+                Self { keyed: self.keyed.shadow(shadow.into()) }
+            }
+
+            /// Requests on these paths pass unguarded, whatever their key: for a layer in
+            /// front of a whole server, its health checks and metrics. Each entry is an
+            /// exact path (`/metrics`), or, ending with `/`, every path under it
+            /// (`/grpc.health.v1.Health/`, the gRPC health service's methods). The path is
+            /// the request URI's, as the layer sees it (inside an axum `nest`, without the
+            /// nested prefix). Adds to earlier exemptions.
+            ///
+            /// ```
+            /// # #[cfg(feature = "lock")] {
+            /// use tower_redlock::LockLayer;
+            ///
+            /// // In front of a tonic server: the health service is never locked.
+            /// let layer = LockLayer::by_header("x-order-id")
+            ///     .exempt_paths(["/grpc.health.v1.Health/"]);
+            /// # }
+            /// ```
+            pub fn exempt_paths<I>(mut self, paths: I) -> Self
+            where
+                I: IntoIterator,
+                I::Item: AsRef<str>,
+            {
+                for path in paths {
+                    let exemption = $crate::keyed::layer::Exemption::path(path.as_ref());
+                    self.keyed = self.keyed.exempt(exemption);
+                }
+                self
+            }
+
+            /// Requests for which `exempt` returns `true` pass unguarded, whatever their
+            /// key (a method, a header the server sets, a route). It runs on every request
+            /// first, so keep it cheap. Adds to earlier exemptions.
+            pub fn exempt_if<F>(self, exempt: F) -> Self
+            where
+                F: Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+            {
+                let exemption = $crate::keyed::layer::Exemption::If(std::sync::Arc::new(exempt));
+                Self { keyed: self.keyed.exempt(exemption) }
+            }
+
             /// Answers this layer's refusals in the application's own format: `render`
             /// gets the [`Rejection`](crate::Rejection) (which layer, why, the status, the
             /// detail, the retry delay) and returns the response an HTTP client gets
@@ -232,6 +280,7 @@ pub(crate) mod future;
 pub(crate) mod layer;
 pub(crate) mod policy;
 mod service;
+mod shadow;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
@@ -240,5 +289,6 @@ pub use layer::KeyedLayer;
 pub use policy::Policy;
 #[doc(hidden)]
 pub use service::Keyed;
+pub use shadow::Shadow;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -199,6 +199,9 @@ pub trait Permit: Watch + Send + 'static {
         true
     }
 
+    /// The layer is in shadow mode: a loss must let the work run on.
+    fn shadowed(&mut self) {}
+
     /// The answer when the permit was lost while the inner service ran and
     /// [`abort_on_loss`](Self::abort_on_loss).
     fn lost_response(self) -> Response<Bytes>;

@@ -75,6 +75,10 @@ where
         // only where the layer may answer it itself.
         let answers =
             |parts: &Parts| Rendering::for_request(&parts.headers, core.on_rejection.as_ref());
+        let rules = super::future::Rules {
+            fail_open: core.fail_open,
+            shadow: core.shadow.is_on(),
+        };
         core.policy.prepare(&mut parts);
         // No key, and none needed: the request runs unguarded.
         let Some(decision) = core.step(&mut parts) else {
@@ -91,7 +95,7 @@ where
                     _ => answers(&parts),
                 };
                 let req = Request::from_parts(parts, body);
-                ResponseFuture::decided(verdict, core.fail_open, &mut self.inner, req, answers)
+                ResponseFuture::decided(verdict, rules, &mut self.inner, req, answers)
             }
             // The service that was driven to readiness is the one called, once decided.
             Decision::Pending(decision) => {
@@ -99,7 +103,7 @@ where
                 let req = Request::from_parts(parts, body);
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::deciding(decision, core.fail_open, inner, req, answers)
+                ResponseFuture::deciding(decision, rules, inner, req, answers)
             }
         }
     }

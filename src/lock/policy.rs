@@ -238,6 +238,10 @@ impl Permit for LockPermit {
         self.abort
     }
 
+    fn shadowed(&mut self) {
+        self.abort = false;
+    }
+
     fn lost_response(self) -> Response<Bytes> {
         Rejection::new(
             RejectedBy::Lock,

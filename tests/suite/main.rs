@@ -48,6 +48,7 @@ mod replica_ack;
 mod rwfair;
 mod script_flush;
 mod sentinel;
+mod shadow;
 mod slow_body;
 mod tls;
 mod versions;
