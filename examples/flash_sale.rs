@@ -24,6 +24,9 @@
 //!   `X-Forwarded-For` entry outside the ranges (below); else, and unset, the peer's;
 //! - `IDEMPOTENCY_TTL`: how long `POST /orders` results are kept for replay, in seconds
 //!   (default 86400);
+//! - `SHADOW=1`: every layer in shadow mode: each decides and counts as usual
+//!   (`tower_redlock_shadow_refusals_total` on `GET /metrics`) but lets every request
+//!   through, as when trying a new rule on live traffic (below);
 //! - `MAX_CONCURRENT_BUYS`: at most this many `POST /items/{item_id}/buy` in flight at
 //!   once, across all items and every example process sharing the first Redis node (or the
 //!   cluster, or in process); over it, 503 with `Retry-After`. Unset: no limit.
@@ -39,6 +42,17 @@
 //!   curl -s -o /dev/null -w '%{http_code}\n' -X POST localhost:3000/items/tv/buy \
 //!     -H "X-Forwarded-For: $forged, 203.0.113.7"
 //! done
+//! ```
+//!
+//! In shadow mode two buys of one item at once both run (200, 200: the second would have
+//! been 423), and the metrics count the refusal that was let through:
+//!
+//! ```text
+//! SHADOW=1 WORK_MS=1000 cargo run --example flash_sale &
+//! curl -s -o /dev/null -X PUT localhost:3000/items/tv -H 'content-type: application/json' -d '{"stock": 9}'
+//! curl -s -o /dev/null -w '%{http_code}\n' -X POST localhost:3000/items/tv/buy &
+//! sleep 0.2; curl -s -o /dev/null -w '%{http_code}\n' -X POST localhost:3000/items/tv/buy; wait %2
+//! curl -s localhost:3000/metrics | grep shadow_refusals
 //! ```
 //!
 //! Routes:
@@ -101,7 +115,7 @@ use tower_redlock::key::{ClientIpKey, ClientIpSource};
 use tower_redlock::{
     ConcurrencyLimitLayer, ConcurrencyLimiter, IdempotencyLayer, Lease, LockKey, LockLayer, Locked,
     Locks, MemoryConcurrencyLimiter, MemoryLocks, MemoryRateLimiter, Problem, Quota,
-    RateLimitLayer, RateLimiter, RedisConcurrencyLimiter, RedisRateLimiter, Redlock,
+    RateLimitLayer, RateLimiter, RedisConcurrencyLimiter, RedisRateLimiter, Redlock, Shadow,
 };
 
 /// How long one Redis node may take to answer a command: the lock's node timeout (the
@@ -374,6 +388,7 @@ fn prometheus() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
 fn app(
     state: AppState,
     locking: bool,
+    shadow: Shadow,
     rate_limit: Option<RateLimitLayer<ClientIpKey>>,
     buys_in_flight: Option<ConcurrencyLimitLayer<tower_redlock::key::GlobalKey>>,
     metrics: PrometheusHandle,
@@ -388,15 +403,18 @@ fn app(
     // The rate limit is the outer layer (added last): it answers 429 before a lock is taken.
     let mut buy_route = post(buy);
     if locking {
-        buy_route =
-            buy_route.layer(LockLayer::by_path_param("item_id").backend(state.locks.clone()));
+        buy_route = buy_route.layer(
+            LockLayer::by_path_param("item_id")
+                .backend(state.locks.clone())
+                .shadow(shadow.clone()),
+        );
     }
     // Between the two: a buy counts as in flight while it waits for its item's lock.
     if let Some(buys_in_flight) = buys_in_flight {
-        buy_route = buy_route.layer(buys_in_flight);
+        buy_route = buy_route.layer(buys_in_flight.shadow(shadow.clone()));
     }
     if let Some(rate_limit) = rate_limit {
-        buy_route = buy_route.layer(rate_limit);
+        buy_route = buy_route.layer(rate_limit.shadow(shadow.clone()));
     }
     let router = router.route("/items/{item_id}/buy", buy_route);
     let router = if locking {
@@ -407,7 +425,8 @@ fn app(
                 post(create_order).layer(
                     IdempotencyLayer::new()
                         .backend(locks)
-                        .record_ttl(state.idempotency_ttl),
+                        .record_ttl(state.idempotency_ttl)
+                        .shadow(shadow),
                 ),
             )
             .route("/orders/{order_id}/pay", post(pay))
@@ -448,6 +467,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 86_400,
     });
     let locking = !matches!(std::env::var("LOCKING").as_deref(), Ok("off"));
+    // Every layer decides and counts, but lets every request through (a switch an app
+    // could also flip at run time, from its config reload).
+    let shadow = Shadow::new(matches!(std::env::var("SHADOW").as_deref(), Ok("1")));
     let urls = env_list("REDIS_URLS");
 
     let quota: Option<Quota> = match std::env::var("RATE_LIMIT") {
@@ -541,6 +563,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 idempotency_ttl,
             },
             locking,
+            shadow,
             rate_limit,
             buys_in_flight,
             metrics,

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::{
-    AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
+    RedisResult, Value,
 };
 
 use crate::backend::lua::Scripts;
@@ -93,6 +94,8 @@ struct ConnectionCore {
     replies: AtomicU64,
     /// Whether the last outcome was a failure (for logging the recovery once).
     failing: AtomicBool,
+    /// Fails commands at once while the node keeps failing.
+    breaker: Breaker,
     /// For a node whose granting writes wait for acknowledgements: their own connection,
     /// so that a blocking `WAIT` holds up no other command.
     #[cfg(feature = "lock")]
@@ -199,6 +202,7 @@ impl Connection {
                 }),
                 replies: AtomicU64::new(0),
                 failing: AtomicBool::new(false),
+                breaker: Breaker::default(),
                 #[cfg(feature = "lock")]
                 acked,
             }),
@@ -265,6 +269,18 @@ impl Connection {
         Fut: Future<Output = RedisResult<T>>,
     {
         let inner = &self.shared;
+        if let Pass::Refused(left) = inner.breaker.pass() {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "outage breaker open",
+                format!(
+                    "{} failed {} times in a row; commands fail at once for {:?} after each failure, then one probes (next in {left:?})",
+                    inner.label,
+                    breaker::OPEN_AFTER,
+                    breaker::COOL_DOWN,
+                ),
+            )));
+        }
         let (current, generation) = {
             let state = inner.state();
             let current = match &state.ready {
@@ -290,6 +306,7 @@ impl Connection {
             shared: &self.shared,
             generation,
             replies: inner.replies.load(Ordering::Acquire),
+            sent: Instant::now(),
             armed: true,
         };
         let result = op(conn).await;
@@ -358,6 +375,9 @@ impl ConnectionCore {
 
     fn replied(&self) {
         self.replies.fetch_add(1, Ordering::AcqRel);
+        if self.breaker.succeeded() {
+            breaker_changed(&self.label, "closed");
+        }
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
             tracing::info!(node = %self.label, "Redis node answers again");
         }
@@ -366,6 +386,9 @@ impl ConnectionCore {
     /// The connection of `generation` failed: start a new attempt (unless one started
     /// since), at the earliest [`RETRY_INTERVAL`] after the last one.
     fn failed(self: &Arc<Self>, generation: u64, error: &dyn std::fmt::Display) {
+        if self.breaker.failed() {
+            breaker_changed(&self.label, "open");
+        }
         let mut state = self.state();
         if state.generation != generation {
             return;
@@ -443,22 +466,55 @@ impl ConnectionCore {
     }
 }
 
-/// A command in flight; dropped with nothing answered since it was sent, it probes.
+/// How long a command given up by its caller must have waited, with nothing answered, to
+/// count as a failure of the node for its outage breaker: 10 ms (a command dropped sooner
+/// was cancelled, not timed out).
+const GIVEN_UP_AFTER: Duration = Duration::from_millis(10);
+
+/// A command in flight; dropped with nothing answered since it was sent, it probes (and
+/// counts against the node's outage breaker once it waited [`GIVEN_UP_AFTER`]).
 struct Pending<'a> {
     shared: &'a Arc<ConnectionCore>,
     generation: u64,
     replies: u64,
+    sent: Instant,
     armed: bool,
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed && self.shared.replies.load(Ordering::Acquire) == self.replies {
+            if self.sent.elapsed() >= GIVEN_UP_AFTER && self.shared.breaker.failed() {
+                breaker_changed(&self.shared.label, "open");
+            }
             self.shared.suspect(self.generation);
         }
     }
 }
 
+/// Logs and counts a change of a node's outage breaker (`open` or `closed`).
+fn breaker_changed(node: &str, state: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tower_redlock_breaker_transitions_total",
+        "node" => node.to_owned(),
+        "state" => state
+    )
+    .increment(1);
+    if state == "open" {
+        tracing::warn!(
+            node,
+            "outage breaker open: the node failed {} times in a row; its commands fail at once, and one probes every {:?}",
+            breaker::OPEN_AFTER,
+            breaker::COOL_DOWN
+        );
+    } else {
+        tracing::info!(node, "outage breaker closed: the node answers again");
+    }
+}
+
+mod breaker;
+use breaker::{Breaker, Pass};
 mod replies;
 use replies::{Replies, is_reply};
 

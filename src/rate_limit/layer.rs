@@ -205,6 +205,19 @@ impl<K> RateLimitLayer<K> {
         fn backend(limiter: impl Into<RateLimiter>) => limiter;
     }
 
+    /// How the limit holds while its store is unavailable (Redis down, or its outage
+    /// breaker open), when the layer fails open (the default): each replica counts on its
+    /// own, in process, with the quota divided by `replicas` (rounded up), so that the
+    /// replicas together let about the quota through; over it they answer 429 as usual.
+    /// Default 1: each replica allows the whole quota. 0 runs every request uncounted
+    /// while the store is down. A layer that fails closed answers 503 within the limit
+    /// and 429 over it.
+    pub fn outage_replicas(mut self, replicas: u32) -> Self {
+        let quota = self.policy_mut().quota();
+        self.policy_mut().outage = super::policy::OutageLimit::new(quota, replicas);
+        self
+    }
+
     /// Also sends the legacy headers `X-RateLimit-Limit` (the limit),
     /// `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until the window resets,
     /// a delay, not a timestamp) wherever `RateLimit` is sent. Default: `false`.

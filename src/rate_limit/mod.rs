@@ -25,10 +25,20 @@
 //! # Failing open
 //!
 //! When the store cannot count (Redis down or slower than its timeout), the default
-//! [`RateLimitLayer::fail_open`]`(true)` runs the inner service uncounted
-//! (`RateLimit-Policy` but no `RateLimit` header, no [`Usage`] on the request); `false`
-//! answers **503** with `Retry-After: 1`, for a limit that is a security control (login
-//! attempts, a paid quota). A rate limit protects capacity, not correctness.
+//! [`RateLimitLayer::fail_open`]`(true)` runs the inner service counted by this replica
+//! alone, in process, against the quota divided by
+//! [`outage_replicas`](RateLimitLayer::outage_replicas) (default 1: the whole quota per
+//! replica): an outage degrades the limit instead of removing it, and past that count the
+//! layer answers 429 as usual. `outage_replicas(0)` runs the requests uncounted
+//! (`RateLimit-Policy` but no `RateLimit` header, no [`Usage`] on the request). `false`
+//! answers **503** with `Retry-After: 1` within that count, for a limit that is a security
+//! control (login attempts, a paid quota). A rate limit protects capacity, not
+//! correctness.
+//!
+//! A store whose nodes keep failing is not waited for: after 3 failures in a row a node's
+//! outage breaker opens, and its commands fail at once for 500 ms, after which one probes
+//! (`tower_redlock_breaker_transitions_total`, one log line per change); the same holds for
+//! the lock and concurrency stores.
 //!
 //! # Headers and algorithms
 //!

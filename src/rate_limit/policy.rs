@@ -33,6 +33,28 @@ static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-rese
 pub struct RateLimitPolicy {
     pub(crate) limiter: RateLimiter,
     pub(crate) headers: Arc<Headers>,
+    /// The in-process limit while the store is unavailable; `None` runs the request
+    /// uncounted then.
+    pub(crate) outage: Option<Arc<OutageLimit>>,
+}
+
+/// The limit a replica applies on its own while its store is unavailable: the layer's
+/// quota divided among `replicas`, counted in this process.
+#[derive(Debug)]
+pub(crate) struct OutageLimit {
+    pub(crate) quota: Quota,
+    limiter: super::MemoryRateLimiter,
+}
+
+impl OutageLimit {
+    pub(crate) fn new(quota: Quota, replicas: u32) -> Option<Arc<Self>> {
+        (replicas > 0).then(|| {
+            Arc::new(Self {
+                quota: quota.divided(replicas),
+                limiter: Default::default(),
+            })
+        })
+    }
 }
 
 impl RateLimitPolicy {
@@ -41,6 +63,7 @@ impl RateLimitPolicy {
         Self {
             limiter: RateLimiter::default(),
             headers: Arc::new(Headers::new(quota, "default", false)),
+            outage: OutageLimit::new(quota, 1),
         }
     }
 
@@ -48,7 +71,13 @@ impl RateLimitPolicy {
         self.headers.quota
     }
 
-    fn verdict(&self, counted: Result<Usage, RateLimitError>) -> Verdict<RatePermit> {
+    /// The verdict on a count; `outage` is the replica's own limit when the store cannot
+    /// count (for a Redis store only: the in-process one fails only when full).
+    fn verdict(
+        &self,
+        counted: Result<Usage, RateLimitError>,
+        outage: Option<(&OutageLimit, &str)>,
+    ) -> Verdict<RatePermit> {
         match &counted {
             Ok(usage) if usage.is_exceeded() => RateLimitResult::Limited,
             Ok(_) => RateLimitResult::Allowed,
@@ -74,9 +103,14 @@ impl RateLimitPolicy {
             Err(RateLimitError::NoBackendChosen) => {
                 Verdict::answer(Rejection::misconfigured(RejectedBy::RateLimit).into())
             }
-            // Failing open, the request runs uncounted, with the policy header.
+            // Failing open, the request runs counted by this replica's own limit (over it,
+            // 429), or uncounted without one, with the policy header.
             Err(e) => {
-                Verdict::unavailable(Box::new(e), self.headers.unavailable(), Some(permit(None)))
+                let usage = outage.and_then(|(o, key)| o.limiter.hit_key(key, o.quota).ok());
+                if let Some(usage) = usage.filter(Usage::is_exceeded) {
+                    return Verdict::answer(self.headers.too_many(&usage));
+                }
+                Verdict::unavailable(Box::new(e), self.headers.unavailable(), Some(permit(usage)))
             }
         }
     }
@@ -103,13 +137,14 @@ impl Policy for RateLimitPolicy {
     fn decide(&self, key: &str, _parts: &Parts) -> Decision<RatePermit> {
         let quota = self.headers.quota;
         if let Some(memory) = self.limiter.as_memory() {
-            return Decision::Ready(self.verdict(memory.hit_key(key, quota)));
+            return Decision::Ready(self.verdict(memory.hit_key(key, quota), None));
         }
         let key = key.to_owned();
         let policy = self.clone();
         Decision::Pending(boxed(|| async move {
             let counted = policy.limiter.hit(&key, quota).await;
-            policy.verdict(counted)
+            let outage = policy.outage.as_deref().map(|o| (o, key.as_str()));
+            policy.verdict(counted, outage)
         }))
     }
 }

@@ -658,7 +658,11 @@ async fn a_rate_limit_counter_of_another_type_or_format_is_an_error_and_left_as_
                     RateLimitLayer::global(quota)
                         .scope(&*scope)
                         .backend(RateLimiter::from(limiter.clone()))
-                        .fail_open(fail_open),
+                        .fail_open(fail_open)
+                        // Uncounted while the store cannot count, so that every foreign
+                        // value gets the outage answer (the in-process fallback has tests
+                        // of its own in rate_limit.rs).
+                        .outage_replicas(0),
                 );
             let base = serve(app).await;
             let client = reqwest::Client::new();

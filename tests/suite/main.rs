@@ -22,6 +22,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod breaker;
 mod client_ip;
 mod cluster;
 mod concurrency;

@@ -35,6 +35,11 @@ fn quota(text: &str) -> Quota {
 /// The route of the example: `POST /items/{item_id}/buy`, limited per `X-Client-Id`, else
 /// per peer IP.
 fn buy_app(limiter: RateLimiter, quota: Quota, fail_open: bool) -> Router {
+    buy_app_with(limiter, quota, fail_open, 1)
+}
+
+/// [`buy_app`], with each replica's own share of the quota while the store is down.
+fn buy_app_with(limiter: RateLimiter, quota: Quota, fail_open: bool, replicas: u32) -> Router {
     Router::new()
         .route("/items/{item_id}/buy", post(|| async { "bought" }))
         .route_layer(
@@ -42,6 +47,7 @@ fn buy_app(limiter: RateLimiter, quota: Quota, fail_open: bool) -> Router {
                 .scope("buy")
                 .backend(limiter)
                 .fail_open(fail_open)
+                .outage_replicas(replicas)
                 .legacy_headers(true),
         )
 }
@@ -272,9 +278,10 @@ async fn keys_are_scoped_per_client_id_else_peer_ip_and_expire_with_the_window()
 }
 
 #[tokio::test]
-async fn redis_killed_fail_open_lets_requests_through_uncounted() {
+async fn redis_killed_fail_open_without_a_fallback_lets_requests_through_uncounted() {
     let mut node = RedisNode::start();
-    let base = serve(buy_app(redis_limiter(&node).await, quota("1/60"), true)).await;
+    let limiter = redis_limiter(&node).await;
+    let base = serve(buy_app_with(limiter, quota("1/60"), true, 0)).await;
     let client = reqwest::Client::new();
     let resp = buy(&client, &base, Some("open")).await;
     assert_eq!(resp.status(), 200);
@@ -301,6 +308,53 @@ async fn redis_killed_fail_open_lets_requests_through_uncounted() {
         assert_eq!(header(&resp, "ratelimit"), None, "no count to report");
         assert_eq!(resp.text().await.unwrap(), "bought");
     }
+}
+
+#[tokio::test]
+async fn a_failed_open_rate_limit_still_refuses_past_its_fallback_quota() {
+    let mut node = RedisNode::start();
+    // Two replicas share 4 per minute: each allows 2 on its own while Redis is down.
+    let base = serve(buy_app_with(
+        redis_limiter(&node).await,
+        quota("4/60"),
+        true,
+        2,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    assert_eq!(buy(&client, &base, Some("flash")).await.status(), 200);
+
+    node.kill();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        let resp = buy(&client, &base, Some("flash")).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "took {:?}",
+            started.elapsed()
+        );
+        seen.push(resp.status().as_u16());
+        if resp.status() == 200 {
+            assert_eq!(
+                header(&resp, "ratelimit-policy"),
+                Some("\"default\";q=4;w=60")
+            );
+            assert!(
+                header(&resp, "ratelimit").is_some(),
+                "counted by the replica"
+            );
+        } else {
+            assert!(header(&resp, "retry-after").is_some());
+        }
+    }
+    assert_eq!(
+        seen,
+        [200, 200, 429, 429],
+        "the replica's share, 2 of 4, then 429"
+    );
+    // Another client has a share of its own.
+    assert_eq!(buy(&client, &base, Some("other")).await.status(), 200);
 }
 
 #[tokio::test]

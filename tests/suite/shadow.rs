@@ -12,8 +12,8 @@ use axum::routing::{get, post};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower_redlock::{
-    ConcurrencyLimitLayer, IdempotencyLayer, LockLayer, Locks, MemoryLocks, RateLimitLayer,
-    RateLimiter, RedisRateLimiter, Shadow,
+    ConcurrencyLimitLayer, IdempotencyLayer, LockLayer, Locks, MemoryConcurrencyLimiter,
+    MemoryLocks, RateLimitLayer, RateLimiter, RedisRateLimiter, Shadow,
 };
 
 use crate::support::{RedisNode, nodes, redlock, serve};
@@ -187,7 +187,9 @@ async fn shadowed_idempotency_and_concurrency_layers_run_what_they_would_have_an
         .backend(Locks::from(MemoryLocks::new()))
         .shadow(true);
     let (entered, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let limited = ConcurrencyLimitLayer::global(1).shadow(true);
+    let limited = ConcurrencyLimitLayer::global(1)
+        .backend(MemoryConcurrencyLimiter::new())
+        .shadow(true);
     let app = Router::new()
         .route("/pay", handler.layer(idempotent))
         .route(

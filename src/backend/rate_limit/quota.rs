@@ -156,6 +156,19 @@ impl Quota {
         self.burst
     }
 
+    /// One `share`-th of this quota (at least one request), for each of `share` replicas
+    /// that count apart: the limit and the burst divided, rounded up; the same window.
+    pub(crate) fn divided(self, share: u32) -> Self {
+        let share = u64::from(share.max(1));
+        let limit = self.limit.div_ceil(share).max(1);
+        let burst = self.burst.map(|burst| burst.div_ceil(share).max(1));
+        // Dividing keeps every bound that `new` and `gcra` checked.
+        match burst {
+            None => Self::new(limit, self.window).unwrap_or(self),
+            Some(burst) => Self::gcra(limit, self.window, burst).unwrap_or(self),
+        }
+    }
+
     /// GCRA's emission interval, `window / limit`, in whole µs rounded up: rounded down,
     /// a rate that does not divide the window would let more through than `burst + t ×
     /// limit / window` (3 per second: 333,333 µs, 201 requests in 66.67 s against

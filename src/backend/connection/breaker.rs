@@ -1,0 +1,126 @@
+//! The outage breaker of one node's connection: after [`OPEN_AFTER`] failures in a row,
+//! the node's commands fail at once for [`COOL_DOWN`], without waiting for the node
+//! timeout; then the next command is the probe, alone, and its outcome closes the breaker
+//! or opens it for another cool-down. Every store (a Redlock's nodes, a limiter's store)
+//! has one per node, so a store whose nodes are all down answers at once, and each layer
+//! applies its outage rule (fail open or closed) without delay.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Failures in a row (a failed connection attempt or command, a silent node) that open
+/// the breaker: 3.
+pub(crate) const OPEN_AFTER: u32 = 3;
+/// How long an open breaker fails commands at once before a probe: 500 ms.
+pub(crate) const COOL_DOWN: Duration = Duration::from_millis(500);
+/// How long a probe may stay unanswered before another command probes: 5 s (a probe
+/// whose caller dropped it leaves no outcome).
+const PROBE_STALE: Duration = Duration::from_secs(5);
+
+/// Milliseconds since the first use, never 0 (0 means "closed" and "no probe").
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let elapsed = START.get_or_init(Instant::now).elapsed().as_millis();
+    u64::try_from(elapsed).unwrap_or(u64::MAX).saturating_add(1)
+}
+
+fn ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether a command may go to the node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Closed,
+    /// The breaker is open and this command is its probe.
+    Probe,
+    /// The breaker is open: fail at once, with the time until the next probe.
+    Refused(Duration),
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Breaker {
+    failures: AtomicU32,
+    /// When the cool-down ends (see [`now_ms`]); 0 while closed.
+    open_until: AtomicU64,
+    /// When the running probe started; 0 when none runs.
+    probe_since: AtomicU64,
+}
+
+impl Breaker {
+    pub(crate) fn pass(&self) -> Pass {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Pass::Closed;
+        }
+        let now = now_ms();
+        if now < until {
+            return Pass::Refused(Duration::from_millis(until - now));
+        }
+        let since = self.probe_since.load(Ordering::Acquire);
+        let stale = since != 0 && now.saturating_sub(since) > ms(PROBE_STALE);
+        if (since == 0 || stale)
+            && self
+                .probe_since
+                .compare_exchange(since, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            return Pass::Probe;
+        }
+        Pass::Refused(Duration::ZERO)
+    }
+
+    /// The node answered: the breaker closes. Returns whether it was open.
+    pub(crate) fn succeeded(&self) -> bool {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.probe_since.store(0, Ordering::Release);
+        self.open_until.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// The node failed: the breaker opens after [`OPEN_AFTER`] in a row, and an open one
+    /// starts another cool-down. Returns whether it opened now (was closed).
+    pub(crate) fn failed(&self) -> bool {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        let open = self.open_until.load(Ordering::Acquire) != 0;
+        if !open && failures < OPEN_AFTER {
+            return false;
+        }
+        self.probe_since.store(0, Ordering::Release);
+        let until = now_ms().saturating_add(ms(COOL_DOWN));
+        self.open_until.swap(until, Ordering::AcqRel) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_failures_in_a_row_probes_alone_and_closes_on_an_answer() {
+        let breaker = Breaker::default();
+        assert!(!breaker.failed() && !breaker.failed());
+        assert_eq!(breaker.pass(), Pass::Closed);
+        assert!(!breaker.succeeded(), "an answer resets the count");
+        assert!(!breaker.failed() && !breaker.failed());
+        assert!(breaker.failed(), "the third failure in a row opens it");
+        assert!(matches!(breaker.pass(), Pass::Refused(left) if left <= COOL_DOWN));
+        // After the cool-down: one probe, the others still refused.
+        breaker.open_until.store(1, Ordering::Release);
+        assert_eq!(breaker.pass(), Pass::Probe);
+        assert_eq!(breaker.pass(), Pass::Refused(Duration::ZERO));
+        // The probe fails: another cool-down, and no probe meanwhile.
+        assert!(!breaker.failed(), "already open");
+        assert!(matches!(breaker.pass(), Pass::Refused(left) if !left.is_zero()));
+        breaker.open_until.store(1, Ordering::Release);
+        assert_eq!(breaker.pass(), Pass::Probe);
+        assert!(breaker.succeeded());
+        assert_eq!(breaker.pass(), Pass::Closed);
+    }
+}
