@@ -204,6 +204,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_fits_128_bytes() {
+        assert!(size_of::<Lease>() <= 128, "{} bytes", size_of::<Lease>());
+    }
+
+    #[test]
     fn readers_keys_name_their_lock_key() {
         let key = readers_key("tower-redlock:", "tower-redlock:/items:7");
         assert_eq!(&*key, "tower-redlock:{tower-redlock:/items:7}:readers");
