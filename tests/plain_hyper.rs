@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, service_fn};
 use tower_redlock::lock::RequestBody;
-use tower_redlock::{LockLayer, Locks, MemoryLocks, RejectionKind};
+use tower_redlock::{LockLayer, Locks, MemoryLocks};
 
 /// Serves `LockLayer::by_header("x-order-id")` around a handler that waits for `release`
 /// (telling `entered`) before it answers. The handler gets the request body the layer
@@ -84,7 +84,8 @@ async fn a_lock_layer_guards_a_plain_hyper_service() {
     assert!(second.headers().contains_key("retry-after"));
     let body = second.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(problem["type"], RejectionKind::Taken.type_uri());
+    assert_eq!(problem["type"], "urn:tower-redlock:problem:taken");
+    assert_eq!(problem["title"], "Conflict");
     release.notify_one();
     let first = first.await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
