@@ -13,7 +13,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An HTTP answer given instead of running the inner service: a status, an RFC 9457
 /// problem details body (`type`, `title`, `status`, `detail`), and `Retry-After` where the
-/// client may try again.
+/// client may try again. The `title` is the status's name as its RFC gives it
+/// ([`title`](Self::title)).
 ///
 /// It becomes a response with `Response::from(problem)` (any body type that can be built
 /// from [`Bytes`]), or, with the `axum` feature, through axum's `IntoResponse`.
@@ -35,7 +36,7 @@ pub struct Problem {
     pub(crate) status: StatusCode,
     detail: Cow<'static, str>,
     retry_after: Option<Duration>,
-    type_uri: Option<String>,
+    type_uri: Option<Cow<'static, str>>,
 }
 
 impl Problem {
@@ -50,9 +51,10 @@ impl Problem {
     }
 
     /// The problem type (RFC 9457, section 3.1.1), a URI that identifies it; by default
-    /// `about:blank`, a problem described by its status alone.
+    /// `about:blank`, a problem described by its status alone. The crate's own types are
+    /// [`RejectionKind::type_uri`](crate::RejectionKind::type_uri).
     #[must_use]
-    pub fn with_type(mut self, uri: impl Into<String>) -> Self {
+    pub fn with_type(mut self, uri: impl Into<Cow<'static, str>>) -> Self {
         self.type_uri = Some(uri.into());
         self
     }
@@ -75,6 +77,22 @@ impl Problem {
         &self.detail
     }
 
+    /// The `title` the body carries: the status's name as RFC 9110 (section 15) gives it,
+    /// or the RFC that defines the status (423 Locked, RFC 4918; 428 Precondition Required
+    /// and 429 Too Many Requests, RFC 6585; 425 Too Early, RFC 8470), such as "Content Too
+    /// Large" for 413 and "Unprocessable Content" for 422, where the `http` crate's
+    /// [`canonical_reason`](StatusCode::canonical_reason) keeps RFC 7231's older names
+    /// ("Payload Too Large", and "Unprocessable Entity" from RFC 4918). "Error" for a
+    /// status without a name.
+    pub fn title(&self) -> &'static str {
+        title(self.status)
+    }
+
+    /// The problem type, `about:blank` unless [`with_type`](Self::with_type) set one.
+    pub fn type_uri(&self) -> &str {
+        self.type_uri.as_deref().unwrap_or("about:blank")
+    }
+
     /// The `Retry-After` delay, if any.
     pub fn retry_after_delay(&self) -> Option<Duration> {
         self.retry_after
@@ -94,8 +112,8 @@ impl Problem {
     pub(crate) fn to_response<B: From<Bytes>>(&self) -> Response<B> {
         let problem = self;
         let body = serde_json::json!({
-            "type": problem.type_uri.as_deref().unwrap_or("about:blank"),
-            "title": problem.status.canonical_reason().unwrap_or("Error"),
+            "type": problem.type_uri(),
+            "title": problem.title(),
             "status": problem.status.as_u16(),
             "detail": problem.detail,
         });
@@ -107,6 +125,21 @@ impl Problem {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
         response
+    }
+}
+
+/// The name of `status`: [`Problem::title`].
+fn title(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        // RFC 9110, section 15.3.4 (the `http` crate drops the hyphen).
+        203 => "Non-Authoritative Information",
+        // RFC 9110, section 15.5.14 (RFC 7231: "Payload Too Large").
+        413 => "Content Too Large",
+        // RFC 9110, section 15.5.21 (RFC 4918: "Unprocessable Entity").
+        422 => "Unprocessable Content",
+        // Every other name of the `http` crate is the one of RFC 9110 or of the RFC that
+        // defines the status (RFC 4918, 6585, 8470, ...).
+        _ => status.canonical_reason().unwrap_or("Error"),
     }
 }
 
@@ -148,8 +181,40 @@ mod tests {
         assert_eq!(r.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(r.headers()[RETRY_AFTER], "2");
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["type"], "about:blank");
         assert_eq!(v["status"], 423);
         assert_eq!(v["title"], "Locked");
         assert_eq!(v["detail"], "held");
+    }
+
+    /// Every status the crate answers with, and the ones an application is likely to put
+    /// in a `Problem`, named as RFC 9110 (section 15), RFC 4918 (423), RFC 6585 (428, 429)
+    /// and RFC 8470 (425) name them.
+    #[test]
+    fn titles_are_the_rfc_names_of_the_statuses() {
+        let titles = [
+            (203, "Non-Authoritative Information"),
+            (400, "Bad Request"),
+            (408, "Request Timeout"),
+            (409, "Conflict"),
+            (413, "Content Too Large"),
+            (415, "Unsupported Media Type"),
+            (422, "Unprocessable Content"),
+            (423, "Locked"),
+            (425, "Too Early"),
+            (428, "Precondition Required"),
+            (429, "Too Many Requests"),
+            (500, "Internal Server Error"),
+            (503, "Service Unavailable"),
+            (599, "Error"),
+        ];
+        for (code, title) in titles {
+            let status = StatusCode::from_u16(code).unwrap();
+            let problem = Problem::new(status, "detail");
+            assert_eq!(problem.title(), title, "{code}");
+            let r = Response::<Bytes>::from(problem);
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            assert_eq!(v["title"], title, "{code}");
+        }
     }
 }

@@ -48,11 +48,6 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 use crate::error::LockError;
 use crate::problem::Problem;
 
-/// Where the `type` URIs of the problem details point: this page's
-/// [`RejectionKind`] variants.
-const TYPE_BASE: &str =
-    "https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.";
-
 /// Which layer (or extractor) refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -82,6 +77,9 @@ pub enum RejectedBy {
 /// | [`RequestTimeout`](Self::RequestTimeout) | 408 | `DEADLINE_EXCEEDED` (4) |
 /// | [`Unavailable`](Self::Unavailable), [`Lost`](Self::Lost) | 503 | `UNAVAILABLE` (14) |
 /// | [`Misconfigured`](Self::Misconfigured) | 500 | `INTERNAL` (13) |
+///
+/// The problem types, with the title each status gets, are listed in the guide's
+/// [HTTP answers](crate::guide::http_answers#problem-types) chapter.
 ///
 /// A reused idempotency key with another request ([`Mismatch`](Self::Mismatch)) is
 /// `INVALID_ARGUMENT`, not `FAILED_PRECONDITION` or `ALREADY_EXISTS`: retrying the same
@@ -127,8 +125,11 @@ impl RejectionKind {
         match self {
             Self::Taken | Self::InFlight | Self::Unreplayable => StatusCode::CONFLICT,
             Self::MissingKey | Self::InvalidKey => StatusCode::BAD_REQUEST,
+            // 422 Unprocessable Content (RFC 9110, section 15.5.21); the `http` crate
+            // keeps RFC 4918's name for the constant.
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Limited => StatusCode::TOO_MANY_REQUESTS,
+            // 413 Content Too Large (RFC 9110, section 15.5.14); RFC 7231's name here.
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unavailable | Self::Lost => StatusCode::SERVICE_UNAVAILABLE,
@@ -149,11 +150,27 @@ impl RejectionKind {
         }
     }
 
-    /// The problem details' `type` (RFC 9457, section 3.1.1): a URI per kind, the
-    /// documentation of the variant, such as
-    /// `https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.Taken`.
-    pub fn type_uri(self) -> String {
-        format!("{TYPE_BASE}{self:?}")
+    /// The problem details' `type` (RFC 9457, section 3.1.1): a URN per kind,
+    /// `urn:tower-redlock:problem:` and the kind's name in kebab case, such as
+    /// `urn:tower-redlock:problem:taken`. An identifier for clients to match on, stable
+    /// across releases; it does not resolve to a page (RFC 9457 allows a non-resolvable
+    /// type URI): the guide's [HTTP answers](crate::guide::http_answers#problem-types)
+    /// chapter documents each one.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            Self::Taken => "urn:tower-redlock:problem:taken",
+            Self::InFlight => "urn:tower-redlock:problem:in-flight",
+            Self::MissingKey => "urn:tower-redlock:problem:missing-key",
+            Self::InvalidKey => "urn:tower-redlock:problem:invalid-key",
+            Self::Mismatch => "urn:tower-redlock:problem:mismatch",
+            Self::Unreplayable => "urn:tower-redlock:problem:unreplayable",
+            Self::Limited => "urn:tower-redlock:problem:limited",
+            Self::TooLarge => "urn:tower-redlock:problem:too-large",
+            Self::RequestTimeout => "urn:tower-redlock:problem:request-timeout",
+            Self::Unavailable => "urn:tower-redlock:problem:unavailable",
+            Self::Lost => "urn:tower-redlock:problem:lost",
+            Self::Misconfigured => "urn:tower-redlock:problem:misconfigured",
+        }
     }
 }
 
@@ -386,67 +403,4 @@ impl axum::response::IntoResponse for Rejection {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::header::RETRY_AFTER;
-
-    #[test]
-    fn body_is_problem_json_with_a_type_per_kind() {
-        let r = Response::<Bytes>::from(
-            Rejection::new(RejectedBy::Lock, RejectionKind::Taken, "held")
-                .with_status(StatusCode::LOCKED)
-                .retry_after(Duration::from_millis(1500)),
-        );
-        // The rest of the body and headers: `Problem`'s own test.
-        assert_eq!(r.status(), 423);
-        assert_eq!(r.headers()[RETRY_AFTER], "2");
-        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
-        assert_eq!(
-            v["type"],
-            "https://docs.rs/tower-redlock/latest/tower_redlock/rejection/enum.RejectionKind.html#variant.Taken"
-        );
-        assert_eq!(
-            r.extensions().get::<Rejection>().unwrap().kind(),
-            RejectionKind::Taken
-        );
-    }
-
-    #[test]
-    fn grpc_answers_are_trailers_only_with_status_message_and_pushback() {
-        let r: Response<Bytes> = Rejection::new(
-            RejectedBy::RateLimit,
-            RejectionKind::Limited,
-            "100% used, é",
-        )
-        .retry_after(Duration::from_millis(1500))
-        .into_grpc_response();
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc");
-        assert_eq!(r.headers()["grpc-status"], "8");
-        assert_eq!(r.headers()["grpc-message"], "100%25 used, %C3%A9");
-        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1500");
-        assert!(r.body().is_empty());
-    }
-
-    #[test]
-    fn every_kind_has_its_grpc_code() {
-        use RejectionKind::*;
-        let codes = [
-            (Taken, 10),
-            (InFlight, 10),
-            (MissingKey, 3),
-            (InvalidKey, 3),
-            (Mismatch, 3),
-            (Unreplayable, 9),
-            (Limited, 8),
-            (TooLarge, 8),
-            (RequestTimeout, 4),
-            (Unavailable, 14),
-            (Lost, 14),
-            (Misconfigured, 13),
-        ];
-        for (kind, code) in codes {
-            assert_eq!(kind.grpc_code(), code, "{kind:?}");
-        }
-    }
-}
+mod tests;

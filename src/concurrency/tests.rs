@@ -58,7 +58,8 @@ async fn over_the_limit_is_503_with_retry_after_and_a_problem() {
     let body = over.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["status"], 503);
-    assert_eq!(problem["type"], crate::RejectionKind::Limited.type_uri());
+    assert_eq!(problem["type"], "urn:tower-redlock:problem:limited");
+    assert_eq!(problem["title"], "Service Unavailable");
     gate.add_permits(1);
     let done = first.await.unwrap().unwrap();
     assert_eq!(done.status(), StatusCode::OK);

@@ -35,6 +35,13 @@
 //!
 //! The service's error type stays the inner service's: no `HandleErrorLayer` is needed.
 //!
+//! `Retry-After` on contention is the typical hold time of the key's scope, as this
+//! process measured it when it released keys of that scope, never above the holder's
+//! remaining TTL. Before this process has released a key of the scope (its first
+//! contention after start, say) it is that remaining TTL: `Retry-After: 10` under a fresh
+//! lease of the default TTL, however short the handler
+//! ([guide::http_answers](crate::guide::http_answers#retry-after)).
+//!
 //! # Modes
 //!
 //! A layer, like a [`LockRequest`], takes a plain lock by default; [`LockMode`] lists

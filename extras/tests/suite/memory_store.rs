@@ -2,7 +2,8 @@
 //! counted by a counting allocator (`allocation-counter`; requested sizes, without the
 //! allocator's own overhead of about 8 to 16 bytes per allocation).
 //!
-//! Run with `cargo test --test suite memory_store:: -- --nocapture` to see the figures.
+//! Run with `cargo test -p extras --test suite memory_store:: -- --nocapture` to see the
+//! figures.
 
 use allocation_counter::{AllocationInfo, measure};
 use tower_redlock::{MemoryRateLimiter, Quota, RateLimitError};

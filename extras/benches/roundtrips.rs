@@ -33,12 +33,13 @@
 //! and for the layers' commands; loopback HTTP adds the `no-layer` row (about 20 µs, under
 //! a hundredth of a round trip at 2 ms each way).
 //!
-//! `bash scripts/roundtrips` builds and runs it (`cargo bench --bench roundtrips`); env:
-//! `DELAY_MS` (each way, default 2, fractions allowed), `N` (requests per case and PINGs
-//! for the unit, default 200), `WARMUP` (requests per case before measuring, default 20).
-//! Words after `--` run only the cases whose name contains one of them (`no-layer` always
-//! runs). Prints figures only, no targets. It starts its own `redis-server` processes (3,
-//! on free loopback ports, without persistence) and stops them at the end.
+//! `bash scripts/roundtrips` builds and runs it (`cargo bench -p extras --bench
+//! roundtrips`); env: `DELAY_MS` (each way, default 2, fractions allowed), `N` (requests
+//! per case and PINGs for the unit, default 200), `WARMUP` (requests per case before
+//! measuring, default 20). Words after `--` run only the cases whose name contains one of
+//! them (`no-layer` always runs). Prints figures only, no targets. It starts its own
+//! `redis-server` processes (3, on free loopback ports, without persistence) and stops them
+//! at the end.
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

@@ -1,7 +1,7 @@
 //! Heap allocations per operation: this crate's lock cycle against the floor's (the bare
 //! Redis commands) and rslock's, and a request through [`LockLayer`] against no layer.
 //!
-//! Run with `cargo bench --bench allocs` (a few seconds). It starts its own
+//! Run with `cargo bench -p extras --bench allocs` (a few seconds). It starts its own
 //! `redis-server` processes and runs everything on one thread (a current-thread Tokio
 //! runtime: the Redis connection tasks, the axum server and the hyper client included), so
 //! that the counter, which counts the allocations of its own thread, sees all of them.
@@ -75,7 +75,7 @@ where
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
-        println!("allocs: a benchmark; run it with `cargo bench --bench allocs`");
+        println!("allocs: a benchmark; run it with `cargo bench -p extras --bench allocs`");
         return;
     }
     let nodes = support::nodes(3);

@@ -12,8 +12,8 @@
 //!
 //! Targets: a first run adds at most 1.10x what LockLayer adds; a replay at most 0.60x.
 //!
-//! `cargo bench --bench idempotency` (`BENCH_QUICK=1` for a short run). It starts its own
-//! `redis-server` processes on free ports.
+//! `cargo bench -p extras --bench idempotency` (`BENCH_QUICK=1` for a short run). It starts
+//! its own `redis-server` processes on free ports.
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

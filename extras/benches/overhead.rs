@@ -1,11 +1,11 @@
 //! What a lock costs: this crate against the bare Redis commands, against rslock, and
 //! over HTTP against no layer at all.
 //!
-//! Run with `cargo bench --bench overhead` (about 105 s on two cores, after the build), or
-//! `BENCH_QUICK=1 cargo bench --bench overhead` for a smoke run of a few seconds. A word
-//! after `--` runs only the sections whose name contains it: `cycle`, `http` or `hot`
-//! (`cargo bench --bench overhead -- cycle`). `BENCH_DEBUG=1` also prints the deciles of
-//! the serial lock cycles (they are often bimodal: see below).
+//! Run with `cargo bench -p extras --bench overhead` (about 105 s on two cores, after the
+//! build), or `BENCH_QUICK=1 cargo bench -p extras --bench overhead` for a smoke run of a
+//! few seconds. A word after `--` runs only the sections whose name contains it: `cycle`,
+//! `http` or `hot` (`cargo bench -p extras --bench overhead -- cycle`). `BENCH_DEBUG=1`
+//! also prints the deciles of the serial lock cycles (they are often bimodal: see below).
 //!
 //! The bench starts its own `redis-server` processes (three, on free loopback ports,
 //! without persistence) and stops them at the end. It prints one table with absolute
@@ -153,7 +153,7 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: stay out of the
     // test suite.
     if !args.iter().any(|a| a == "--bench") {
-        println!("overhead: a benchmark; run it with `cargo bench --bench overhead`");
+        println!("overhead: a benchmark; run it with `cargo bench -p extras --bench overhead`");
         return;
     }
     let filter: Option<String> = args.iter().find(|a| !a.starts_with('-')).cloned();

@@ -1,7 +1,7 @@
 //! The layers in front of a tonic gRPC server, and what a gRPC client sees when they refuse.
 //!
 //! ```sh
-//! cargo run --example grpc
+//! cargo run -p extras --example grpc
 //! ```
 //!
 //! The server is tonic-health's `grpc.health.v1.Health` service (unary `Check`,

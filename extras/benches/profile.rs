@@ -3,7 +3,7 @@
 //! runs can be subtracted).
 //!
 //! ```text
-//! cargo bench --bench profile --no-run
+//! cargo bench -p extras --bench profile --no-run
 //! BIN=$(ls -t target/release/deps/profile-* | grep -v '\.d$' | head -1)
 //! valgrind --tool=callgrind $BIN --bench http-layer 0      # setup alone
 //! valgrind --tool=callgrind $BIN --bench http-layer 3000   # setup and 3,000 requests

@@ -12,7 +12,7 @@
 //!
 //! Target: the rate with the recorder at least 0.97x the rate without (a cost under 3%).
 //!
-//! `cargo bench --bench metrics` (`BENCH_QUICK=1` for a short run).
+//! `cargo bench -p extras --bench metrics` (`BENCH_QUICK=1` for a short run).
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

@@ -1,8 +1,8 @@
 //! Wake-up latency: the time from a holder's release to the next waiter's acquisition,
 //! with release notifications (pub/sub) against polling, on 1 and 3 Redis nodes.
 //!
-//! `cargo bench --bench wakeup` (`BENCH_QUICK=1` for a short run). It starts its own
-//! `redis-server` processes on free ports.
+//! `cargo bench -p extras --bench wakeup` (`BENCH_QUICK=1` for a short run). It starts its
+//! own `redis-server` processes on free ports.
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

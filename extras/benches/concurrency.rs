@@ -7,8 +7,8 @@
 //! - `ConcurrencyLimitLayer::global`, a limit never reached (two round trips: the
 //!   acquiring script, and the `ZREM` that releases before the response is sent).
 //!
-//! `cargo bench --bench concurrency` (`BENCH_QUICK=1` for a short run). It starts its own
-//! `redis-server` process on a free port.
+//! `cargo bench -p extras --bench concurrency` (`BENCH_QUICK=1` for a short run). It starts
+//! its own `redis-server` process on a free port.
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

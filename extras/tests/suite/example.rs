@@ -36,7 +36,8 @@ fn example_binary() -> PathBuf {
         .join("flash_sale");
     assert!(
         path.exists(),
-        "{} is missing: cargo test builds it; run `cargo build --example flash_sale`",
+        "{} is missing: `cargo test --workspace` builds it (the example is the crate's, at \
+         the workspace root); run `cargo build --example flash_sale` there",
         path.display()
     );
     path

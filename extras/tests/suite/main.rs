@@ -5,11 +5,12 @@
 //! The tests that change something process-wide run in binaries of their own:
 //! `tests/default_backend.rs` (the app's default backend), `tests/log_keys.rs` (full keys
 //! in logs), `tests/observability.rs` (the global metrics recorder and tracing subscriber),
-//! `tests/outage.rs` (the outage log's interval) and `tests/plain_hyper.rs` (built without
-//! axum as well).
+//! `tests/outage.rs` (the outage log's interval), and the crate's own
+//! `tests/plain_hyper.rs` at the workspace root (built without axum as well, with none of
+//! this package's crates).
 //!
-//! Run one area with `cargo test --test suite <module>::`, for example
-//! `cargo test --test suite waiting::`.
+//! Run one area with `cargo test -p extras --test suite <module>::`, for example
+//! `cargo test -p extras --test suite waiting::`.
 
 // A test stops on what it did not expect: its unwraps, indexes and panics are assertions.
 #![allow(
@@ -22,6 +23,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod body_types;
 mod breaker;
 mod client_ip;
 mod cluster;

@@ -4,8 +4,8 @@
 //! start to the next waiter's acquisition), for fair waiting (`lock_fair_within`) against
 //! today's wake-up (`lock_within`: every waiter woken, the fastest wins), on 3 nodes.
 //!
-//! `cargo bench --bench fairness` (`BENCH_QUICK=1` for a short run). It starts its own
-//! `redis-server` processes on free ports.
+//! `cargo bench -p extras --bench fairness` (`BENCH_QUICK=1` for a short run). It starts
+//! its own `redis-server` processes on free ports.
 
 // A benchmark stops on a failed setup or a result it did not expect.
 #![allow(

@@ -138,6 +138,12 @@ async fn the_same_key_with_another_body_is_422_and_a_missing_key_400() {
             other.headers()[header::CONTENT_TYPE],
             "application/problem+json"
         );
+        let problem: serde_json::Value = other.json().await.unwrap();
+        assert_eq!(
+            problem["type"], "urn:tower-redlock:problem:mismatch",
+            "{name}"
+        );
+        assert_eq!(problem["title"], "Unprocessable Content", "{name}");
         let missing = post_order(&base, None, "{\"item\":1}").await;
         assert_eq!(missing.status(), StatusCode::BAD_REQUEST, "{name}");
         assert_eq!(orders.runs(), 1, "{name}");
@@ -216,6 +222,12 @@ async fn body_caps_413_for_requests_and_no_replay_but_no_second_run_for_response
         let base = serve(orders.router(layer)).await;
         let large = post_order(&base, Some("k-5"), &"y".repeat(65)).await;
         assert_eq!(large.status(), StatusCode::PAYLOAD_TOO_LARGE, "{name}");
+        let problem: serde_json::Value = large.json().await.unwrap();
+        assert_eq!(
+            problem["type"], "urn:tower-redlock:problem:too-large",
+            "{name}"
+        );
+        assert_eq!(problem["title"], "Content Too Large", "{name}");
         assert_eq!(orders.runs(), 0);
         // The handler sees the body unchanged.
         let exact = post_order(&base, Some("k-6"), &"z".repeat(64)).await;
