@@ -367,6 +367,11 @@ impl ConnectionCore {
 
     /// The attempt of `generation` made `conn`: later commands take it as it is.
     fn connected(&self, generation: u64, conn: &Conn) {
+        // A new connection (after a failover, a restart) answered its handshake: commands
+        // may go to it again at once.
+        if self.breaker.succeeded() {
+            breaker_changed(&self.label, "closed");
+        }
         let mut state = self.state();
         if state.generation == generation && state.ready.is_none() {
             state.ready = Some(conn.clone());

@@ -138,7 +138,7 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
     /// The end of a layer's lease: [`unlock`](Self::unlock) with a failure logged (the keys
     /// left behind expire by their TTL), and in the background if the future is dropped.
-    fn end(&self, lease: Lease) -> Answer<()>;
+    fn end(&self, lease: &Lease) -> Answer<()>;
     /// Releases without waiting: at once in process, on a spawned task for Redis.
     fn release_detached(&self, lease: &Lease);
     /// The `Retry-After` of a contended `key`, from its hold times and what the holder has

@@ -455,8 +455,8 @@ impl LockBackend for MemoryLocks {
         Answer::Now(self.release(&lease))
     }
 
-    fn end(&self, lease: Lease) -> Answer<()> {
-        let _ = self.release(&lease);
+    fn end(&self, lease: &Lease) -> Answer<()> {
+        let _ = self.release(lease);
         Answer::Now(())
     }
 

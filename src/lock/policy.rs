@@ -264,9 +264,9 @@ impl Permit for LockPermit {
         }
     }
 
-    fn release(self, _end: End) -> Release {
-        let (locks, lease) = self.disarm();
-        match locks.backend().end(lease) {
+    fn release(mut self, _end: End) -> Release {
+        self.armed = false;
+        match self.watchdog.locks().backend().end(self.watchdog.lease()) {
             Answer::Now(()) => Release::Done,
             Answer::Later(release) => Release::Pending(release),
         }

@@ -17,22 +17,26 @@ thread_local! {
     /// The lease of the `LockLayer` whose inner service this thread is polling: set for
     /// the poll only, as a task-local would be (a poll runs on one thread, start to end).
     static HELD: Cell<Option<LeaseStatus>> = const { Cell::new(None) };
+    /// Whether `HELD` may hold a lease: a flag without a destructor, so that the common
+    /// case (no lease in scope) costs one read.
+    static IN_SCOPE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Runs `f` with `status`'s lease as the request's own, and puts back what was there (the
 /// lease of an outer layer), also when `f` panics.
 pub(crate) fn scoped<R>(status: LeaseStatus, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<LeaseStatus>);
+    struct Restore(Option<LeaseStatus>, bool);
     impl Drop for Restore {
         fn drop(&mut self) {
             let _ = HELD.try_with(|held| held.replace(self.0.take()));
+            IN_SCOPE.set(self.1);
         }
     }
     let Ok(outer) = HELD.try_with(|held| held.replace(Some(status))) else {
         // The thread is exiting: no scope, nothing to reenter.
         return f();
     };
-    let _restore = Restore(outer);
+    let _restore = Restore(outer, IN_SCOPE.replace(true));
     f()
 }
 
@@ -40,6 +44,9 @@ pub(crate) fn scoped<R>(status: LeaseStatus, f: impl FnOnce() -> R) -> R {
 /// (an exclusive lease covers any mode asked for; a reader's covers nothing): a copy
 /// marked as reentered, with the validity the renewals have reached.
 pub(crate) fn held(backend: u64, keys: &[Arc<str>]) -> Option<Lease> {
+    if !IN_SCOPE.get() {
+        return None;
+    }
     HELD.try_with(|held| {
         let status = held.take()?;
         let found = reentered(&status, backend, keys);

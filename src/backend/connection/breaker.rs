@@ -3,7 +3,8 @@
 //! timeout; then the next command is the probe, alone, and its outcome closes the breaker
 //! or opens it for another cool-down. Every store (a Redlock's nodes, a limiter's store)
 //! has one per node, so a store whose nodes are all down answers at once, and each layer
-//! applies its outage rule (fail open or closed) without delay.
+//! applies its outage rule (fail open or closed) without delay. A new connection to the
+//! node (the background reconnection after a restart or a failover) closes it too.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -71,7 +71,7 @@ impl LockBackend for Redlock {
         Answer::later(|| async move { this.release(lease).await })
     }
 
-    fn end(&self, lease: Lease) -> Answer<()> {
+    fn end(&self, lease: &Lease) -> Answer<()> {
         let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
         Answer::later(|| async move {
             if let Some((redlock, lease)) = guard.0.clone()
@@ -122,7 +122,7 @@ impl LockBackend for Redlock {
         ttl: Duration,
     ) -> Answer<()> {
         let Some(record) = record else {
-            return self.end(lease);
+            return self.end(&lease);
         };
         let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
         Answer::later(|| async move {
