@@ -443,11 +443,12 @@ fn app(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    // One level for every target, from RUST_LOG (`warn`, `info`, `debug`, `off`).
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|level| level.parse().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    tracing_subscriber::fmt().with_max_level(level).init();
     let metrics = prometheus()?;
 
     let addr: SocketAddr = std::env::var("LISTEN_ADDR")
