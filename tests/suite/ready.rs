@@ -173,3 +173,48 @@ async fn require_nodes_at_start_builds_with_a_quorum_up() {
         .unwrap();
     assert!(redlock.ready().await);
 }
+
+/// The flash-sale example's `GET /ready`: 200 with every store up (locks, stock, rate
+/// limit, concurrency limit), 503 naming the locks while a majority of the lock nodes is
+/// down, 503 naming the stock and the limits while the first node (theirs) is, and 200
+/// again once they are back. Each state is awaited (bounded): a loaded machine may make
+/// one probe of a live node miss the example's 500 ms node timeout.
+#[tokio::test]
+async fn the_example_is_ready_only_while_its_stores_answer() {
+    let mut nodes = nodes(3);
+    let env = [("RATE_LIMIT", "100/10"), ("MAX_CONCURRENT_BUYS", "5")];
+    let example = crate::example::start_example_with(&nodes, 0, true, &env).await;
+    let url = format!("{}/ready", example.base);
+    let answers = |status: u16, body: serde_json::Value| {
+        let url = url.clone();
+        async move {
+            let response = reqwest::get(&url).await.unwrap();
+            let seen = response.status().as_u16();
+            seen == status && response.json::<serde_json::Value>().await.unwrap() == body
+        }
+    };
+    let stores = |locks: bool, others: bool| serde_json::json!({"locks": locks, "stock": others, "rate_limit": others, "concurrency_limit": others});
+    assert!(answers(200, stores(true, true)).await, "not ready at first");
+
+    nodes[1].kill();
+    nodes[2].kill();
+    let locks_down = eventually(BACK_WITHIN, || answers(503, stores(false, true))).await;
+    assert!(
+        locks_down,
+        "not 503 naming the locks with two lock nodes down"
+    );
+    nodes[1].restart();
+    nodes[2].restart();
+    let back = eventually(BACK_WITHIN, || answers(200, stores(true, true))).await;
+    assert!(back, "not ready once the lock nodes were back");
+
+    nodes[0].kill();
+    let first_down = eventually(BACK_WITHIN, || answers(503, stores(true, false))).await;
+    assert!(
+        first_down,
+        "not 503 naming the stock and the limits with the first node down"
+    );
+    nodes[0].restart();
+    let back = eventually(BACK_WITHIN, || answers(200, stores(true, true))).await;
+    assert!(back, "not ready once the first node was back");
+}
