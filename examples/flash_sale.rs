@@ -56,7 +56,12 @@
 //! ```
 //!
 //! Routes:
-//! - `GET /healthz`
+//! - `GET /healthz`: the process answers;
+//! - `GET /ready`: whether its stores answer now, for a readiness probe: 200 when a
+//!   quorum of the lock nodes, the stock's node and (when set) the rate limit's and the
+//!   concurrency limit's answer, else 503; the body says which,
+//!   `{"concurrency_limit":null,"locks":true,"rate_limit":null,"stock":true}` (`null`:
+//!   not set);
 //! - `GET /metrics`: the Prometheus text exposition of this process's metrics: the crate's
 //!   own (`tower_redlock_*`, see the guide's `observability` chapter) and
 //!   `flash_sale_http_responses_total{route, status}`, one count per answer the example
@@ -95,20 +100,17 @@
 )]
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{FromRef, MatchedPath, Path, Request, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 use tower_redlock::key::{ClientIpKey, ClientIpSource};
@@ -124,6 +126,16 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[path = "flash_sale/accounts.rs"]
 mod accounts;
+#[path = "flash_sale/cluster.rs"]
+mod cluster;
+#[path = "flash_sale/metrics.rs"]
+mod metrics_setup;
+#[path = "flash_sale/store.rs"]
+mod store;
+
+use cluster::{cluster_backends, cluster_permits};
+use metrics_setup::{count_responses, prometheus};
+use store::{Store, StoreError, bounded, store_error};
 
 #[derive(Clone)]
 struct AppState {
@@ -131,93 +143,13 @@ struct AppState {
     store: Store,
     work: Duration,
     idempotency_ttl: Duration,
+    /// The limiters in use, for `GET /ready`.
+    limiters: (Option<RateLimiter>, Option<ConcurrencyLimiter>),
 }
 
 impl FromRef<AppState> for Locks {
     fn from_ref(state: &AppState) -> Locks {
         state.locks.clone()
-    }
-}
-
-/// Stock and sold counts, per item.
-#[derive(Clone)]
-enum Store {
-    Memory(Arc<Mutex<HashMap<String, (i64, i64)>>>),
-    Redis(ConnectionManager),
-    #[cfg(feature = "cluster-async")]
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-/// The stock and sold counts of `item` on a Redis node or cluster.
-async fn redis_get(
-    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
-    item: &str,
-) -> Result<Option<(i64, i64)>, StoreError> {
-    let stock: Option<i64> = bounded(conn.get(format!("flash_sale:{item}:stock"))).await?;
-    let sold: Option<i64> = bounded(conn.get(format!("flash_sale:{item}:sold"))).await?;
-    Ok(stock.map(|stock| (stock, sold.unwrap_or(0))))
-}
-
-async fn redis_set(
-    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
-    item: &str,
-    stock: i64,
-    sold: i64,
-) -> Result<(), StoreError> {
-    let () = bounded(conn.set(format!("flash_sale:{item}:stock"), stock)).await?;
-    let () = bounded(conn.set(format!("flash_sale:{item}:sold"), sold)).await?;
-    Ok(())
-}
-
-/// Why the stock store could not answer.
-#[derive(Debug)]
-enum StoreError {
-    Redis(redis::RedisError),
-    /// No answer within [`NODE_TIMEOUT`].
-    Timeout,
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Redis(e) => e.fmt(f),
-            StoreError::Timeout => write!(f, "no answer within {NODE_TIMEOUT:?}"),
-        }
-    }
-}
-
-/// One command to the stock node, given [`NODE_TIMEOUT`] to answer. `ConnectionManager`
-/// has no deadline of its own: while its node is replaced by something that is not Redis,
-/// it keeps reconnecting, and a command would wait for seconds.
-async fn bounded<T>(
-    command: impl Future<Output = Result<T, redis::RedisError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(NODE_TIMEOUT, command).await {
-        Ok(answer) => answer.map_err(StoreError::Redis),
-        Err(_) => Err(StoreError::Timeout),
-    }
-}
-
-impl Store {
-    async fn get(&self, item: &str) -> Result<Option<(i64, i64)>, StoreError> {
-        match self {
-            Store::Memory(map) => Ok(map.lock().unwrap().get(item).copied()),
-            Store::Redis(conn) => redis_get(&mut conn.clone(), item).await,
-            #[cfg(feature = "cluster-async")]
-            Store::Cluster(conn) => redis_get(&mut conn.clone(), item).await,
-        }
-    }
-
-    async fn set(&self, item: &str, stock: i64, sold: i64) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(map) => {
-                map.lock().unwrap().insert(item.to_owned(), (stock, sold));
-                Ok(())
-            }
-            Store::Redis(conn) => redis_set(&mut conn.clone(), item, stock, sold).await,
-            #[cfg(feature = "cluster-async")]
-            Store::Cluster(conn) => redis_set(&mut conn.clone(), item, stock, sold).await,
-        }
     }
 }
 
@@ -235,15 +167,6 @@ impl LockKey for OrderId {
 #[derive(Deserialize)]
 struct SetStock {
     stock: i64,
-}
-
-fn store_error(e: StoreError) -> Response {
-    tracing::error!(error = %e, "store unavailable");
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The stock store is unavailable.",
-    )
-    .into_response()
 }
 
 fn not_found(item: &str) -> Response {
@@ -351,38 +274,24 @@ async fn pay_unlocked(State(app): State<AppState>, Path(order): Path<OrderId>) -
     Json(json!({"order_id": order.0, "paid": true})).into_response()
 }
 
-/// Counts every answer: `flash_sale_http_responses_total{route, status}`.
-async fn count_responses(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let response = next.run(request).await;
-    metrics::counter!(
-        "flash_sale_http_responses_total",
-        "route" => route,
-        "status" => response.status().as_u16().to_string()
-    )
-    .increment(1);
-    response
-}
-
-/// Installs the Prometheus recorder, with histogram buckets from 1 ms to 10 s for the
-/// `_seconds` metrics, and drains it every 5 s.
-fn prometheus() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&[
-            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-        ])?
-        .install_recorder()?;
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(handle)
+/// `GET /ready`: 200 when every store in use answers now, else 503; the body says which
+/// (`null` for a limit that is not set).
+async fn ready(State(app): State<AppState>) -> Response {
+    let (rate_limit, concurrency_limit) = &app.limiters;
+    let (locks, stock, rate_limit, concurrency_limit) = tokio::join!(
+        app.locks.ready(),
+        app.store.ready(),
+        async { Some(rate_limit.as_ref()?.ready().await) },
+        async { Some(concurrency_limit.as_ref()?.ready().await) },
+    );
+    let limits = [rate_limit, concurrency_limit];
+    let status = if locks && stock && limits.into_iter().flatten().all(|ready| ready) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({"locks": locks, "stock": stock, "rate_limit": rate_limit, "concurrency_limit": concurrency_limit});
+    (status, Json(body)).into_response()
 }
 
 fn app(
@@ -395,6 +304,7 @@ fn app(
 ) -> Router {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/ready", get(ready))
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
@@ -522,8 +432,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rate_limit = quota.map(|quota| {
         RateLimitLayer::by_client_ip(client_ip, quota)
             .scope("buy")
-            .backend(limiter)
+            .backend(limiter.clone())
     });
+    let mut limiters = (quota.map(|_| limiter), None);
     let buys_in_flight = match max_buys {
         None => None,
         Some(max) => {
@@ -533,6 +444,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None if on_cluster => cluster_permits(&cluster).await?,
                 None => ConcurrencyLimiter::from(MemoryConcurrencyLimiter::new()),
             };
+            limiters.1 = Some(permits.clone());
             Some(
                 ConcurrencyLimitLayer::global(max)
                     .scope("buy")
@@ -562,6 +474,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 store,
                 work,
                 idempotency_ttl,
+                limiters,
             },
             locking,
             shadow,
@@ -584,56 +497,4 @@ fn env_list(name: &str) -> Vec<String> {
         .filter(|entry| !entry.is_empty())
         .map(str::to_owned)
         .collect()
-}
-
-/// The locks (one Redlock node: the cluster), the stock and the rate limit, all on one
-/// Redis Cluster.
-#[cfg(feature = "cluster-async")]
-async fn cluster_backends(
-    urls: &[String],
-) -> Result<(Locks, Store, RateLimiter), Box<dyn std::error::Error>> {
-    use tower_redlock::Node;
-    let redlock = Redlock::from_nodes([Node::cluster(urls)])
-        .node_timeout(NODE_TIMEOUT)
-        .build()
-        .await?;
-    let data = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-        .connection_timeout(NODE_TIMEOUT)
-        .build()?
-        .get_async_connection()
-        .await?;
-    let limiter = RedisRateLimiter::from_node(Node::cluster(urls))
-        .build()
-        .await?;
-    Ok((
-        Locks::from(redlock),
-        Store::Cluster(data),
-        RateLimiter::from(limiter),
-    ))
-}
-
-/// The permits of `MAX_CONCURRENT_BUYS` on the Redis Cluster of `urls`.
-#[cfg(feature = "cluster-async")]
-async fn cluster_permits(
-    urls: &[String],
-) -> Result<ConcurrencyLimiter, Box<dyn std::error::Error>> {
-    let node = tower_redlock::Node::cluster(urls);
-    Ok(RedisConcurrencyLimiter::from_node(node)
-        .build()
-        .await?
-        .into())
-}
-
-#[cfg(not(feature = "cluster-async"))]
-async fn cluster_permits(
-    _urls: &[String],
-) -> Result<ConcurrencyLimiter, Box<dyn std::error::Error>> {
-    Err("REDIS_CLUSTER needs the cluster-async feature: cargo run --features cluster-async --example flash_sale".into())
-}
-
-#[cfg(not(feature = "cluster-async"))]
-async fn cluster_backends(
-    _urls: &[String],
-) -> Result<(Locks, Store, RateLimiter), Box<dyn std::error::Error>> {
-    Err("REDIS_CLUSTER needs the cluster-async feature: cargo run --features cluster-async --example flash_sale".into())
 }

@@ -7,22 +7,38 @@ use crate::key::KeyError;
 
 /// Why a lock operation did not succeed; each variant says what the caller can do next
 /// ([`LockLayer`](crate::LockLayer) maps each one to a response).
+///
+/// A lock never taken and a lease lost read apart, by variant and by text: an acquisition
+/// fails with [`Taken`](Self::Taken) (someone else holds it), or
+/// [`NoQuorum`](Self::NoQuorum) / [`TooSlow`](Self::TooSlow) naming
+/// [`LockOperation::Acquire`] ("... so the lock was not acquired"); a renewal or release
+/// of a lease that is gone fails with [`Expired`](Self::Expired) ("the lease was lost
+/// ..."), and a layer whose lease was lost while the work ran with
+/// [`Lost`](Self::Lost). A renewal or release that the nodes leave undecided is
+/// [`NoQuorum`](Self::NoQuorum) naming [`LockOperation::Extend`] or
+/// [`LockOperation::Release`]: the lease may still hold.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Another holder has the lock: the nodes that said "held" leave too few for a quorum.
-    /// `retry_after`, sent as `Retry-After`, is an upper bound on when a quorum is free
-    /// again, from the holders' remaining TTL (`PTTL`).
-    #[error("the lock is held by another holder; it frees in at most {retry_after:?}")]
+    /// Another holder has the lock, so it was not acquired: the nodes that said "held"
+    /// leave too few for a quorum. `retry_after`, sent as `Retry-After`, is an upper bound
+    /// on when a quorum is free again, from the holders' remaining TTL (`PTTL`).
+    #[error(
+        "the lock is held by another holder, so it was not acquired; it frees in at most {retry_after:?}"
+    )]
     Taken {
         /// Time until the holder's lease expires.
         retry_after: Duration,
     },
 
     /// The answers that came in time decide nothing: fewer than a quorum answered, or the
-    /// failed nodes could still hold the token on a quorum. Retry later; check the nodes.
-    #[error("no quorum: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    /// failed nodes could still hold the token on a quorum. `operation` says what was
+    /// undecided: an acquisition took nothing (what it set is released); an extension or
+    /// a release may have left the lease held. Retry later; check the nodes.
+    #[error("no quorum to {operation}: {} of {nodes} nodes failed, and the other answers ({quorum} needed) decide nothing ({})", failures.len(), failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     NoQuorum {
+        /// What was asked of the nodes.
+        operation: LockOperation,
         /// How many nodes must agree.
         quorum: usize,
         /// How many nodes there are.
@@ -31,21 +47,26 @@ pub enum LockError {
         failures: Vec<NodeFailure>,
     },
 
-    /// A quorum agreed so late that no validity was left (`ttl - elapsed - drift` ≤ 0), so
-    /// the keys were released again: the nodes or network are slow. Raise the TTL or lower
-    /// the node timeout.
+    /// A quorum agreed so late that no validity was left (`ttl - elapsed - drift` ≤ 0): an
+    /// acquisition released the keys again, so the lock was not acquired; an extension
+    /// left the lease as it was, whose validity ends as before. The nodes or network are
+    /// slow: raise the TTL or lower the node timeout.
     #[error(
-        "acquiring took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout"
+        "too slow to {operation}: it took {elapsed:?}, leaving no validity within the TTL; raise the TTL or lower the node timeout"
     )]
     TooSlow {
+        /// What was asked of the nodes: [`LockOperation::Acquire`] or
+        /// [`LockOperation::Extend`].
+        operation: LockOperation,
         /// How long the attempt took.
         elapsed: Duration,
     },
 
-    /// The lease is no longer held: its TTL ran out before it was released or extended.
-    /// Said only when N - quorum + 1 nodes answered that the token is gone. Work done after
-    /// its validity ended was not protected.
-    #[error("the lease had already expired{}", if *taken_over { " and another holder has the key now" } else { "" })]
+    /// The lease was lost before this renewal or release: its token is gone (its TTL ran
+    /// out, or [`force_unlock`](crate::Locks::force_unlock) deleted it), and nothing was
+    /// extended or released. Said only when N - quorum + 1 nodes answered that the token
+    /// is gone. Work done after its validity ended was not protected.
+    #[error("the lease was lost before this renewal or release: its token is gone (expired or force-unlocked){}", if *taken_over { ", and another holder has the key now" } else { "" })]
     Expired {
         /// Whether another holder now has the key.
         taken_over: bool,
@@ -75,6 +96,39 @@ pub enum LockError {
         "no lock backend was chosen (Locks::default() is the in-process fallback) and this process built a Redlock, with which each replica would lock on its own; use the Redlock, or call Locks::set_default(..) once at start-up"
     )]
     NoBackendChosen,
+}
+
+/// What a lock operation asked of the nodes, as [`LockError::NoQuorum`] and
+/// [`LockError::TooSlow`] name it. Its `Display` is what the error says was undecided:
+/// "acquire the lock (it was not acquired)", "extend the lease (it may still hold)", ...
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockOperation {
+    /// An acquisition ([`Locks::acquire`](crate::Locks::acquire) and the like, a layer's,
+    /// an extractor's): nothing was taken.
+    Acquire,
+    /// An extension ([`Locks::extend`](crate::Locks::extend), a renewal): the lease may
+    /// still hold, until its validity ends.
+    Extend,
+    /// A release ([`Locks::unlock`](crate::Locks::unlock), a layer's): what is left
+    /// expires by its TTL.
+    Release,
+    /// [`Locks::inspect`](crate::Locks::inspect).
+    Inspect,
+    /// [`Locks::force_unlock`](crate::Locks::force_unlock).
+    ForceUnlock,
+}
+
+impl fmt::Display for LockOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LockOperation::Acquire => "acquire the lock (it was not acquired)",
+            LockOperation::Extend => "extend the lease (it may still hold until its validity ends)",
+            LockOperation::Release => "release the lease (what is left behind expires by its TTL)",
+            LockOperation::Inspect => "inspect the lock",
+            LockOperation::ForceUnlock => "force-unlock the lock",
+        })
+    }
 }
 
 impl LockError {
@@ -248,6 +302,28 @@ pub enum ConfigError {
         "invalid key prefix {0:?}: it contains '{{' or '}}', which would make a Redis Cluster hash tag (the crate names a lock's own keys <prefix>{{<lock key>}}:<role>); pick a prefix without braces"
     )]
     BraceInPrefix(String),
+
+    /// The store was built with `require_nodes_at_start(true)`
+    /// ([`RedlockBuilder::require_nodes_at_start`](crate::RedlockBuilder::require_nodes_at_start),
+    /// and the limiters' builders) and fewer nodes than it needs (a Redlock's quorum, a
+    /// limiter's one node) answered `PING` within the node timeout while it was built.
+    /// Check the URLs and that the nodes run; without the option, `build` starts anyway
+    /// and logs a warning per node.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[error(
+        "{} of {nodes} Redis nodes answered at start-up and {needed} are needed (require_nodes_at_start): {}",
+        nodes.saturating_sub(failures.len()),
+        failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    NodesUnreachable {
+        /// How many nodes there are.
+        nodes: usize,
+        /// How many must answer: the quorum.
+        needed: usize,
+        /// The nodes that did not answer, and why.
+        failures: Vec<NodeFailure>,
+    },
 
     /// [`Locks::set_default`](crate::Locks::set_default) (or the limiters' `set_default`)
     /// was called after the default was chosen: by an earlier call, or by a layer built

@@ -17,7 +17,8 @@
 // - the primitives: `key`, `lease` (`Lease`, `Token`), `renewal` (the schedule a lease and
 //   a concurrency permit share), `future` (boxed futures and errors), `protect`,
 //   `rejection` and `problem` (refusals and their answers), `error`, `redact`, `observe`
-//   (metric names and spans).
+//   (metric names and spans), `holder` (who holds a lease: `LockHolder`, and what a
+//   lease records of its request).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
 // the backends with their builders, the extractors and their rejections, the errors,
@@ -42,6 +43,8 @@ pub mod extract;
     feature = "concurrency-limit"
 ))]
 mod future;
+#[cfg(feature = "lock")]
+mod holder;
 pub mod key;
 #[cfg(any(
     feature = "lock",
@@ -89,7 +92,7 @@ pub use concurrency::{
     doc(cfg(all(feature = "concurrency-limit", feature = "redis")))
 )]
 pub use concurrency::{RedisConcurrencyLimiter, RedisConcurrencyLimiterBuilder};
-pub use error::{ConfigError, LockError, NodeFailure, NodeFailureReason};
+pub use error::{ConfigError, LockError, LockOperation, NodeFailure, NodeFailureReason};
 #[cfg(all(feature = "axum", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use extract::NotGuarded;
@@ -99,8 +102,8 @@ pub use extract::{LockKey, LockKeys, Locked, LockedRejection};
 #[cfg(feature = "lock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lock")))]
 pub use lock::{
-    Lease, LeaseStatus, LockAllLayer, LockAllRequest, LockInspection, LockLayer, LockMode,
-    LockRequest, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Token,
+    Lease, LeaseStatus, LockAllLayer, LockAllRequest, LockHolder, LockInspection, LockLayer,
+    LockMode, LockRequest, Locks, MemoryLocks, MemoryLocksBuilder, OnLockLoss, Token,
 };
 #[cfg(all(feature = "lock", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "lock", feature = "redis"))))]

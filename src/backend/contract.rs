@@ -16,6 +16,7 @@ use crate::backend::records::{Begin, Owner};
 use crate::backend::settings::Settings;
 use crate::error::LockError;
 use crate::future::{BoxFuture, boxed};
+use crate::holder::{Holder, HolderRef};
 use crate::lease::{Access, Lease};
 
 /// How a lease holds its key.
@@ -129,10 +130,25 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
         &self.settings().prefix
     }
     /// One attempt on `claim` in `mode`, from `started` (a fair one is granted only when
-    /// nobody waits); a set in another mode than plain is `Unsupported`.
-    fn attempt(&self, claim: Claim, mode: LockMode, started: Instant) -> Answer<LockResult>;
-    /// `key` in `mode`, waiting up to `max_wait`, woken by releases.
-    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult>;
+    /// nobody waits); a set in another mode than plain is `Unsupported`. A lease taken
+    /// records `holder` beside its keys (read only then in process; sent with the attempt
+    /// on Redis).
+    fn attempt(
+        &self,
+        claim: Claim,
+        mode: LockMode,
+        started: Instant,
+        holder: HolderRef<'_>,
+    ) -> Answer<LockResult>;
+    /// `key` in `mode`, waiting up to `max_wait`, woken by releases; the lease records
+    /// `holder`.
+    fn wait(
+        &self,
+        key: Arc<str>,
+        mode: LockMode,
+        max_wait: Duration,
+        holder: Holder,
+    ) -> BoxFuture<LockResult>;
     /// The lease extended to a full TTL from now; on error the caller keeps the old one.
     fn extend(&self, lease: Lease) -> Answer<LockResult>;
     fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
@@ -145,14 +161,18 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// left (see [`HoldTimes`](crate::backend::hold::HoldTimes)).
     fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration;
     fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>>;
+    /// Whether the store answers now: in process always; on Redis, a quorum of the nodes
+    /// answering `PING` within the node timeout.
+    fn ready(&self) -> Answer<bool>;
     fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>>;
-    /// The idempotency record of `key`, or the lock on `key` when there is none; waits up
-    /// to `max_wait` for a holder to finish.
+    /// The idempotency record of `key`, or the lock on `key` when there is none (its
+    /// lease recording `holder`); waits up to `max_wait` for a holder to finish.
     #[cfg(feature = "idempotency")]
     fn begin_idempotent(
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: HolderRef<'_>,
     ) -> Answer<Result<Begin, LockError>>;
     /// Stores `record` (when given) for `ttl` as one of `owner`'s, and ends the lease as
     /// [`end`](Self::end) does; a record that a quorum did not take is logged.

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::holder::LockHolder;
+
 /// What the backend holds for one lock key, as [`Locks::inspect`](crate::Locks::inspect)
 /// found it.
 ///
@@ -33,6 +35,12 @@ pub struct LockInspection {
     /// Whether anyone waits: a waiters' mark or a fair queue on some node (a waiting
     /// request of this process, in process).
     pub waiters: bool,
+    /// Who holds the lock: the replica, and the method, route and request id of the
+    /// request that took it (see [`LockHolder`] for which leases record one). On Redlock,
+    /// the record that most of the nodes holding the lock keep beside it, read only where
+    /// it names the lease whose token the lock key holds. `None` when nobody holds the
+    /// lock, for readers, and for a lock that another client (redis-py, say) took.
+    pub holder: Option<LockHolder>,
 }
 
 impl LockInspection {

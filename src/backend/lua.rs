@@ -75,6 +75,7 @@ pub(crate) static REDLOCK: Scripts = &[
 #[cfg(feature = "lock")]
 pub(crate) static ACQUIRE: Lua = Lua::new(concat!(
     include_str!("lua/lib/mark.lua"),
+    include_str!("lua/lib/set_holder.lua"),
     include_str!("lua/acquire.lua"),
 ));
 
@@ -84,6 +85,7 @@ pub(crate) static ACQUIRE: Lua = Lua::new(concat!(
 pub(crate) static ACQUIRE_FENCED: Lua = Lua::new(concat!(
     include_str!("lua/lib/counter_valid.lua"),
     include_str!("lua/lib/mark.lua"),
+    include_str!("lua/lib/set_holder.lua"),
     include_str!("lua/acquire_fenced.lua"),
 ));
 
@@ -91,6 +93,7 @@ pub(crate) static ACQUIRE_FENCED: Lua = Lua::new(concat!(
 #[cfg(feature = "lock")]
 pub(crate) static RELEASE: Lua = Lua::new(concat!(
     include_str!("lua/lib/unmark.lua"),
+    include_str!("lua/lib/is_holder.lua"),
     include_str!("lua/release.lua"),
 ));
 
@@ -114,6 +117,7 @@ pub(crate) static EXCLUSIVE_ACQUIRE: Lua = Lua::new(concat!(
     include_str!("lua/lib/foreign.lua"),
     include_str!("lua/lib/is_token.lua"),
     include_str!("lua/lib/counter_valid.lua"),
+    include_str!("lua/lib/set_holder.lua"),
     include_str!("lua/exclusive_acquire.lua"),
 ));
 
@@ -142,6 +146,7 @@ pub(crate) static FAIR_ACQUIRE: Lua = Lua::new(concat!(
     include_str!("lua/lib/mark.lua"),
     include_str!("lua/lib/foreign.lua"),
     include_str!("lua/lib/counter_valid.lua"),
+    include_str!("lua/lib/set_holder.lua"),
     include_str!("lua/fair_acquire.lua"),
 ));
 
@@ -158,6 +163,7 @@ pub(crate) static FAIR_LEAVE: Lua = Lua::new(concat!(
 #[cfg(feature = "lock")]
 pub(crate) static ACQUIRE_ALL: Lua = Lua::new(concat!(
     include_str!("lua/lib/counter_valid.lua"),
+    include_str!("lua/lib/set_holder.lua"),
     include_str!("lua/acquire_all.lua"),
 ));
 
@@ -172,6 +178,7 @@ pub(crate) static FENCE_ALL: Lua = Lua::new(concat!(
 #[cfg(feature = "lock")]
 pub(crate) static EXTEND_ALL: Lua = Lua::new(concat!(
     include_str!("lua/lib/counter_valid.lua"),
+    include_str!("lua/lib/is_holder.lua"),
     include_str!("lua/extend_all.lua"),
 ));
 
@@ -179,6 +186,7 @@ pub(crate) static EXTEND_ALL: Lua = Lua::new(concat!(
 #[cfg(feature = "lock")]
 pub(crate) static RELEASE_ALL: Lua = Lua::new(concat!(
     include_str!("lua/lib/unmark.lua"),
+    include_str!("lua/lib/is_holder.lua"),
     include_str!("lua/release_all.lua"),
 ));
 
@@ -186,12 +194,16 @@ pub(crate) static RELEASE_ALL: Lua = Lua::new(concat!(
 
 /// `lua/inspect.lua`: what one node holds for a lock.
 #[cfg(feature = "lock")]
-pub(crate) static INSPECT: Lua = Lua::new(include_str!("lua/inspect.lua"));
+pub(crate) static INSPECT: Lua = Lua::new(concat!(
+    include_str!("lua/lib/is_holder.lua"),
+    include_str!("lua/inspect.lua"),
+));
 
 /// `lua/force_release.lua`: deletes the lock key whoever holds it.
 #[cfg(feature = "lock")]
 pub(crate) static FORCE_RELEASE: Lua = Lua::new(concat!(
     include_str!("lua/lib/unmark.lua"),
+    include_str!("lua/lib/is_holder.lua"),
     include_str!("lua/force_release.lua"),
 ));
 
@@ -199,12 +211,16 @@ pub(crate) static FORCE_RELEASE: Lua = Lua::new(concat!(
 
 /// `lua/idempotency_begin.lua`: the record if there is one, else an attempt on the lock.
 #[cfg(feature = "idempotency")]
-pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::new(include_str!("lua/idempotency_begin.lua"));
+pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::new(concat!(
+    include_str!("lua/lib/set_holder.lua"),
+    include_str!("lua/idempotency_begin.lua"),
+));
 
 /// `lua/idempotency_finish.lua`: stores the record, then releases the lock.
 #[cfg(feature = "idempotency")]
 pub(crate) static IDEMPOTENCY_FINISH: Lua = Lua::new(concat!(
     include_str!("lua/lib/unmark.lua"),
+    include_str!("lua/lib/is_holder.lua"),
     include_str!("lua/idempotency_finish.lua"),
 ));
 
@@ -300,13 +316,15 @@ mod tests {
     }
 
     /// The functions of `lua/lib/`, each defined in the file of its name.
-    const HELPERS: [(&str, &str); 7] = [
+    const HELPERS: [(&str, &str); 9] = [
         ("mark", include_str!("lua/lib/mark.lua")),
         ("unmark", include_str!("lua/lib/unmark.lua")),
         ("foreign", include_str!("lua/lib/foreign.lua")),
         ("counter_valid", include_str!("lua/lib/counter_valid.lua")),
         ("is_token", include_str!("lua/lib/is_token.lua")),
         ("now_ms", include_str!("lua/lib/now.lua")),
+        ("set_holder", include_str!("lua/lib/set_holder.lua")),
+        ("is_holder", include_str!("lua/lib/is_holder.lua")),
         (
             "keep_until_last",
             include_str!("lua/lib/keep_until_last.lua"),

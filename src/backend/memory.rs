@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{LockBackend as _, LockResult};
 use crate::backend::hold::HoldTimes;
 use crate::backend::inspect::LockInspection;
 #[cfg(feature = "idempotency")]
@@ -18,10 +18,11 @@ use crate::backend::records::{
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::Waiters;
 use crate::error::{ConfigError, LockError};
-use crate::future::{BoxFuture, boxed};
-use crate::lease::{Access, Lease, Shape, Token};
+use crate::holder::{Holder, HolderRef, LockHolder};
+use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
 
+mod contract;
 #[cfg(feature = "idempotency")]
 mod idempotency;
 mod modes;
@@ -88,6 +89,8 @@ struct HeldKey {
     expires_at: Instant,
     /// When it was acquired, for the hold times behind `Retry-After`.
     since: Instant,
+    /// Who took it, for `inspect` (turned into text only there).
+    holder: Holder,
 }
 
 impl HeldKey {
@@ -158,6 +161,16 @@ pub struct MemoryLocksBuilder {
 
 impl MemoryLocksBuilder {
     policy_setters!();
+
+    /// The replica id each lease records as its holder's, for
+    /// [`Locks::inspect`](crate::Locks::inspect) to name ([`LockHolder`]): say, the pod's
+    /// name. Default `<hostname>-<pid>`, read once per process (see
+    /// [`RedlockBuilder::replica_id`](crate::RedlockBuilder::replica_id)). Bytes outside
+    /// printable ASCII, spaces included, become `_`, and it is cut to 64 bytes.
+    pub fn replica_id(mut self, id: impl AsRef<str>) -> Self {
+        self.policy.replica = crate::holder::replica_id(id.as_ref());
+        self
+    }
 
     /// Bounds on the idempotency records ([`IdempotencyLayer`](crate::IdempotencyLayer))
     /// kept in process: at most `records` of them, and `bytes` in all (keys and stored
@@ -252,23 +265,37 @@ impl MemoryLocks {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// One attempt on `key` by a direct call (its lease records the replica only).
+    #[cfg(test)]
     pub(crate) fn acquire(&self, key: Arc<str>) -> LockResult {
-        self.acquire_from(key, Instant::now())
+        self.acquire_from(key, Instant::now(), HolderRef::Direct)
     }
 
     /// [`acquire`](Self::acquire) at `now`, read by the caller just before (the lease then
-    /// ends that much earlier: never later than its TTL).
-    pub(crate) fn acquire_from(&self, key: Arc<str>, now: Instant) -> LockResult {
+    /// ends that much earlier: never later than its TTL), for `holder`.
+    pub(crate) fn acquire_from(
+        &self,
+        key: Arc<str>,
+        now: Instant,
+        holder: HolderRef<'_>,
+    ) -> LockResult {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), 1);
         observe::traced_now(
             span,
-            || self.acquire_in(&mut self.state(), key, now),
+            || self.acquire_in(&mut self.state(), key, now, holder),
             observe::lock_verdict,
         )
     }
 
-    /// [`acquire`](Self::acquire) under the state's lock.
-    fn acquire_in(&self, state: &mut Table, key: Arc<str>, now: Instant) -> LockResult {
+    /// [`acquire_from`](Self::acquire_from) under the state's lock; `holder` is read only
+    /// when the key is taken.
+    fn acquire_in(
+        &self,
+        state: &mut Table,
+        key: Arc<str>,
+        now: Instant,
+        holder: HolderRef<'_>,
+    ) -> LockResult {
         let token = Token::unique();
         let expires_at = now + self.inner.policy.ttl;
         state.sweep(now);
@@ -281,6 +308,7 @@ impl MemoryLocks {
             token,
             expires_at,
             since: now,
+            holder: holder.to_holder(),
         });
         Ok(self.lease(state, key, Shape::Lock, token, expires_at))
     }
@@ -379,9 +407,11 @@ impl MemoryLocks {
         let now = Instant::now();
         let state = self.state();
         let entry = state.keys.get(key);
-        let remaining = entry
+        let held = entry
             .and_then(|k| k.holder.as_ref())
-            .and_then(|h| h.left(now));
+            .filter(|h| h.expires_at > now);
+        let remaining = held.and_then(|h| h.left(now));
+        let holder = held.map(|h| LockHolder::parse(&h.holder.encode(&self.inner.policy.replica)));
         let modes = entry.and_then(|k| k.modes.as_deref());
         LockInspection {
             key: key.to_owned(),
@@ -392,6 +422,7 @@ impl MemoryLocks {
             fencing_token: None,
             readers: modes.map_or(0, |m| m.live_readers(now)),
             waiters: modes.is_some_and(|m| m.has_waiters()) || self.inner.waiters.is_waited(key),
+            holder,
         }
     }
 
@@ -409,126 +440,5 @@ impl MemoryLocks {
         drop(state);
         self.inner.waiters.wake(key);
         usize::from(held)
-    }
-}
-
-impl LockBackend for MemoryLocks {
-    fn settings(&self) -> &Settings {
-        &self.inner.policy
-    }
-
-    fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    fn in_process(&self) -> bool {
-        true
-    }
-
-    fn attempt(&self, claim: Claim, mode: LockMode, started: Instant) -> Answer<LockResult> {
-        Answer::Now(match (claim, mode) {
-            (Claim::One(key), LockMode::Plain) => self.acquire_from(key, started),
-            (Claim::One(key), LockMode::Shared) => self.acquire_access(key, Access::Shared),
-            (Claim::One(key), LockMode::Exclusive) => self.acquire_access(key, Access::Exclusive),
-            (Claim::One(key), LockMode::Fair) => self.acquire_fair(key, None),
-            (Claim::Set(keys), LockMode::Plain) => self.acquire_all(&keys),
-            (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
-        })
-    }
-
-    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult> {
-        let this = self.clone();
-        boxed(|| async move {
-            if mode == LockMode::Fair {
-                this.lock_fair_key_within(key, max_wait).await
-            } else {
-                this.lock_within(key, mode.access(), max_wait).await
-            }
-        })
-    }
-
-    fn extend(&self, mut lease: Lease) -> Answer<LockResult> {
-        Answer::Now(self.extend_lease(&mut lease).map(|()| lease))
-    }
-
-    fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>> {
-        Answer::Now(self.release(&lease))
-    }
-
-    fn end(&self, lease: &Lease) -> Answer<()> {
-        let _ = self.release(lease);
-        Answer::Now(())
-    }
-
-    fn release_detached(&self, lease: &Lease) {
-        let _ = self.release(lease);
-    }
-
-    fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.state()
-            .holds
-            .retry_after(key, self.prefix(), holder_left)
-    }
-
-    fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>> {
-        Answer::Now(Ok(self.inspect_key(&key)))
-    }
-
-    fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>> {
-        Answer::Now(Ok(self.force_unlock_key(&key)))
-    }
-
-    #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
-        if max_wait.is_zero() {
-            return Answer::Now(self.begin_idempotent_now(key));
-        }
-        let this = self.clone();
-        Answer::later(|| async move { this.begin_idempotent_within(key, max_wait).await })
-    }
-
-    #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Answer<()> {
-        self.store_and_release(lease, record, owner, ttl);
-        Answer::Now(())
-    }
-}
-
-/// Requests by resource name, for this module's tests.
-#[cfg(test)]
-impl MemoryLocks {
-    pub(crate) fn try_lock(&self, resource: &str) -> LockResult {
-        let key = self.inner.policy.full_key(resource)?;
-        self.acquire(key)
-    }
-
-    pub(crate) fn try_lock_all<'a, I>(&self, resources: I) -> LockResult
-    where
-        I: IntoIterator,
-        I::Item: Into<std::borrow::Cow<'a, str>>,
-    {
-        let request = crate::lock::request::LockRequest::from(
-            crate::lock::request::LockRequest::all(resources),
-        );
-        let (claim, _) = request.resolve(&self.inner.policy)?;
-        match self.attempt(claim, LockMode::Plain, Instant::now()) {
-            Answer::Now(result) => result,
-            Answer::Later(_) => unreachable!("the in-process store answers at once"),
-        }
-    }
-
-    pub(crate) async fn take(&self, request: crate::lock::request::LockRequest<'_>) -> LockResult {
-        let (claim, options) = request.resolve(&self.inner.policy)?;
-        crate::lock::request::acquire(self, claim, options).await
     }
 }

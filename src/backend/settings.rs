@@ -75,6 +75,8 @@ pub(crate) struct Settings {
     pub(crate) prefix: Arc<str>,
     /// Whether acquisitions issue fencing tokens.
     pub(crate) fencing: bool,
+    /// The replica id every lease records as its holder's (sanitised, bounded).
+    pub(crate) replica: Arc<str>,
 }
 
 #[cfg(feature = "lock")]
@@ -86,6 +88,7 @@ impl Default for Settings {
             retry_delay: DEFAULT_RETRY_DELAY,
             prefix: Arc::from(DEFAULT_PREFIX),
             fencing: false,
+            replica: crate::holder::default_replica_id(),
         }
     }
 }

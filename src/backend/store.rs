@@ -28,6 +28,8 @@ pub(crate) struct StoreSettings {
     node: Node,
     pub(crate) timeout: Duration,
     pub(crate) prefix: String,
+    /// Whether `connect` fails when the node does not answer.
+    pub(crate) require_node: bool,
 }
 
 impl StoreSettings {
@@ -37,12 +39,14 @@ impl StoreSettings {
             node,
             timeout,
             prefix: prefix.to_owned(),
+            require_node: false,
         }
     }
 
     /// Checks the prefix, sets up the connection and pings the node, bounded by the
-    /// timeout; a node that does not answer now is only a warning. Errors: as the public
-    /// `build()` methods'.
+    /// timeout; a node that does not answer now is only a warning, or, with
+    /// `require_node`, [`ConfigError::NodesUnreachable`]. Errors: as the public `build()`
+    /// methods'.
     pub(crate) async fn connect(self) -> Result<NodeStore, ConfigError> {
         check_prefix(&self.prefix)?;
         let (label, conn) = Connection::for_store(self.node, self.timeout)?;
@@ -52,9 +56,14 @@ impl StoreSettings {
             timeout: self.timeout,
             prefix: Arc::from(self.prefix),
         };
-        let mut conn = store.conn();
-        let ping = redis::cmd("PING");
-        if let Err(failure) = store.bounded(ping.query_async::<()>(&mut conn)).await {
+        if let Err(failure) = store.ping().await {
+            if self.require_node {
+                return Err(ConfigError::NodesUnreachable {
+                    nodes: 1,
+                    needed: 1,
+                    failures: vec![failure],
+                });
+            }
             tracing::warn!(%failure, "Redis not reachable yet; it will be retried");
         }
         Ok(store)
@@ -65,6 +74,13 @@ impl NodeStore {
     /// A handle to the connection, for one call (clones share the connection).
     pub(crate) fn conn(&self) -> Connection {
         self.conn.clone()
+    }
+
+    /// `PING`, bounded by the timeout: whether the node answers now, or why not.
+    pub(crate) async fn ping(&self) -> Result<(), NodeFailure> {
+        let mut conn = self.conn();
+        let ping = redis::cmd("PING");
+        self.bounded(ping.query_async::<()>(&mut conn)).await
     }
 
     /// Runs `call` bounded by the timeout: its reply, or the failure of this node (the

@@ -9,6 +9,7 @@ use http::StatusCode;
 
 use super::locked::{LockKey, Locked, LockedRejection, Owned};
 use crate::error::LockError;
+use crate::holder::Holder;
 use crate::key::{KeyError, MAX_KEYS_PER_LEASE, validate_value};
 use crate::lock::handle::Locks;
 use crate::lock::status::LeaseStatus;
@@ -96,21 +97,24 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let existing = request.extensions().get::<LeaseStatus>().cloned();
+        // Read before the request is handed on: the lease records it as its holder.
+        let holder = Holder::of_request(&request);
         let value = T::from_request(request, state)
             .await
             .map_err(LockedRejection::Extract)?;
-        lock(value, existing.as_ref(), Locks::from_ref(state))
+        lock(value, existing.as_ref(), Locks::from_ref(state), &holder)
             .await
             .map_err(LockedRejection::Lock)
     }
 }
 
 /// Locks `value`'s keys, or reuses `existing` (a layer's lease on this request) when it
-/// already holds every one of them.
+/// already holds every one of them; a new lease records `holder`.
 pub(super) async fn lock<T: LockKeys>(
     value: T,
     existing: Option<&LeaseStatus>,
     locks: Locks,
+    holder: &Holder,
 ) -> Result<Locked<T>, Rejection> {
     let reject = |e: LockError| Rejection::from_lock_error(&e, StatusCode::LOCKED);
     let keys = value.lock_keys();
@@ -142,10 +146,10 @@ pub(super) async fn lock<T: LockKeys>(
     }
     let started = std::time::Instant::now();
     let acquired = match &resources[..] {
-        [resource] => locks.try_lock(resource).await,
+        [resource] => locks.acquire_for(resource.as_str(), holder).await,
         _ => {
             let all = crate::lock::request::LockRequest::all(resources.iter().map(String::as_str));
-            locks.acquire(all).await
+            locks.acquire_for(all, holder).await
         }
     };
     crate::observe::lock_outcome(&acquired, started);

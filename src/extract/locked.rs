@@ -291,7 +291,8 @@ where
             .await
             .map_err(LockedRejection::Extract)?;
         let existing = parts.extensions.get::<LeaseStatus>();
-        super::lock_keys::lock(value, existing, Locks::from_ref(state))
+        let holder = crate::holder::Holder::of(parts);
+        super::lock_keys::lock(value, existing, Locks::from_ref(state), &holder)
             .await
             .map_err(LockedRejection::Lock)
     }

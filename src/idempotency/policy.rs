@@ -14,6 +14,7 @@ use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::contract::Answer;
 use crate::backend::records::{Begin, Owner, RecordOwner};
 use crate::error::LockError;
+use crate::holder::HolderRef;
 use crate::keyed::future::Trailers;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
@@ -113,11 +114,11 @@ impl Policy for IdempotencyPolicy {
             ));
         };
         let key = Arc::<str>::from(key);
-        match self
-            .locks
-            .backend()
-            .begin_idempotent(key.clone(), self.max_wait)
-        {
+        match self.locks.backend().begin_idempotent(
+            key.clone(),
+            self.max_wait,
+            HolderRef::Request(parts),
+        ) {
             Answer::Now(begun) => {
                 let begun = begun.map_err(|e| self.locks.estimated(&key, e));
                 Decision::Ready(self.verdict(begun, fingerprint, owner))

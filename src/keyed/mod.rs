@@ -132,7 +132,7 @@ macro_rules! keyed_middleware {
             /// ([`Shadow`](crate::Shadow)). `true` or `false` sets it once; a
             /// [`Shadow`](crate::Shadow) switch kept by the application flips it at run
             /// time. Default off.
-            pub fn shadow(self, shadow: impl Into<$crate::Shadow>) -> Self {
+            pub fn shadow(self, shadow: impl Into<$crate::keyed::Shadow>) -> Self {
                 Self { keyed: self.keyed.shadow(shadow.into()) }
             }
 
@@ -203,7 +203,7 @@ macro_rules! keyed_middleware {
             /// ```
             pub fn on_rejection<F>(self, render: F) -> Self
             where
-                F: Fn(&$crate::Rejection) -> http::Response<bytes::Bytes>
+                F: Fn(&$crate::rejection::Rejection) -> http::Response<bytes::Bytes>
                     + Send
                     + Sync
                     + 'static,

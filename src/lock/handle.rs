@@ -11,6 +11,7 @@ use crate::backend::memory::MemoryLocks;
 use crate::backend::redlock::Redlock;
 use crate::backend::settings::Settings;
 use crate::error::{ConfigError, LockError};
+use crate::holder::HolderRef;
 use crate::lease::Lease;
 use crate::lock::reentry;
 use crate::lock::request::{self, LockRequest, Options, Wait};
@@ -137,6 +138,35 @@ impl Locks {
         &self.policy().prefix
     }
 
+    /// The replica id every lease of this backend records as its holder's (see
+    /// [`LockHolder`](crate::LockHolder)): the one given to the builder's `replica_id`
+    /// ([`RedlockBuilder::replica_id`](crate::RedlockBuilder::replica_id),
+    /// [`MemoryLocksBuilder::replica_id`](crate::MemoryLocksBuilder::replica_id)), by
+    /// default `<hostname>-<pid>`.
+    pub fn replica_id(&self) -> &str {
+        &self.policy().replica
+    }
+
+    /// Whether the backend can take locks now, for a readiness probe: in process always;
+    /// on Redis, whether a quorum of the nodes answers `PING` within the node timeout
+    /// (see [`Redlock::ready`]). It takes no lock and writes nothing, and costs one `PING`
+    /// per node: cheap enough for a probe every few seconds. `false` for the in-process
+    /// fallback that refuses every acquisition ([`LockError::NoBackendChosen`]).
+    ///
+    /// ```
+    /// # async fn demo() {
+    /// use tower_redlock::{Locks, MemoryLocks};
+    ///
+    /// assert!(Locks::from(MemoryLocks::new()).ready().await);
+    /// # }
+    /// ```
+    pub async fn ready(&self) -> bool {
+        if self.check_chosen().is_err() {
+            return false;
+        }
+        self.backend.ready().get().await
+    }
+
     /// Which backend instance this is (see `backend::next_backend_id`).
     fn id(&self) -> u64 {
         self.backend.id()
@@ -204,7 +234,7 @@ impl Locks {
         }
         let plain = crate::backend::contract::LockMode::Plain;
         self.backend
-            .attempt(Claim::One(key), plain, Instant::now())
+            .attempt(Claim::One(key), plain, Instant::now(), HolderRef::Direct)
             .get()
             .await
     }
@@ -221,16 +251,36 @@ impl Locks {
 
     /// The one acquisition path: keys already prefixed and checked.
     pub(crate) async fn acquire_claim(&self, claim: Claim, options: Options) -> LockResult {
-        self.decide(claim, options, Instant::now()).get().await
+        let holder = HolderRef::Direct;
+        self.decide(claim, options, Instant::now(), holder)
+            .get()
+            .await
+    }
+
+    /// [`acquire`](Self::acquire) for a request whose lease records `holder` (an
+    /// extractor's request).
+    #[cfg(feature = "axum")]
+    pub(crate) async fn acquire_for<'a>(
+        &self,
+        request: impl Into<LockRequest<'a>>,
+        holder: &crate::holder::Holder,
+    ) -> LockResult {
+        let (claim, options) = request.into().resolve(self.policy())?;
+        let holder = HolderRef::Known(holder);
+        self.decide(claim, options, Instant::now(), holder)
+            .get()
+            .await
     }
 
     /// [`acquire_claim`](Self::acquire_claim) as an answer: at once in process unless it
     /// waits. A request that holds the keys already gets its own lease back (reentrancy).
+    /// The lease records `holder`, read only once it is taken in process.
     pub(crate) fn decide(
         &self,
         claim: Claim,
         options: Options,
         started: Instant,
+        holder: HolderRef<'_>,
     ) -> Answer<LockResult> {
         if let Err(e) = self.check_chosen() {
             return Answer::Now(Err(e));
@@ -239,10 +289,11 @@ impl Locks {
             return Answer::Now(Ok(lease));
         }
         if options.wait == Wait::Once {
-            return self.backend.attempt(claim, options.mode, started);
+            return self.backend.attempt(claim, options.mode, started, holder);
         }
         let backend = self.backend.clone();
-        Answer::later(|| async move { request::acquire(&*backend, claim, options).await })
+        let holder = holder.to_holder();
+        Answer::later(|| async move { request::acquire(&*backend, claim, options, holder).await })
     }
 
     /// Extends the lease to a full TTL from now (every key of a lease on several keys).
@@ -290,8 +341,10 @@ impl Locks {
     }
 
     /// What the backend holds for `resource`, for an operator: whether it is held, for
-    /// how long, the fencing token, readers and waiters. Read-only; on Redlock one
-    /// pipeline per node, every node awaited up to the node timeout.
+    /// how long, by whom ([`LockInspection::holder`]: the replica, and the method, route
+    /// and request id of the request that took it), the fencing token, readers and
+    /// waiters. Read-only; on Redlock one script per node, every node awaited up to the
+    /// node timeout.
     ///
     /// ```
     /// # async fn demo() -> Result<(), tower_redlock::LockError> {
@@ -301,6 +354,7 @@ impl Locks {
     /// let lease = locks.try_lock("report:7").await?;
     /// let seen = locks.inspect("report:7").await?;
     /// assert!(seen.is_held() && seen.remaining.is_some());
+    /// assert_eq!(seen.holder.map(|h| h.replica), Some(locks.replica_id().to_owned()));
     /// locks.unlock(lease).await?;
     /// assert!(!locks.inspect("report:7").await?.is_held());
     /// # Ok(()) }

@@ -216,4 +216,5 @@ pub use crate::backend::memory::{MemoryLocks, MemoryLocksBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::backend::redlock::{Redlock, RedlockBuilder};
+pub use crate::holder::LockHolder;
 pub use crate::lease::{Lease, Token};

@@ -13,6 +13,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 use crate::backend::contract::{Answer, Claim, LockMode};
 use crate::backend::fallback::User;
 use crate::error::LockError;
+use crate::holder::HolderRef;
 use crate::keyed::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
 };
@@ -117,28 +118,30 @@ impl Policy for LockPolicy {
         self.locks.refuses(User::LockLayer)
     }
 
-    fn decide(&self, key: &str, _parts: &Parts) -> Decision<LockPermit> {
-        self.decide_claim(Claim::One(Arc::from(key)), self.options)
+    fn decide(&self, key: &str, parts: &Parts) -> Decision<LockPermit> {
+        self.decide_claim(Claim::One(Arc::from(key)), self.options, parts)
     }
 
     const SEVERAL_KEYS: bool = true;
 
-    fn decide_all(&self, keys: Vec<Arc<str>>, _parts: &Parts) -> Decision<LockPermit> {
+    fn decide_all(&self, keys: Vec<Arc<str>>, parts: &Parts) -> Decision<LockPermit> {
         // One attempt: a set does not wait (`LockRequest::resolve`).
         let options = Options {
             wait: Wait::Once,
             mode: LockMode::Plain,
         };
-        self.decide_claim(Claim::Set(keys.into()), options)
+        self.decide_claim(Claim::Set(keys.into()), options, parts)
     }
 }
 
 impl LockPolicy {
-    /// Acquires at once on the in-process backend when not waiting, else as a future.
-    fn decide_claim(&self, claim: Claim, options: Options) -> Decision<LockPermit> {
+    /// Acquires at once on the in-process backend when not waiting, else as a future;
+    /// the lease records the request of `parts` as its holder.
+    fn decide_claim(&self, claim: Claim, options: Options, parts: &Parts) -> Decision<LockPermit> {
         let started = Instant::now();
         let first = claim.first().clone();
-        match self.locks.decide(claim, options, started) {
+        let holder = HolderRef::Request(parts);
+        match self.locks.decide(claim, options, started, holder) {
             Answer::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
             Answer::Later(acquiring) => {
                 let policy = self.clone();

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crate::backend::contract::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
 use crate::backend::settings::Settings;
 use crate::error::LockError;
+use crate::holder::{Holder, HolderRef};
 
 /// How long an acquisition waits for a held lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -208,14 +209,19 @@ impl<'a> From<&LockRequest<'a>> for LockRequest<'a> {
 /// Why a set of keys that waits is refused.
 const SET_WAIT: &str = "a lease on several keys waits with retry() only, not wait(..)";
 
-/// Runs a request that waits or retries on prefixed keys, on either backend.
+/// Runs a request that waits or retries on prefixed keys, on either backend; the lease
+/// records `holder`.
 pub(crate) async fn acquire(
     backend: &dyn LockBackend,
     claim: Claim,
     options: Options,
+    holder: Holder,
 ) -> LockResult {
     let mode = options.mode;
-    let attempt = |claim| backend.attempt(claim, mode, Instant::now()).get();
+    let attempt = |claim| {
+        let holder = HolderRef::Known(&holder);
+        backend.attempt(claim, mode, Instant::now(), holder).get()
+    };
     match (options.wait, claim) {
         (Wait::Once, claim) => attempt(claim).await,
         // Again after a random retry delay, up to the retry count, while it fails on
@@ -236,7 +242,9 @@ pub(crate) async fn acquire(
                 }
             }
         }
-        (Wait::Within(max_wait), Claim::One(key)) => backend.wait(key, mode, max_wait).await,
+        (Wait::Within(max_wait), Claim::One(key)) => {
+            backend.wait(key, mode, max_wait, holder).await
+        }
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
     }

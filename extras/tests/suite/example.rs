@@ -12,9 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::{RedisNode, eventually, nodes, post_to, retry_after, urls};
 
-struct Example {
+pub(crate) struct Example {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Drop for Example {
@@ -47,7 +47,7 @@ async fn start_example(nodes: &[RedisNode], work_ms: u64, locking: bool) -> Exam
     start_example_with(nodes, work_ms, locking, &[]).await
 }
 
-async fn start_example_with(
+pub(crate) async fn start_example_with(
     nodes: &[RedisNode],
     work_ms: u64,
     locking: bool,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::{RedisNode, calls, eventually, exists, nodes, pttl, urls};
 use tower_redlock::LockRequest;
-use tower_redlock::{LockError, Locks, Redlock, Renewal};
+use tower_redlock::{LockError, LockOperation, Locks, Redlock, Renewal};
 
 async fn redlock(nodes: &[RedisNode], ttl: Duration, node_timeout: Duration) -> Locks {
     Locks::from(
@@ -67,6 +67,7 @@ async fn taken_only_when_a_quorum_answered() {
             quorum: 3,
             nodes: 5,
             failures,
+            ..
         }) => assert_eq!(failures.len(), 3, "{failures:?}"),
         other => panic!("expected NoQuorum with 3 failures, got {other:?}"),
     }
@@ -313,4 +314,93 @@ async fn taken_cleans_up_partial_sets_in_the_background() {
             "the other holder's key was touched"
         );
     }
+}
+
+/// The text of `result`'s error (which it must be).
+fn error_text<T: std::fmt::Debug>(result: Result<T, LockError>) -> (LockError, String) {
+    let error = result.unwrap_err();
+    let text = error.to_string();
+    (error, text)
+}
+
+/// A lock never taken and a lease lost fail differently, by variant and by text: a
+/// refused attempt is `Taken` ("... so it was not acquired"), and the renewal and the
+/// release of a lease whose token is gone are `Expired` ("the lease was lost ..."); with a
+/// majority of the nodes down, the acquisition, the renewal and the release each say
+/// which of them found no quorum.
+async fn lost_and_never_taken_read_apart(locks: Locks, other: Locks, nodes: &mut [RedisNode]) {
+    let mut lease = locks.try_lock("order:7").await.unwrap();
+    let (refused, text) = error_text(other.try_lock("order:7").await);
+    assert!(matches!(refused, LockError::Taken { .. }), "{refused:?}");
+    assert!(
+        text.contains("not acquired") && !text.contains("lost"),
+        "{text}"
+    );
+
+    // The lease is lost behind its holder's back (an operator's force_unlock).
+    locks.force_unlock("order:7").await.unwrap();
+    let (lost, text) = error_text(locks.extend(&mut lease).await);
+    assert!(
+        matches!(lost, LockError::Expired { taken_over: false }),
+        "{lost:?}"
+    );
+    assert!(
+        text.contains("lease was lost") && !text.contains("not acquired"),
+        "{text}"
+    );
+    let taker = other.try_lock("order:7").await.unwrap();
+    let (lost, text) = error_text(locks.unlock(lease).await);
+    assert!(
+        matches!(lost, LockError::Expired { taken_over: true }),
+        "{lost:?}"
+    );
+    assert!(
+        text.contains("lease was lost") && text.contains("another holder"),
+        "{text}"
+    );
+    other.unlock(taker).await.unwrap();
+
+    if nodes.is_empty() {
+        return;
+    }
+    let mut held = locks.try_lock("order:8").await.unwrap();
+    for node in &mut nodes[1..] {
+        node.kill();
+    }
+    let expect = |result: Result<(), LockError>, operation: LockOperation, says: &str| {
+        let (error, text) = error_text(result);
+        assert!(
+            matches!(error, LockError::NoQuorum { operation: o, .. } if o == operation),
+            "{error:?}"
+        );
+        assert!(text.starts_with(&format!("no quorum to {says}")), "{text}");
+    };
+    let acquired = locks.try_lock("order:9").await.map(drop);
+    expect(
+        acquired,
+        LockOperation::Acquire,
+        "acquire the lock (it was not acquired)",
+    );
+    let extended = locks.extend(&mut held).await;
+    expect(
+        extended,
+        LockOperation::Extend,
+        "extend the lease (it may still hold",
+    );
+    let released = locks.unlock(held).await;
+    expect(released, LockOperation::Release, "release the lease");
+}
+
+#[tokio::test]
+async fn a_lost_lease_and_a_lock_never_taken_fail_apart_on_three_nodes() {
+    let mut nodes = nodes(3);
+    let locks = redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await;
+    let other = redlock(&nodes, Duration::from_secs(10), Duration::from_millis(200)).await;
+    lost_and_never_taken_read_apart(locks, other, &mut nodes).await;
+}
+
+#[tokio::test]
+async fn a_lost_lease_and_a_lock_never_taken_fail_apart_in_process() {
+    let locks = Locks::from(tower_redlock::MemoryLocks::new());
+    lost_and_never_taken_read_apart(locks.clone(), locks, &mut []).await;
 }

@@ -533,7 +533,9 @@ fn orders(url: String, locks: Locks, runs: Arc<std::sync::atomic::AtomicUsize>) 
                 if let Some(order) = body.strip_prefix("foreign:") {
                     let (role, i) = order.split_once(':').unwrap();
                     let idempotency_key = headers["idempotency-key"].to_str().unwrap();
-                    let lock = support::scan(&url, &format!("{P}*{idempotency_key}*")).await;
+                    let mut lock = support::scan(&url, &format!("{P}*{idempotency_key}*")).await;
+                    // The lock key, not the keys beside it (`<prefix>{<lock key>}:<role>`).
+                    lock.retain(|key| !key.contains('{'));
                     let [lock] = &lock[..] else {
                         panic!("one lock key while the handler runs: {lock:?}");
                     };

@@ -110,6 +110,7 @@ async fn majority_down_is_no_quorum_within_node_timeout() {
             quorum,
             nodes: n,
             failures,
+            ..
         } => {
             assert_eq!((quorum, n, failures.len()), (2, 3, 2));
         }

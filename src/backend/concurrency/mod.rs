@@ -287,6 +287,21 @@ impl ConcurrencyLimiter {
         matches!(self.backend, PermitStore::Memory(_))
     }
 
+    /// Whether the store can hand out permits now, for a readiness probe: in process
+    /// always; on Redis, whether its node answers `PING` within the timeout
+    /// ([`RedisConcurrencyLimiter::ready`]). `false` for the in-process fallback that
+    /// refuses every request ([`ConcurrencyError::NoBackendChosen`]).
+    pub async fn ready(&self) -> bool {
+        if self.fallback && fallback::CONCURRENCY_LIMITER.refuses() {
+            return false;
+        }
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            PermitStore::Redis(r) => r.ready().await,
+            PermitStore::Memory(_) => true,
+        }
+    }
+
     /// The in-process store, when this is one: it answers without `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryConcurrencyLimiter> {
         match &self.backend {

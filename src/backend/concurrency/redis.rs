@@ -143,6 +143,16 @@ impl RedisConcurrencyLimiter {
         &self.inner.store
     }
 
+    /// Whether the node answers `PING` within the
+    /// [timeout](RedisConcurrencyLimiterBuilder::timeout) now: for a readiness probe, cheap
+    /// enough to call every few seconds (one `PING`; a node that is down is connected again
+    /// in the background, and a later call finds it back).
+    /// [`ConcurrencyLimiter::ready`](crate::ConcurrencyLimiter::ready) asks the same
+    /// through the handle.
+    pub async fn ready(&self) -> bool {
+        self.inner.store.ping().await.is_ok()
+    }
+
     /// How long a permit lives without renewal.
     pub fn permit_ttl(&self) -> Duration {
         self.inner.ttl
@@ -295,14 +305,27 @@ impl RedisConcurrencyLimiterBuilder {
         self
     }
 
+    /// Whether [`build`](Self::build) fails when the node does not answer `PING` within
+    /// the timeout while it connects ([`ConfigError::NodesUnreachable`], naming the node
+    /// and why), rather than start and retry it. Default off: the node is connected again
+    /// later, and the layer fails open (or answers 503) meanwhile.
+    pub fn require_nodes_at_start(mut self, required: bool) -> Self {
+        self.settings.require_node = required;
+        self
+    }
+
     /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
-    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
+    /// reached now is retried on every later call (unless
+    /// [`require_nodes_at_start`](Self::require_nodes_at_start)). Needs a Tokio runtime
+    /// with the time driver.
     ///
     /// # Errors
     ///
     /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
-    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
+    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`;
+    /// [`ConfigError::NodesUnreachable`] for a node that does not answer, with
+    /// [`require_nodes_at_start`](Self::require_nodes_at_start).
     pub async fn build(self) -> Result<RedisConcurrencyLimiter, ConfigError> {
         let store = self.settings.connect().await?;
         let waiters = Arc::new(Waiters::default());

@@ -1,4 +1,5 @@
--- A writer's attempt: admitted where the lock key is free and no reader is left. A waiting
+-- A writer's attempt: admitted where the lock key is free and no reader is left (its
+-- holder recorded beside the lock). A waiting
 -- writer that finds readers sets the writer intent, so that no new reader is admitted
 -- meanwhile. A readers' set of another type holds the lock; a writer intent that is not a
 -- token is neither replaced nor deleted; either is left as it is.
@@ -8,10 +9,12 @@
 -- KEYS[3]  the writer intent
 -- KEYS[4]  the waiters' mark
 -- KEYS[5]  the fencing counter
+-- KEYS[6]  the holder record
 -- ARGV[1]  the token
 -- ARGV[2]  the lease TTL, in ms
 -- ARGV[3]  the TTL of the mark and the intent, in ms; `0`: not a waiter, neither is set
 -- ARGV[4]  `1`: read the fencing counter
+-- ARGV[5]  the holder's fields (see lib/set_holder.lua)
 --
 -- Reply, as every acquisition script's:
 --   {1, counter}  set; the counter as it stood (0 when unset or not read)
@@ -20,7 +23,7 @@
 --   {-1, 1}       the counter is not an integer below 2^53 (nothing written)
 --
 -- Uses lib/now.lua, lib/mark.lua, lib/foreign.lua, lib/is_token.lua,
--- lib/counter_valid.lua.
+-- lib/counter_valid.lua, lib/set_holder.lua.
 local now = now_ms()
 if foreign(KEYS[1], 'zset') then
   return {0, redis.call('PTTL', KEYS[1])}
@@ -44,6 +47,7 @@ if ARGV[4] == '1' then
   if not counter_valid(c) then return {-1, 1} end
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  set_holder(KEYS[6], ARGV[1], ARGV[5], ARGV[2])
   if is_token(redis.pcall('GET', KEYS[3])) then redis.call('DEL', KEYS[3]) end
   return {1, tonumber(c or '0')}
 end

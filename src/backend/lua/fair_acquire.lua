@@ -1,6 +1,6 @@
 -- A fair attempt: only the head of the queue (or anyone, when it is empty) may take the
 -- lock. Prunes the expired entries, queues the waiter (or renews its entry), and sets the
--- lock key with `SET NX PX` when it is the waiter's turn. A queue or deadlines key of
+-- lock key with `SET NX PX` when it is the waiter's turn (its holder recorded beside it). A queue or deadlines key of
 -- another type than a sorted set holds the lock (for its `PTTL`) and is left as it is.
 --
 -- KEYS[1]  the lock key
@@ -9,6 +9,7 @@
 --          clock)
 -- KEYS[4]  the waiters' mark
 -- KEYS[5]  the fencing counter
+-- KEYS[6]  the holder record
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the token
 -- ARGV[3]  the lease TTL, in ms
@@ -16,6 +17,7 @@
 -- ARGV[5]  the waiter's arrival, in µs since the Unix epoch
 -- ARGV[6]  the entry's lifetime, in ms; `0`: do not queue
 -- ARGV[7]  `1`: read the fencing counter
+-- ARGV[8]  the holder's fields (see lib/set_holder.lua)
 --
 -- Reply, as every acquisition script's:
 --   {1, counter}  set; the counter as it stood (0 when unset or not read)
@@ -23,7 +25,8 @@
 --                 waiter's turn)
 --   {-1, 1}       the counter is not an integer below 2^53 (nothing set)
 --
--- Uses lib/now.lua, lib/mark.lua, lib/foreign.lua, lib/counter_valid.lua.
+-- Uses lib/now.lua, lib/mark.lua, lib/foreign.lua, lib/counter_valid.lua,
+-- lib/set_holder.lua.
 local now = now_ms()
 for i = 2, 3 do
   if foreign(KEYS[i], 'zset') then return {0, redis.call('PTTL', KEYS[i])} end
@@ -50,6 +53,7 @@ if not head or head == ARGV[1] then
     if not counter_valid(c) then return {-1, 1} end
   end
   if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
+    set_holder(KEYS[6], ARGV[2], ARGV[8], ARGV[3])
     if head then
       redis.call('ZREM', KEYS[2], ARGV[1])
       redis.call('ZREM', KEYS[3], ARGV[1])

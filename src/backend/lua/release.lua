@@ -1,22 +1,27 @@
--- Deletes the lock key only if it holds our token (the Redis docs' release script). A
--- release that wakes waiters passes the waiters' mark as KEYS[2] and the lock's release
--- channel as ARGV[2]: when the mark is there, it deletes it and publishes on the channel.
--- The cleanup of an attempt that fell short passes no mark: two waiters that split the
--- nodes would otherwise wake each other in a loop while the holder keeps the lock. A value
--- this crate did not write (at either key) is left as it is.
+-- Deletes the lock key only if it holds our token (the Redis docs' release script), and
+-- our lease's holder record beside it (wherever it is left). A release that wakes waiters
+-- passes the waiters' mark as KEYS[3] and the lock's release channel as ARGV[2]: when the
+-- mark is there, it deletes it and publishes on the channel. The cleanup of an attempt
+-- that fell short passes no mark: two waiters that split the nodes would otherwise wake
+-- each other in a loop while the holder keeps the lock. A value this crate did not write
+-- (at any key) is left as it is.
 --
 -- KEYS[1]  the lock key
--- KEYS[2]  optional: the waiters' mark
+-- KEYS[2]  the holder record
+-- KEYS[3]  optional: the waiters' mark
 -- ARGV[1]  the token
--- ARGV[2]  with KEYS[2]: the lock's release channel
+-- ARGV[2]  with KEYS[3]: the lock's release channel
 --
 -- Reply: 1 deleted, 0 the key is gone, -1 it holds anything else.
 --
--- Uses lib/unmark.lua.
+-- Uses lib/unmark.lua, lib/is_holder.lua.
+if is_holder(KEYS[2], ARGV[1]) then
+  redis.call('DEL', KEYS[2])
+end
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if KEYS[2] and unmark(KEYS[2]) then
+  if KEYS[3] and unmark(KEYS[3]) then
     redis.call('PUBLISH', ARGV[2], '')
   end
   return 1

@@ -7,16 +7,23 @@ use super::MemoryLocks;
 use crate::backend::contract::LockBackend as _;
 use crate::backend::records::{Begin, Owner, record_key};
 use crate::error::LockError;
+use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
 
 impl MemoryLocks {
-    /// The record of `key`, or the lock on `key` when there is none; at once.
-    pub(crate) fn begin_idempotent_now(&self, key: Arc<str>) -> Result<Begin, LockError> {
+    /// The record of `key`, or the lock on `key` when there is none (its lease recording
+    /// `holder`); at once.
+    pub(crate) fn begin_idempotent_now(
+        &self,
+        key: Arc<str>,
+        holder: HolderRef<'_>,
+    ) -> Result<Begin, LockError> {
         let record_key = record_key(self.prefix(), &key);
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
-        Ok(self.recheck(self.acquire(key)?, &record_key))
+        let lease = self.acquire_from(key, std::time::Instant::now(), holder)?;
+        Ok(self.recheck(lease, &record_key))
     }
 
     /// [`begin_idempotent`](Self::begin_idempotent), waiting up to `max_wait` for a holder
@@ -25,12 +32,13 @@ impl MemoryLocks {
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: &Holder,
     ) -> Result<Begin, LockError> {
         let record_key = record_key(self.prefix(), &key);
         if let Some(raw) = self.records().get(&record_key) {
             return Ok(Begin::Found(raw));
         }
-        let lease = self.lock_within(key, None, max_wait).await?;
+        let lease = self.lock_within(key, None, max_wait, holder).await?;
         Ok(self.recheck(lease, &record_key))
     }
 

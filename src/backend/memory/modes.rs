@@ -12,6 +12,7 @@ use crate::backend::KeyMap;
 use crate::backend::contract::{LockBackend as _, LockResult};
 use crate::backend::wait::bounded_wait;
 use crate::error::LockError;
+use crate::holder::{Holder, HolderRef};
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
 
 /// How long a waiter that is not the head sleeps, at most, when the lock is free.
@@ -85,8 +86,14 @@ impl Table {
 }
 
 impl MemoryLocks {
-    /// One attempt at shared or exclusive access, at once.
-    pub(crate) fn acquire_access(&self, key: Arc<str>, access: Access) -> LockResult {
+    /// One attempt at shared or exclusive access, at once; a writer's lease records
+    /// `holder` (a reader's none).
+    pub(crate) fn acquire_access(
+        &self,
+        key: Arc<str>,
+        access: Access,
+        holder: HolderRef<'_>,
+    ) -> LockResult {
         let now = Instant::now();
         let ttl = self.inner.policy.ttl;
         let mut state = self.state();
@@ -120,24 +127,26 @@ impl MemoryLocks {
                 if let Some(retry_after) = modes.and_then(|m| m.last_reader(now)) {
                     return Err(LockError::Taken { retry_after });
                 }
-                self.acquire_in(&mut state, key, Instant::now())
+                self.acquire_in(&mut state, key, Instant::now(), holder)
             }
         }
     }
 
     /// Waits up to `max_wait` for `key` (zero: one attempt), woken by its releases: a
     /// plain lock when `access` is `None`, else shared or exclusive over readers (a
-    /// writer waiting keeps new readers out).
+    /// writer waiting keeps new readers out). The lease records `holder`.
     pub(crate) async fn lock_within(
         &self,
         key: Arc<str>,
         access: Option<Access>,
         max_wait: Duration,
+        holder: &Holder,
     ) -> LockResult {
         let attempt = || {
+            let holder = HolderRef::Known(holder);
             std::future::ready(match access {
-                None => self.acquire(key.clone()),
-                Some(access) => self.acquire_access(key.clone(), access),
+                None => self.acquire_from(key.clone(), Instant::now(), holder),
+                Some(access) => self.acquire_access(key.clone(), access, holder),
             })
         };
         match attempt().await {
@@ -188,7 +197,12 @@ impl MemoryLocks {
     }
 
     /// One fair attempt: only the head of the queue, or anyone when it is empty.
-    pub(super) fn acquire_fair(&self, key: Arc<str>, id: Option<Token>) -> LockResult {
+    pub(super) fn acquire_fair(
+        &self,
+        key: Arc<str>,
+        id: Option<Token>,
+        holder: HolderRef<'_>,
+    ) -> LockResult {
         let now = Instant::now();
         let mut state = self.state();
         let turn = state.modes(&key, now, |entry| match entry.queue.front() {
@@ -199,7 +213,7 @@ impl MemoryLocks {
             let retry_after = state.held_for(&key, now).unwrap_or(TURN);
             return Err(LockError::Taken { retry_after });
         }
-        let lease = self.acquire_in(&mut state, key.clone(), Instant::now())?;
+        let lease = self.acquire_in(&mut state, key.clone(), Instant::now(), holder)?;
         if id.is_some() {
             state.modes(&key, now, |entry| {
                 entry.queue.pop_front();
@@ -209,14 +223,16 @@ impl MemoryLocks {
     }
 
     /// A fair (first come, first served) acquisition of a prefixed key, waiting up to
-    /// `max_wait`.
+    /// `max_wait`; the lease records `holder`.
     pub(crate) async fn lock_fair_key_within(
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: &Holder,
     ) -> LockResult {
+        let holder_ref = HolderRef::Known(holder);
         if max_wait.is_zero() {
-            return self.acquire_fair(key, None);
+            return self.acquire_fair(key, None, holder_ref);
         }
         let id = Token::unique();
         let now = Instant::now();
@@ -228,7 +244,7 @@ impl MemoryLocks {
             key: &key,
             id,
         };
-        let attempt = || std::future::ready(self.acquire_fair(key.clone(), Some(id)));
+        let attempt = || std::future::ready(self.acquire_fair(key.clone(), Some(id), holder_ref));
         bounded_wait(&self.inner.waiters, &key, max_wait, attempt, async {}).await
     }
 

@@ -6,14 +6,15 @@ use std::time::Instant;
 use super::{HeldKey, MemoryLocks};
 use crate::backend::contract::LockResult;
 use crate::error::LockError;
+use crate::holder::HolderRef;
 use crate::key::{KeyError, MAX_KEYS_PER_LEASE};
 use crate::lease::{Lease, Shape, Token};
 
 impl MemoryLocks {
-    /// Takes the sorted, distinct `keys`, all or none.
-    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>) -> LockResult {
+    /// Takes the sorted, distinct `keys`, all or none; each records `holder`.
+    pub(crate) fn acquire_all(&self, keys: &Arc<[Arc<str>]>, holder: HolderRef<'_>) -> LockResult {
         let first = match &keys[..] {
-            [key] => return self.acquire(key.clone()),
+            [key] => return self.acquire_from(key.clone(), Instant::now(), holder),
             [first, ..] => first,
             [] => {
                 return Err(KeyError::KeyCount {
@@ -33,13 +34,15 @@ impl MemoryLocks {
             return Err(LockError::Taken { retry_after });
         }
         state.sweep(now);
+        let holder = holder.to_holder();
         for key in keys.iter() {
-            let holder = HeldKey {
+            let held = HeldKey {
                 token,
                 expires_at,
                 since: now,
+                holder: holder.clone(),
             };
-            state.keys.entry(key.clone()).or_default().holder = Some(holder);
+            state.keys.entry(key.clone()).or_default().holder = Some(held);
         }
         Ok(self.lease(
             &mut state,
@@ -127,7 +130,7 @@ mod tests {
         let locks = MemoryLocks::new();
         let none: Arc<[Arc<str>]> = Arc::new([]);
         assert!(matches!(
-            locks.acquire_all(&none),
+            locks.acquire_all(&none, HolderRef::Direct),
             Err(LockError::InvalidKey(KeyError::KeyCount { count: 0, .. }))
         ));
     }

@@ -179,6 +179,21 @@ impl RateLimiter {
         matches!(self.backend, RateStore::Memory(_))
     }
 
+    /// Whether the store can count now, for a readiness probe: in process always; on
+    /// Redis, whether its node answers `PING` within the timeout
+    /// ([`RedisRateLimiter::ready`]). `false` for the in-process fallback that refuses
+    /// every request ([`RateLimitError::NoBackendChosen`]).
+    pub async fn ready(&self) -> bool {
+        if self.fallback && fallback::RATE_LIMITER.refuses() {
+            return false;
+        }
+        match &self.backend {
+            #[cfg(feature = "redis")]
+            RateStore::Redis(r) => r.ready().await,
+            RateStore::Memory(_) => true,
+        }
+    }
+
     /// The in-process store, when this is one: it answers without `.await`.
     pub(crate) fn as_memory(&self) -> Option<&MemoryRateLimiter> {
         match &self.backend {

@@ -76,6 +76,15 @@ impl RedisRateLimiter {
         &self.store
     }
 
+    /// Whether the node answers `PING` within the [timeout](RedisRateLimiterBuilder::timeout)
+    /// now: for a readiness probe, cheap enough to call every few seconds (one `PING`; a
+    /// node that is down is connected again in the background, and a later call finds it
+    /// back). [`RateLimiter::ready`](crate::RateLimiter::ready) asks the same through the
+    /// handle.
+    pub async fn ready(&self) -> bool {
+        self.store.ping().await.is_ok()
+    }
+
     /// Counts one request on `resource` (stored as `{prefix}{resource}`) under `quota`,
     /// in one atomic script: the count after this request, and the time until the window
     /// resets. The first request of a window starts it; it lasts `quota.window()`.
@@ -158,14 +167,27 @@ impl RedisRateLimiterBuilder {
         timeout;
     }
 
+    /// Whether [`build`](Self::build) fails when the node does not answer `PING` within
+    /// the timeout while it connects ([`ConfigError::NodesUnreachable`], naming the node
+    /// and why), rather than start and retry it. Default off: the node is connected again
+    /// later, and the layer fails open (or answers 503) meanwhile.
+    pub fn require_nodes_at_start(mut self, required: bool) -> Self {
+        self.settings.require_node = required;
+        self
+    }
+
     /// Checks the configuration and connects, bounded by the timeout; a node that cannot be
-    /// reached now is retried on every later call. Needs a Tokio runtime with the time driver.
+    /// reached now is retried on every later call (unless
+    /// [`require_nodes_at_start`](Self::require_nodes_at_start)). Needs a Tokio runtime
+    /// with the time driver.
     ///
     /// # Errors
     ///
     /// [`ConfigError::InvalidUrl`] for a URL redis-rs cannot use,
     /// [`ConfigError::InvalidPrefix`] for a prefix over 128 bytes or with control
-    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`.
+    /// characters, [`ConfigError::BraceInPrefix`] for a prefix with `{` or `}`;
+    /// [`ConfigError::NodesUnreachable`] for a node that does not answer, with
+    /// [`require_nodes_at_start`](Self::require_nodes_at_start).
     pub async fn build(self) -> Result<RedisRateLimiter, ConfigError> {
         let store = self.settings.connect().await?;
         // From now on, a layer left on the in-process fallback refuses rather than count

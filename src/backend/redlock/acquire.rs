@@ -13,148 +13,18 @@ use super::round::{Answers, Stragglers};
 use super::scripts::{self, Attempt, Attempted};
 use super::tally::{QuorumVerdict, Rule, Vote};
 use crate::backend::connection::Connection;
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
-use crate::backend::inspect::LockInspection;
-use crate::backend::settings::Settings;
-use crate::error::{LockError, NodeFailureReason};
-use crate::future::{BoxFuture, boxed};
+use crate::error::{LockError, LockOperation, NodeFailureReason};
 use crate::lease::{Lease, Token};
-
-impl LockBackend for Redlock {
-    fn settings(&self) -> &Settings {
-        &self.inner.policy
-    }
-
-    fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    fn in_process(&self) -> bool {
-        false
-    }
-
-    fn attempt(&self, claim: Claim, mode: LockMode, _started: Instant) -> Answer<LockResult> {
-        let this = self.clone();
-        match (claim, mode) {
-            (Claim::One(key), LockMode::Plain) => {
-                Answer::later(|| async move { this.acquire(key, false).await })
-            }
-            (Claim::Set(keys), LockMode::Plain) => {
-                Answer::later(|| async move { this.acquire_all(keys).await })
-            }
-            (Claim::Set(_), _) => Answer::Now(Err(LockError::Unsupported(SET_MODE))),
-            (Claim::One(key), mode) => Answer::Later(self.wait(key, mode, Duration::ZERO)),
-        }
-    }
-
-    fn wait(&self, key: Arc<str>, mode: LockMode, max_wait: Duration) -> BoxFuture<LockResult> {
-        let this = self.clone();
-        boxed(|| async move {
-            match (mode, mode.access()) {
-                (LockMode::Fair, _) => this.lock_fair_key_within(key, max_wait).await,
-                (_, Some(access)) => {
-                    let attempt = |waiting| this.acquire_access(key.clone(), access, waiting);
-                    this.wait_with(key.clone(), max_wait, attempt).await
-                }
-                (_, None) => this.lock_key_within(key, max_wait).await,
-            }
-        })
-    }
-
-    fn extend(&self, mut lease: Lease) -> Answer<LockResult> {
-        let this = self.clone();
-        Answer::later(|| async move { this.extend_lease(&mut lease).await.map(|()| lease) })
-    }
-
-    fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>> {
-        let this = self.clone();
-        Answer::later(|| async move { this.release(lease).await })
-    }
-
-    fn end(&self, lease: &Lease) -> Answer<()> {
-        let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
-        Answer::later(|| async move {
-            if let Some((redlock, lease)) = guard.0.clone()
-                && let Err(e) = redlock.release(lease).await
-            {
-                tracing::debug!(error = %e, "lease release");
-            }
-            guard.0.take();
-        })
-    }
-
-    fn release_detached(&self, lease: &Lease) {
-        self.release_lease_detached(lease);
-    }
-
-    fn retry_estimate(&self, key: &str, holder_left: Duration) -> Duration {
-        self.inner
-            .local
-            .retry_after(key, self.prefix(), holder_left)
-    }
-
-    fn inspect(&self, key: Arc<str>) -> Answer<Result<LockInspection, LockError>> {
-        let this = self.clone();
-        Answer::later(|| async move { this.inspect_key(&key).await })
-    }
-
-    fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>> {
-        let this = self.clone();
-        Answer::later(|| async move { this.force_unlock_key(&key).await })
-    }
-
-    #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
-        let this = self.clone();
-        Answer::later(|| async move { this.find_or_acquire(key, max_wait).await })
-    }
-
-    #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        _owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Answer<()> {
-        let Some(record) = record else {
-            return self.end(&lease);
-        };
-        let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
-        Answer::later(|| async move {
-            if let Some((redlock, lease)) = guard.0.clone()
-                && let Err(e) = redlock.store_and_release(lease, record, ttl).await
-            {
-                tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
-            }
-            guard.0.take();
-        })
-    }
-}
-
-/// Releases the lease in the background when dropped still holding it: a release whose
-/// future was dropped before it ended.
-struct ReleaseOnDrop(Option<(Redlock, Lease)>);
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        if let Some((redlock, lease)) = self.0.take() {
-            redlock.release_lease_detached(&lease);
-        }
-    }
-}
 
 impl Redlock {
     /// One acquisition attempt, answered in process when it can be (see
     /// [`local`](super::local)); a `waiting` attempt sets the waiters' mark where it is held.
+    /// The lease records `holder` beside its key.
     pub(super) async fn acquire_untraced(
         &self,
         key: Arc<str>,
         waiting: bool,
+        holder: Arc<str>,
     ) -> Result<Lease, LockError> {
         loop {
             match self.inner.local.enter(&key, waiting) {
@@ -172,7 +42,8 @@ impl Redlock {
                     Outcome::Won | Outcome::Abandoned => {}
                 },
                 Admission::Lead(flight) => {
-                    let result = self.attempt_round(&key, waiting, flight.entered).await;
+                    let entered = flight.entered;
+                    let result = self.attempt_round(&key, waiting, entered, &holder).await;
                     flight.finish(&result);
                     return result;
                 }
@@ -180,12 +51,13 @@ impl Redlock {
         }
     }
 
-    /// One acquisition attempt on the nodes, started at `start`.
+    /// One acquisition attempt on the nodes, started at `start`, recording `holder`.
     async fn attempt_round(
         &self,
         key: &Arc<str>,
         waiting: bool,
         start: Instant,
+        holder: &Arc<str>,
     ) -> Result<Lease, LockError> {
         let mut acquisition = Acquisition::starting(self, Keys::Lock(key.clone()), start);
         let token = acquisition.token;
@@ -201,7 +73,7 @@ impl Redlock {
             .round(
                 |conn| {
                     let prefix = self.inner.policy.prefix.clone();
-                    scripts::acquire(conn, prefix, key.clone(), token, attempt)
+                    scripts::acquire(conn, prefix, key.clone(), token, attempt, holder.clone())
                 },
                 CleanUp::Background,
                 None,
@@ -270,9 +142,10 @@ impl Redlock {
         match round.verdict {
             QuorumVerdict::Won => Ok(fencing_token),
             QuorumVerdict::Lost => Err(LockError::TooSlow {
+                operation: LockOperation::Acquire,
                 elapsed: start.elapsed(),
             }),
-            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round, LockOperation::Acquire)),
         }
     }
 
@@ -406,7 +279,9 @@ impl<'a> Acquisition<'a> {
             .await;
         match round.verdict {
             QuorumVerdict::Won => return Ok(round),
-            QuorumVerdict::NoQuorum => return Err(redlock.no_quorum(round)),
+            QuorumVerdict::NoQuorum => {
+                return Err(redlock.no_quorum(round, LockOperation::Acquire));
+            }
             QuorumVerdict::Lost => {}
         }
         let retry_after = redlock.retry_after(&round, turn);
@@ -451,9 +326,10 @@ impl<'a> Acquisition<'a> {
             Fence::None => None,
         };
         let elapsed = self.start.elapsed();
-        let validity = redlock
-            .validity(elapsed)
-            .ok_or(LockError::TooSlow { elapsed })?;
+        let validity = redlock.validity(elapsed).ok_or(LockError::TooSlow {
+            operation: LockOperation::Acquire,
+            elapsed,
+        })?;
         self.armed = false;
         Ok(Lease {
             key: self.keys.lease_key(),

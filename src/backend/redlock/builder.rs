@@ -13,6 +13,7 @@ use crate::backend::notify::{Channels, Notifier};
 use crate::backend::settings::{Settings, policy_setters};
 use crate::backend::wait::{MAX_FALLBACK, Waiters};
 use crate::error::ConfigError;
+use crate::holder::HolderRef;
 
 /// Default node timeout, as a fraction of the TTL: 5% (go-redsync's timeout factor).
 const DEFAULT_NODE_TIMEOUT_FACTOR: u32 = 20;
@@ -29,6 +30,7 @@ pub struct RedlockBuilder {
     node_timeout: Option<Duration>,
     drift_factor: f64,
     notify_waiters: bool,
+    require_nodes: bool,
     policy: Settings,
 }
 
@@ -44,6 +46,7 @@ impl RedlockBuilder {
             node_timeout: None,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             notify_waiters: true,
+            require_nodes: false,
             policy: Settings::default(),
         }
     }
@@ -64,6 +67,18 @@ impl RedlockBuilder {
     /// within 1 s.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// The replica id each lease records as its holder's, so that
+    /// [`Locks::inspect`](crate::Locks::inspect) can say which replica holds a lock
+    /// ([`LockHolder`](crate::LockHolder)): the pod's or the host's name, say
+    /// (`std::env::var("HOSTNAME")` in Kubernetes). Default `<hostname>-<pid>`, worked out
+    /// once per process from `/proc/sys/kernel/hostname` or `/etc/hostname` (`unknown`
+    /// without either), so that two processes on one host differ. Bytes outside printable
+    /// ASCII, spaces included, become `_`, and it is cut to 64 bytes.
+    pub fn replica_id(mut self, id: impl AsRef<str>) -> Self {
+        self.policy.replica = crate::holder::replica_id(id.as_ref());
         self
     }
 
@@ -88,18 +103,33 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether [`build`](Self::build) fails when fewer than a quorum of the nodes answer
+    /// while it connects ([`ConfigError::NodesUnreachable`], naming each node that did not
+    /// and why), rather than start and retry them. Default off: a node down at start-up is
+    /// logged and connected again later, and the app answers 503 until a quorum is back.
+    /// On, a deployment whose nodes are all down or misnamed stops at start-up, with the
+    /// reason, instead of running unable to lock; [`Redlock::ready`] answers the same
+    /// question later.
+    pub fn require_nodes_at_start(mut self, required: bool) -> Self {
+        self.require_nodes = required;
+        self
+    }
+
     /// Checks the configuration, connects to every node and loads the Lua scripts, each
-    /// node bounded by the node timeout. An unreachable node is not an error: it is
-    /// retried later. Needs a Tokio runtime with the time driver.
+    /// node bounded by the node timeout. An unreachable node is not an error (it is
+    /// retried later) unless [`require_nodes_at_start`](Self::require_nodes_at_start) is
+    /// on and fewer than a quorum answer. Needs a Tokio runtime with the time driver.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`]: no nodes, an invalid URL, a TTL out of range or leaving no
     /// validity after the drift allowance, a node timeout not shorter than the TTL, a
-    /// drift factor out of range, an empty retry delay range, a bad prefix, or a replica
+    /// drift factor out of range, an empty retry delay range, a bad prefix, a replica
     /// timeout that does not fit in the node timeout with 100 ms to spare per waiting
     /// command ([`ConfigError::InvalidReplicaTimeout`], see
-    /// [`Node::replica_timeout`](crate::Node::replica_timeout)).
+    /// [`Node::replica_timeout`](crate::Node::replica_timeout)), or, with
+    /// [`require_nodes_at_start`](Self::require_nodes_at_start), fewer than a quorum of
+    /// the nodes answering ([`ConfigError::NodesUnreachable`]).
     ///
     /// An even number of nodes is logged as a warning: a quorum of `N/2 + 1` tolerates no
     /// more failed nodes than `N - 1` nodes do (2 nodes need both).
@@ -184,15 +214,28 @@ impl RedlockBuilder {
                 quorum,
                 node_timeout,
                 drift,
+                direct_holder: HolderRef::Direct.encode(&self.policy.replica),
                 policy: self.policy,
             }),
         };
         // Connecting now loads every script and checks that the nodes answer.
         let loads = redlock.on_every_node(scripts::connect).await;
+        let mut failures = Vec::new();
         for (node, load) in redlock.inner.nodes.iter().zip(loads.answers) {
             if let Some(Err(reason)) = load {
-                tracing::warn!(failure = %failure(node, reason), "Redis node not reachable yet; it will be retried");
+                failures.push(failure(node, reason));
             }
+        }
+        let answered = redlock.inner.nodes.len().saturating_sub(failures.len());
+        if self.require_nodes && answered < quorum {
+            return Err(ConfigError::NodesUnreachable {
+                nodes: redlock.inner.nodes.len(),
+                needed: quorum,
+                failures,
+            });
+        }
+        for failure in failures {
+            tracing::warn!(%failure, "Redis node not reachable yet; it will be retried");
         }
         if let Some(notifier) = &redlock.inner.notifier {
             notifier.watch();

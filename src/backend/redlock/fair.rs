@@ -49,25 +49,29 @@ struct FairAttempt {
     fenced: bool,
 }
 
+/// A fair attempt on one node; it records `holder` beside the lock when it takes it.
 async fn attempt(
     mut conn: Connection,
     prefix: Arc<str>,
     key: Arc<str>,
     a: FairAttempt,
+    holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
-    let mut cmd = evalsha(&FAIR_ACQUIRE, 5);
+    let mut cmd = evalsha(&FAIR_ACQUIRE, 6);
     cmd.arg(&*key)
         .arg(Auxiliary::queue(&prefix, &key))
         .arg(Auxiliary::queue_deadlines(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key))
         .arg(Auxiliary::fence(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key))
         .arg(a.waiter.id.as_bytes())
         .arg(a.token.as_bytes())
         .arg(a.ttl_ms)
         .arg(a.mark_ms)
         .arg(a.waiter.arrival_us)
         .arg(a.entry_ms)
-        .arg(if a.fenced { "1" } else { "0" });
+        .arg(if a.fenced { "1" } else { "0" })
+        .arg(&*holder);
     let keys = std::slice::from_ref(&key);
     run_attempt(&mut conn, &FAIR_ACQUIRE, &cmd, &prefix, keys).await
 }
@@ -116,11 +120,12 @@ impl Drop for LeaveOnDrop {
 
 impl Redlock {
     /// A fair wait on a prefixed key, up to `max_wait` (zero: one attempt, granted only
-    /// when nobody waits).
+    /// when nobody waits); the lease records `holder`.
     pub(crate) async fn lock_fair_key_within(
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: Arc<str>,
     ) -> Result<Lease, LockError> {
         let arrival_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -140,10 +145,11 @@ impl Redlock {
         let everywhere = AtomicBool::new(false);
         let result = self
             .wait_with(key.clone(), max_wait, |waiting| {
-                let key = key.clone();
+                let (key, holder) = (key.clone(), holder.clone());
                 let everywhere = &everywhere;
                 async move {
-                    let (lease, all) = self.acquire_fair(key, waiter, queued, waiting).await?;
+                    let attempt = self.acquire_fair(key, waiter, queued, waiting, holder);
+                    let (lease, all) = attempt.await?;
                     everywhere.store(all, Ordering::Relaxed);
                     Ok(lease)
                 }
@@ -156,13 +162,15 @@ impl Redlock {
         result
     }
 
-    /// One fair attempt: the lease, and whether every node granted it.
+    /// One fair attempt of `waiter` (`queued` in the queue, `waiting` to be woken): the
+    /// lease, recording `holder`, and whether every node granted it.
     async fn acquire_fair(
         &self,
         key: Arc<str>,
         waiter: Waiter,
         queued: bool,
         waiting: bool,
+        holder: Arc<str>,
     ) -> Result<(Lease, bool), LockError> {
         let mut acquisition = Acquisition::new(self, Keys::Lock(key.clone()));
         let (token, start) = (acquisition.token, acquisition.start);
@@ -184,7 +192,10 @@ impl Redlock {
         };
         let round = acquisition
             .round(
-                |conn| attempt(conn, self.inner.policy.prefix.clone(), key.clone(), a),
+                |conn| {
+                    let prefix = self.inner.policy.prefix.clone();
+                    attempt(conn, prefix, key.clone(), a, holder.clone())
+                },
                 CleanUp::Awaited,
                 Some(TURN),
             )

@@ -25,7 +25,7 @@ use crate::backend::contract::LockBackend;
 use crate::backend::lua::{IDEMPOTENCY_BEGIN, IDEMPOTENCY_FINISH};
 use crate::backend::notify::released;
 use crate::backend::records::Begin;
-use crate::error::{LockError, NodeFailureReason};
+use crate::error::{LockError, LockOperation, NodeFailureReason};
 use crate::future::boxed;
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
@@ -43,12 +43,15 @@ async fn begin_on(
     key: Arc<str>,
     token: Token,
     ttl_ms: u64,
+    holder: Arc<str>,
 ) -> Result<Found, NodeFailureReason> {
-    let mut cmd = scripts::evalsha(&IDEMPOTENCY_BEGIN, 2);
+    let mut cmd = scripts::evalsha(&IDEMPOTENCY_BEGIN, 3);
     cmd.arg(&*key)
         .arg(Auxiliary::record(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key))
         .arg(token.as_bytes())
-        .arg(ttl_ms);
+        .arg(ttl_ms)
+        .arg(&*holder);
     let reply: Vec<Value> = scripts::run_acked(
         &mut conn,
         Some(&IDEMPOTENCY_BEGIN),
@@ -72,10 +75,11 @@ async fn finish_on(
     record: Bytes,
     ttl_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = scripts::evalsha(&IDEMPOTENCY_FINISH, 3);
+    let mut cmd = scripts::evalsha(&IDEMPOTENCY_FINISH, 4);
     cmd.arg(&*key)
         .arg(Auxiliary::record(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key))
         .arg(token.as_bytes())
         .arg(&record[..])
         .arg(ttl_ms)
@@ -104,12 +108,14 @@ async fn read_on(
 }
 
 impl Redlock {
-    /// Finds the record of `key`, or acquires `key` when there is none; with `max_wait`,
-    /// waits for a holder to finish (woken by its release) and then finds its record.
+    /// Finds the record of `key`, or acquires `key` when there is none (the lease
+    /// recording `holder`); with `max_wait`, waits for a holder to finish (woken by its
+    /// release) and then finds its record.
     pub(crate) async fn find_or_acquire(
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: Arc<str>,
     ) -> Result<Begin, LockError> {
         let span = op_span!(
             "tower_redlock.idempotency.lookup",
@@ -119,7 +125,7 @@ impl Redlock {
         );
         observe::traced(
             span,
-            self.begin_untraced(key, max_wait),
+            self.begin_untraced(key, max_wait, holder),
             |begun| match begun {
                 Ok(Begin::Found(_)) => "found",
                 Ok(Begin::Acquired(_)) => "acquired",
@@ -129,14 +135,19 @@ impl Redlock {
         .await
     }
 
-    async fn begin_untraced(&self, key: Arc<str>, max_wait: Duration) -> Result<Begin, LockError> {
+    async fn begin_untraced(
+        &self,
+        key: Arc<str>,
+        max_wait: Duration,
+        holder: Arc<str>,
+    ) -> Result<Begin, LockError> {
         let started = Instant::now();
-        match self.begin_once(key.clone()).await {
+        match self.begin_once(key.clone(), holder.clone()).await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             other => return other,
         }
         let left = max_wait.saturating_sub(started.elapsed());
-        let lease = self.lock_key_within(key.clone(), left).await?;
+        let lease = self.lock_key_within(key.clone(), left, holder).await?;
         // The holder we waited for stored its record before it released: look for it.
         let prefix = &self.inner.policy.prefix;
         let round = self
@@ -148,12 +159,12 @@ impl Redlock {
         }
         if round.values().count() < self.inner.quorum {
             self.release_detached(Keys::Lock(lease.key.clone()), lease.token, true);
-            return Err(self.no_quorum(round));
+            return Err(self.no_quorum(round, LockOperation::Acquire));
         }
         Ok(Begin::Acquired(lease))
     }
 
-    async fn begin_once(&self, key: Arc<str>) -> Result<Begin, LockError> {
+    async fn begin_once(&self, key: Arc<str>, holder: Arc<str>) -> Result<Begin, LockError> {
         let token = Token::random();
         let start = Instant::now();
         let ttl_ms = self.inner.policy.ttl_ms();
@@ -163,7 +174,10 @@ impl Redlock {
                 start,
                 // Boxed: the operation is moved several times on its way into the round,
                 // and a box is cheaper to move than the script call it holds.
-                |conn| boxed(|| begin_on(conn, prefix.clone(), key.clone(), token, ttl_ms)),
+                |conn| {
+                    let (prefix, key, holder) = (prefix.clone(), key.clone(), holder.clone());
+                    boxed(|| begin_on(conn, prefix, key, token, ttl_ms, holder))
+                },
                 |found| Vote::of(matches!(found, Found::Set)),
                 Rule::Acquire,
                 Stragglers::Drop,
@@ -200,7 +214,10 @@ impl Redlock {
                     }
                     None => {
                         self.release_detached(Keys::Lock(key), token, true);
-                        Err(LockError::TooSlow { elapsed })
+                        Err(LockError::TooSlow {
+                            operation: LockOperation::Acquire,
+                            elapsed,
+                        })
                     }
                 }
             }
@@ -224,7 +241,7 @@ impl Redlock {
             }
             QuorumVerdict::NoQuorum => {
                 self.release_detached(Keys::Lock(key), token, false);
-                Err(self.no_quorum(round))
+                Err(self.no_quorum(round, LockOperation::Acquire))
             }
         }
     }
@@ -284,7 +301,7 @@ impl Redlock {
         match round.verdict {
             QuorumVerdict::Won => Ok(()),
             QuorumVerdict::Lost => Err(LockError::Expired { taken_over: true }),
-            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round, LockOperation::Release)),
         }
     }
 }

@@ -11,7 +11,8 @@ use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
 use crate::backend::lua::{FORCE_RELEASE, INSPECT};
 use crate::backend::notify::released;
-use crate::error::{LockError, NodeFailureReason};
+use crate::error::{LockError, LockOperation, NodeFailureReason};
+use crate::holder::LockHolder;
 
 /// One node's view of a lock.
 struct NodeView {
@@ -19,6 +20,8 @@ struct NodeView {
     fence: String,
     readers: u64,
     waiters: bool,
+    /// The holder's fields, when the record beside the lock names its token; else empty.
+    holder: String,
 }
 
 async fn view(
@@ -26,19 +29,21 @@ async fn view(
     prefix: Arc<str>,
     key: Arc<str>,
 ) -> Result<NodeView, NodeFailureReason> {
-    let mut cmd = evalsha(&INSPECT, 5);
+    let mut cmd = evalsha(&INSPECT, 6);
     cmd.arg(&*key)
         .arg(Auxiliary::fence(&prefix, &key))
         .arg(Auxiliary::readers(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::queue(&prefix, &key));
-    let (pttl_ms, fence, readers, waiters): (i64, String, u64, u64) =
+        .arg(Auxiliary::queue(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key));
+    let (pttl_ms, fence, readers, waiters, holder): (i64, String, u64, u64, String) =
         run(&mut conn, &INSPECT, &cmd).await?;
     Ok(NodeView {
         pttl_ms,
         fence,
         readers,
         waiters: waiters > 0,
+        holder,
     })
 }
 
@@ -47,11 +52,28 @@ async fn force_release(
     prefix: Arc<str>,
     key: Arc<str>,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = evalsha(&FORCE_RELEASE, 2);
+    let mut cmd = evalsha(&FORCE_RELEASE, 3);
     cmd.arg(&*key)
         .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key))
         .arg(released(&prefix, &key));
     Ok(run(&mut conn, &FORCE_RELEASE, &cmd).await?)
+}
+
+/// The record most nodes hold (the first of those tied), ignoring nodes with none.
+fn most_named<'a>(records: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut counted: Vec<(&str, usize)> = Vec::new();
+    for record in records.filter(|r| !r.is_empty()) {
+        match counted.iter_mut().find(|(seen, _)| *seen == record) {
+            Some((_, count)) => *count = count.saturating_add(1),
+            None => counted.push((record, 1)),
+        }
+    }
+    let most = counted.iter().map(|(_, count)| *count).max()?;
+    counted
+        .into_iter()
+        .find(|(_, count)| *count == most)
+        .map(|(record, _)| record)
 }
 
 impl Redlock {
@@ -63,7 +85,7 @@ impl Redlock {
             .await;
         let views: Vec<&NodeView> = round.values().collect();
         if views.is_empty() {
-            return Err(self.no_quorum(round));
+            return Err(self.no_quorum(round, LockOperation::Inspect));
         }
         let quorum = self.quorum();
         let mut ttls: Vec<i64> = views
@@ -87,6 +109,7 @@ impl Redlock {
             fencing_token: views.iter().filter_map(|v| v.fence.parse().ok()).max(),
             readers: views.iter().map(|v| v.readers).max().unwrap_or(0),
             waiters: views.iter().any(|v| v.waiters),
+            holder: most_named(views.iter().map(|v| v.holder.as_str())).map(LockHolder::parse),
         })
     }
 
@@ -101,7 +124,7 @@ impl Redlock {
         self.inner.waiters.wake(key);
         let answered = round.values().count();
         if answered == 0 {
-            return Err(self.no_quorum(round));
+            return Err(self.no_quorum(round, LockOperation::ForceUnlock));
         }
         Ok(round.values().filter(|deleted| **deleted == 1).count())
     }

@@ -182,6 +182,12 @@ impl<'a> Auxiliary<'a> {
         Joined([prefix, "{", lock_key, "}:record"])
     }
 
+    /// The record of who holds the lock: `<token> <fields>`, written with the lock key by
+    /// the script that sets it (see `lua/lib/set_holder.lua`).
+    pub(super) fn holder(prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, "}:holder"])
+    }
+
     /// The lock's fencing counter.
     pub(super) fn fence(prefix: &'a str, lock_key: &'a str) -> Self {
         Joined([prefix, "{", lock_key, "}:fence"])

@@ -24,6 +24,7 @@
 
 mod acquire;
 mod builder;
+mod contract;
 mod fair;
 #[cfg(feature = "idempotency")]
 mod idempotency;
@@ -49,7 +50,7 @@ use crate::backend::node::Node;
 use crate::backend::notify::Notifier;
 use crate::backend::settings::Settings;
 use crate::backend::wait::Waiters;
-use crate::error::{LockError, NodeFailure, NodeFailureReason};
+use crate::error::{LockError, LockOperation, NodeFailure, NodeFailureReason};
 use crate::lease::{Lease, Token};
 use crate::observe::{self, op_span};
 pub use builder::RedlockBuilder;
@@ -103,6 +104,8 @@ struct RedlockCore {
     node_timeout: Duration,
     drift: Duration,
     policy: Settings,
+    /// The holder record of a direct call's lease (the replica id alone), made once.
+    direct_holder: Arc<str>,
 }
 
 impl fmt::Debug for Redlock {
@@ -159,15 +162,54 @@ impl Redlock {
         self.inner.quorum
     }
 
-    /// One acquisition attempt, in a `tower_redlock.acquire` span.
-    pub(crate) async fn acquire(&self, key: Arc<str>, waiting: bool) -> Result<Lease, LockError> {
+    /// One acquisition attempt, in a `tower_redlock.acquire` span; the lease records
+    /// `holder` (see [`Holder::encode`](crate::holder::Holder::encode)).
+    pub(crate) async fn acquire(
+        &self,
+        key: Arc<str>,
+        waiting: bool,
+        holder: Arc<str>,
+    ) -> Result<Lease, LockError> {
         let span = op_span!("tower_redlock.acquire", &key, self.prefix(), self.quorum());
         observe::traced(
             span,
-            self.acquire_untraced(key, waiting),
+            self.acquire_untraced(key, waiting, holder),
             observe::lock_verdict,
         )
         .await
+    }
+
+    /// Whether a quorum of the nodes answers `PING` now, each within the node timeout:
+    /// for a readiness probe. It returns as soon as a quorum has answered (or cannot), so
+    /// it takes one round trip while the nodes are up, and at most the node timeout when
+    /// they hang; a node that is down is connected again in the background, and the next
+    /// call finds it back. It takes no lock and writes nothing: cheap enough to call every
+    /// few seconds. [`Locks::ready`](crate::Locks::ready) asks the same through the handle.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_redlock::Redlock;
+    ///
+    /// let redlock = Redlock::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+    ///     .build()
+    ///     .await?;
+    /// // In a `GET /ready` handler: 200 when true, 503 when not.
+    /// let ready = redlock.ready().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn ready(&self) -> bool {
+        let ping = |conn| scripts::connect(conn);
+        let answered = |_: &()| Vote::For;
+        let round = self
+            .on_nodes(
+                Instant::now(),
+                ping,
+                answered,
+                Rule::Acquire,
+                Stragglers::Drop,
+            )
+            .await;
+        round.verdict == QuorumVerdict::Won
     }
 
     /// [`Locks::extend`](crate::Locks::extend) on the nodes (a set: where every key holds
@@ -202,9 +244,10 @@ impl Redlock {
         match round.verdict {
             QuorumVerdict::Won => {
                 let elapsed = start.elapsed();
-                let validity = self
-                    .validity(elapsed)
-                    .ok_or(LockError::TooSlow { elapsed })?;
+                let validity = self.validity(elapsed).ok_or(LockError::TooSlow {
+                    operation: LockOperation::Extend,
+                    elapsed,
+                })?;
                 lease.valid_until = start + validity;
                 self.inner
                     .local
@@ -217,7 +260,7 @@ impl Redlock {
                     taken_over: round.values().any(|reply| *reply == -1),
                 })
             }
-            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round, LockOperation::Extend)),
         }
     }
 
@@ -252,12 +295,13 @@ impl Redlock {
                     .values()
                     .any(|r| matches!(r, ReleaseReply::HeldByOther)),
             }),
-            QuorumVerdict::NoQuorum => Err(self.no_quorum(round)),
+            QuorumVerdict::NoQuorum => Err(self.no_quorum(round, LockOperation::Release)),
         }
     }
 
-    /// The error of a round without a verdict: the nodes that failed, and why.
-    fn no_quorum<T>(&self, round: Answers<T>) -> LockError {
+    /// The error of a round of `operation` without a verdict: the nodes that failed, and
+    /// why.
+    fn no_quorum<T>(&self, round: Answers<T>, operation: LockOperation) -> LockError {
         let failures = self
             .inner
             .nodes
@@ -269,6 +313,7 @@ impl Redlock {
             })
             .collect();
         LockError::NoQuorum {
+            operation,
             quorum: self.inner.quorum,
             nodes: self.inner.nodes.len(),
             failures,

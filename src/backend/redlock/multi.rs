@@ -29,10 +29,14 @@ use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Lease, Token};
 
 impl Redlock {
-    /// One attempt on the sorted, distinct `keys`.
-    pub(crate) async fn acquire_all(&self, keys: Arc<[Arc<str>]>) -> Result<Lease, LockError> {
+    /// One attempt on the sorted, distinct `keys`, each recording `holder`.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: Arc<[Arc<str>]>,
+        holder: Arc<str>,
+    ) -> Result<Lease, LockError> {
         if let [key] = &keys[..] {
-            return self.acquire(key.clone(), false).await;
+            return self.acquire(key.clone(), false, holder).await;
         }
         let mut acquisition = Acquisition::new(self, Keys::Set(keys.clone()));
         let token = acquisition.token;
@@ -41,7 +45,10 @@ impl Redlock {
         let prefix = &self.inner.policy.prefix;
         let round = acquisition
             .round(
-                |conn| acquire_on(conn, prefix.clone(), keys.clone(), token, ttl_ms, fenced),
+                |conn| {
+                    let (prefix, keys, holder) = (prefix.clone(), keys.clone(), holder.clone());
+                    acquire_on(conn, prefix, keys, token, ttl_ms, fenced, holder)
+                },
                 CleanUp::Background,
                 None,
             )
@@ -57,25 +64,23 @@ impl Redlock {
 enum Beside {
     Fence,
     Waiters,
+    Holder,
 }
 
-/// The lock keys, then one auxiliary key per lock key.
-fn set_command(
-    script: &Script,
-    prefix: &str,
-    keys: &[Arc<str>],
-    beside: Option<Beside>,
-) -> redis::Cmd {
-    let mut cmd = evalsha(script, keys.len() * if beside.is_some() { 2 } else { 1 });
+/// The lock keys, then, for each role of `beside` in turn, one auxiliary key per lock key.
+fn set_command(script: &Script, prefix: &str, keys: &[Arc<str>], beside: &[Beside]) -> redis::Cmd {
+    let mut cmd = evalsha(script, keys.len().saturating_mul(beside.len() + 1));
     for key in keys {
         cmd.arg(&**key);
     }
-    for key in keys {
-        match beside {
-            Some(Beside::Fence) => cmd.arg(Auxiliary::fence(prefix, key)),
-            Some(Beside::Waiters) => cmd.arg(Auxiliary::waiters(prefix, key)),
-            None => break,
-        };
+    for role in beside {
+        for key in keys {
+            match role {
+                Beside::Fence => cmd.arg(Auxiliary::fence(prefix, key)),
+                Beside::Waiters => cmd.arg(Auxiliary::waiters(prefix, key)),
+                Beside::Holder => cmd.arg(Auxiliary::holder(prefix, key)),
+            };
+        }
     }
     cmd
 }
@@ -87,13 +92,19 @@ async fn acquire_group(
     token: Token,
     ttl_ms: u64,
     fenced: bool,
+    holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
-    let beside = fenced.then_some(Beside::Fence);
+    let beside: &[Beside] = if fenced {
+        &[Beside::Holder, Beside::Fence]
+    } else {
+        &[Beside::Holder]
+    };
     let mut cmd = set_command(&ACQUIRE_ALL, &prefix, &keys, beside);
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
         .arg(keys.len())
-        .arg(if fenced { "1" } else { "0" });
+        .arg(if fenced { "1" } else { "0" })
+        .arg(&*holder);
     run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &prefix, &keys).await
 }
 
@@ -105,7 +116,8 @@ pub(in crate::backend::redlock) async fn release_group(
     token: Token,
     publish: bool,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&RELEASE_ALL, &prefix, &keys, Some(Beside::Waiters));
+    let beside = [Beside::Waiters, Beside::Holder];
+    let mut cmd = set_command(&RELEASE_ALL, &prefix, &keys, &beside);
     cmd.arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(keys.len());
@@ -163,9 +175,10 @@ async fn acquire_on(
     token: Token,
     ttl_ms: u64,
     fenced: bool,
+    holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
     let Some(groups) = by_slot(&conn, &keys) else {
-        return acquire_group(conn, prefix, keys, token, ttl_ms, fenced).await;
+        return acquire_group(conn, prefix, keys, token, ttl_ms, fenced, holder).await;
     };
     let mut highest = 0;
     for (i, group) in groups.iter().enumerate() {
@@ -176,6 +189,7 @@ async fn acquire_on(
             token,
             ttl_ms,
             fenced,
+            holder.clone(),
         );
         match attempt.await {
             Ok(Attempted::Set(counter)) => highest = highest.max(counter),
@@ -220,7 +234,7 @@ pub(in crate::backend::redlock) async fn fence_group(
     fencing_token: u64,
     fence_ms: u64,
 ) -> Result<i64, NodeFailureReason> {
-    let mut cmd = set_command(&FENCE_ALL, prefix, keys, Some(Beside::Fence));
+    let mut cmd = set_command(&FENCE_ALL, prefix, keys, &[Beside::Fence]);
     cmd.arg(token.as_bytes())
         .arg(fencing_token)
         .arg(fence_ms)
@@ -244,7 +258,11 @@ pub(in crate::backend::redlock) async fn extend_group(
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    let beside = fence_ms.map(|_| Beside::Fence);
+    let beside: &[Beside] = if fence_ms.is_some() {
+        &[Beside::Holder, Beside::Fence]
+    } else {
+        &[Beside::Holder]
+    };
     let mut cmd = set_command(&EXTEND_ALL, prefix, keys, beside);
     cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
     if let Some(fence_ms) = fence_ms {

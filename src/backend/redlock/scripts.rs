@@ -14,10 +14,11 @@ use crate::backend::notify::released;
 use crate::error::NodeFailureReason;
 use crate::lease::Token;
 
-/// A command named `name`, with room for this crate's arguments (up to ten, 256 bytes), so
-/// that adding them does not reallocate.
+/// A command named `name`, with room for this crate's arguments (up to sixteen, 512 bytes:
+/// a script's keys, its arguments and a holder record), so that adding them does not
+/// reallocate.
 pub(super) fn command(name: &str) -> Cmd {
-    let mut cmd = Cmd::with_capacity(10, 256);
+    let mut cmd = Cmd::with_capacity(16, 512);
     cmd.arg(name);
     cmd
 }
@@ -135,26 +136,30 @@ pub(super) async fn run_attempt(
 }
 
 /// An acquisition attempt on one node: [`ACQUIRE`] or [`ACQUIRE_FENCED`], one round trip
-/// whether it sets the key or learns the holder's remaining time.
+/// whether it sets the key (and records `holder` beside it) or learns the holder's
+/// remaining time.
 pub(super) async fn acquire(
     mut conn: Connection,
     prefix: Arc<str>,
     key: Arc<str>,
     token: Token,
     attempt: Attempt,
+    holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
     if !attempt.fenced {
-        return acquire_unfenced(conn, &prefix, &key, token, attempt).await;
+        return acquire_unfenced(conn, &prefix, &key, token, attempt, &holder).await;
     }
-    let mut cmd = evalsha(&ACQUIRE_FENCED, 3);
+    let mut cmd = evalsha(&ACQUIRE_FENCED, 4);
     cmd.arg(&*key)
         .arg(Auxiliary::fence(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key))
+        .arg(Auxiliary::holder(&prefix, &key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0))
         .arg(if attempt.mark_ms.is_some() { "1" } else { "0" })
-        .arg(attempt.raise_fence_ms.unwrap_or(0));
+        .arg(attempt.raise_fence_ms.unwrap_or(0))
+        .arg(&*holder);
     let slice = std::slice::from_ref(&key);
     run_attempt(&mut conn, &ACQUIRE_FENCED, &cmd, &prefix, slice).await
 }
@@ -167,15 +172,17 @@ async fn acquire_unfenced(
     key: &str,
     token: Token,
     attempt: Attempt,
+    holder: &str,
 ) -> Result<Attempted, NodeFailureReason> {
-    let mut cmd = evalsha(&ACQUIRE, if attempt.mark_ms.is_some() { 2 } else { 1 });
-    cmd.arg(key);
+    let mut cmd = evalsha(&ACQUIRE, if attempt.mark_ms.is_some() { 3 } else { 2 });
+    cmd.arg(key).arg(Auxiliary::holder(prefix, key));
     if attempt.mark_ms.is_some() {
         cmd.arg(Auxiliary::waiters(prefix, key));
     }
     cmd.arg(token.as_bytes())
         .arg(attempt.ttl_ms)
-        .arg(attempt.mark_ms.unwrap_or(0));
+        .arg(attempt.mark_ms.unwrap_or(0))
+        .arg(holder);
     let reply = run_acked(&mut conn, Some(&ACQUIRE), &cmd, |v: &Value| {
         matches!(v, Value::Okay)
     })
@@ -198,7 +205,8 @@ pub(super) fn invalid_counter(prefix: &str, key: &str) -> NodeFailureReason {
     }
 }
 
-/// Deletes the key where it holds `token`; `publish` wakes the waiters that marked it.
+/// Deletes the key where it holds `token`, and the lease's holder record; `publish` wakes
+/// the waiters that marked it.
 pub(super) async fn release(
     mut conn: Connection,
     prefix: Arc<str>,
@@ -206,8 +214,8 @@ pub(super) async fn release(
     token: Token,
     publish: bool,
 ) -> Result<ReleaseReply, NodeFailureReason> {
-    let mut cmd = evalsha(&RELEASE, if publish { 2 } else { 1 });
-    cmd.arg(&*key);
+    let mut cmd = evalsha(&RELEASE, if publish { 3 } else { 2 });
+    cmd.arg(&*key).arg(Auxiliary::holder(&prefix, &key));
     if publish {
         cmd.arg(Auxiliary::waiters(&prefix, &key));
     }
@@ -219,7 +227,7 @@ pub(super) async fn release(
 }
 
 /// Connects to the node, which loads every script
-/// ([`REDLOCK`](crate::backend::lua::REDLOCK)), and checks that it answers.
+/// ([`REDLOCK`](crate::backend::lua::REDLOCK)), and checks that it answers `PING`.
 pub(super) async fn connect(mut conn: Connection) -> Result<(), NodeFailureReason> {
     let _: Value = conn.query(&redis::cmd("PING")).await?;
     Ok(())

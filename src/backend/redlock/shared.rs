@@ -24,6 +24,8 @@ use crate::backend::notify::released;
 use crate::error::{LockError, NodeFailureReason};
 use crate::lease::{Access, Lease, Token, readers_key};
 
+/// A reader's or a writer's attempt on one node; a writer that takes the lock records
+/// `holder` beside it.
 async fn attempt(
     mut conn: Connection,
     prefix: Arc<str>,
@@ -31,10 +33,11 @@ async fn attempt(
     token: Token,
     access: Access,
     a: Attempt,
+    holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
     let (script, numkeys) = match access {
         Access::Shared => (&*SHARED_ACQUIRE, 4),
-        Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 5),
+        Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 6),
     };
     let mut cmd = evalsha(script, numkeys);
     cmd.arg(Auxiliary::readers(&prefix, &key))
@@ -42,13 +45,14 @@ async fn attempt(
         .arg(Auxiliary::writer_waiting(&prefix, &key))
         .arg(Auxiliary::waiters(&prefix, &key));
     if access == Access::Exclusive {
-        cmd.arg(Auxiliary::fence(&prefix, &key));
+        cmd.arg(Auxiliary::fence(&prefix, &key))
+            .arg(Auxiliary::holder(&prefix, &key));
     }
     cmd.arg(token.as_bytes())
         .arg(a.ttl_ms)
         .arg(a.mark_ms.unwrap_or(0));
     if access == Access::Exclusive {
-        cmd.arg(if a.fenced { "1" } else { "0" });
+        cmd.arg(if a.fenced { "1" } else { "0" }).arg(&*holder);
     }
     run_attempt(&mut conn, script, &cmd, &prefix, std::slice::from_ref(&key)).await
 }
@@ -89,12 +93,14 @@ pub(super) async fn release_reader(
 }
 
 impl Redlock {
-    /// One attempt at shared or exclusive access to a prefixed key.
+    /// One attempt at shared or exclusive access to a prefixed key; a writer's lease
+    /// records `holder` (a reader's none).
     pub(super) async fn acquire_access(
         &self,
         key: Arc<str>,
         access: Access,
         waiting: bool,
+        holder: Arc<str>,
     ) -> Result<Lease, LockError> {
         let prefix = &self.inner.policy.prefix;
         let lease_keys = match access {
@@ -115,7 +121,10 @@ impl Redlock {
         };
         let round = acquisition
             .round(
-                |conn| attempt(conn, prefix.clone(), key.clone(), token, access, a),
+                |conn| {
+                    let (prefix, key, holder) = (prefix.clone(), key.clone(), holder.clone());
+                    attempt(conn, prefix, key, token, access, a, holder)
+                },
                 CleanUp::Awaited,
                 None,
             )

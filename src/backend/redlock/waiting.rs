@@ -11,26 +11,28 @@ use crate::error::LockError;
 use crate::lease::Lease;
 
 impl Redlock {
-    /// Waits up to `max_wait` for a plain lock on a prefixed key (zero: one attempt).
+    /// Waits up to `max_wait` for a plain lock on a prefixed key (zero: one attempt); the
+    /// lease records `holder`.
     pub(crate) async fn lock_key_within(
         &self,
         key: Arc<str>,
         max_wait: Duration,
+        holder: Arc<str>,
     ) -> Result<Lease, LockError> {
-        match self.acquire(key.clone(), false).await {
+        match self.acquire(key.clone(), false, holder.clone()).await {
             Err(LockError::Taken { .. }) if !max_wait.is_zero() => {}
             first => return first,
         }
         let deadline = Instant::now().checked_add(max_wait);
         // Behind a holder of this process: queue here, without Redis, until it releases.
-        if let Some(result) = self.queue_locally(&key, deadline).await {
+        if let Some(result) = self.queue_locally(&key, deadline, &holder).await {
             return result;
         }
         let left = deadline.map_or(max_wait, |d| d.saturating_duration_since(Instant::now()));
         // Subscribed by now: mark the lock as waited for, so that its release publishes.
         let mark = self.inner.notifier.is_some();
         self.wait_on_nodes(&key, left, &self.inner.waiters, || {
-            self.acquire(key.clone(), mark)
+            self.acquire(key.clone(), mark, holder.clone())
         })
         .await
     }
@@ -42,6 +44,7 @@ impl Redlock {
         &self,
         key: &Arc<str>,
         deadline: Option<Instant>,
+        holder: &Arc<str>,
     ) -> Option<Result<Lease, LockError>> {
         let mut valid_until = self.inner.local.holder(key)?;
         let ticket = self.inner.waiters.register(key);
@@ -65,7 +68,7 @@ impl Redlock {
                     () = tokio::time::sleep_until(wake_at.into()) => {}
                 }
             }
-            match self.acquire(key.clone(), false).await {
+            match self.acquire(key.clone(), false, holder.clone()).await {
                 Err(LockError::Taken { .. }) => match self.inner.local.holder(key) {
                     Some(next) => valid_until = next,
                     None => return None,

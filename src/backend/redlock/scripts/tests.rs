@@ -12,6 +12,10 @@ fn aux_keys_begin_with_the_prefix_and_carry_the_lock_key_as_their_hash_tag() {
         "tower-redlock:{tower-redlock:/items:42}:fence"
     );
     assert_eq!(
+        Auxiliary::holder(prefix, key).to_string(),
+        "tower-redlock:{tower-redlock:/items:42}:holder"
+    );
+    assert_eq!(
         released(prefix, key).to_string(),
         "tower-redlock:{tower-redlock:/items:42}:released"
     );

@@ -1,0 +1,490 @@
+//! Who holds a lease: the identity recorded beside a lock when it is taken, so that
+//! [`Locks::inspect`](crate::Locks::inspect) can answer "who holds this lock?"
+//! ([`LockHolder`]).
+//!
+//! A lease records its backend's replica id (see
+//! [`RedlockBuilder::replica_id`](crate::RedlockBuilder::replica_id)) and, when a layer or
+//! an extractor takes it, its request's method, route and request id. The record is one
+//! line of `name=value` fields, `replica=web-1-4242 method=POST route=/items/{item_id}/buy
+//! request_id=3f2a`, the same in process and on Redis (where it follows the lease's token,
+//! `<token> replica=..`, at `<prefix>{<lock key>}:holder`).
+//!
+//! Parts of it come from clients (a header, a path), so each field is bounded and
+//! sanitised where it is written: bytes outside printable ASCII, spaces included, become
+//! `_`, and a field is cut to its bound (64 bytes for the replica id and the request id,
+//! 16 for the method, 128 for the route). A
+//! holder is a value, never part of a key name.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use http::request::Parts;
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Uri};
+
+/// The longest replica id kept, in bytes: 64 (a longer one is cut).
+pub(crate) const MAX_REPLICA_LEN: usize = 64;
+/// The longest method kept, in bytes.
+const MAX_METHOD_LEN: usize = 16;
+/// The longest route kept, in bytes.
+const MAX_ROUTE_LEN: usize = 128;
+/// The longest request id kept, in bytes.
+const MAX_REQUEST_ID_LEN: usize = 64;
+/// The longest record: the four fields at their bounds, with their names (307 bytes).
+const MAX_RECORD: usize = 320;
+
+/// The request id header read first.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The W3C Trace Context header whose trace id is read when there is no `x-request-id`.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// Who holds a lock, as its lease recorded it when it was taken; the
+/// [`holder`](crate::LockInspection::holder) of a [`LockInspection`](crate::LockInspection).
+///
+/// Each field is printable ASCII without spaces (other bytes read `_`), cut to a bound:
+/// the replica id to 64 bytes, the method to 16, the route to 128, the request id to 64. Its `Display` is the form stored beside the lock:
+/// `replica=web-1-4242 method=POST route=/items/{item_id}/buy request_id=3f2a`, without
+/// the fields that are `None`.
+///
+/// Recorded for plain, exclusive and fair leases, each key of a lease on several keys,
+/// and the [`IdempotencyLayer`](crate::IdempotencyLayer)'s; not for readers
+/// ([`LockMode::Shared`](crate::LockMode::Shared)), which share a lock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockHolder {
+    /// The replica (process) that took the lease: its backend's replica id, by default
+    /// `<hostname>-<pid>` (see
+    /// [`RedlockBuilder::replica_id`](crate::RedlockBuilder::replica_id)).
+    pub replica: String,
+    /// The HTTP method of the request that took it (`POST`); `None` for a lease taken by
+    /// a direct call ([`Locks::acquire`](crate::Locks::acquire) and the like).
+    pub method: Option<String>,
+    /// The route of that request: axum's [`MatchedPath`](axum::extract::MatchedPath)
+    /// (`/items/{item_id}/buy`) when the router put one in the request's extensions (a
+    /// layer on a route, or `route_layer`), else the request's path without its query
+    /// (a layer outside the router sees the path); `None` for a direct call.
+    pub route: Option<String>,
+    /// The request's id: its `x-request-id` header, or else the trace id of its W3C
+    /// `traceparent` header (32 hex digits); `None` when it has neither.
+    pub request_id: Option<String>,
+}
+
+impl LockHolder {
+    /// Reads the stored form ([`Display`](fmt::Display)); fields it does not know are
+    /// skipped, so that a newer writer's record still reads.
+    pub(crate) fn parse(stored: &str) -> Self {
+        let mut holder = Self::default();
+        for field in stored.split(' ') {
+            let Some((name, value)) = field.split_once('=') else {
+                continue;
+            };
+            let value = value.to_owned();
+            match name {
+                "replica" => holder.replica = value,
+                "method" => holder.method = Some(value),
+                "route" => holder.route = Some(value),
+                "request_id" => holder.request_id = Some(value),
+                _ => {}
+            }
+        }
+        holder
+    }
+}
+
+impl fmt::Display for LockHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "replica={}", self.replica)?;
+        let optional = [
+            ("method", &self.method),
+            ("route", &self.route),
+            ("request_id", &self.request_id),
+        ];
+        for (name, value) in optional {
+            if let Some(value) = value {
+                write!(f, " {name}={value}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a lease records of the request that takes it, owned: cheap clones of the
+/// request's method, route and request id header (reference counts, no copy of the
+/// text), turned into the record only when it is written ([`Holder::encode`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Holder {
+    method: Option<Method>,
+    route: Route,
+    request_id: RequestId,
+}
+
+#[derive(Clone, Debug, Default)]
+enum Route {
+    #[default]
+    None,
+    #[cfg(feature = "axum")]
+    Matched(axum::extract::MatchedPath),
+    Path(http::uri::PathAndQuery),
+}
+
+#[derive(Clone, Debug, Default)]
+enum RequestId {
+    #[default]
+    None,
+    Header(HeaderValue),
+    TraceParent(HeaderValue),
+}
+
+/// Who asks for a lease, as the backend gets it: read only once the lease is taken, so
+/// that a refused request costs nothing here.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum HolderRef<'a> {
+    /// A direct call: the replica id only.
+    Direct,
+    /// A layer's request, read from its head.
+    Request(&'a Parts),
+    /// A request read before (an extractor's, a wait's).
+    Known(&'a Holder),
+}
+
+/// The fields of a holder before they are bounded and sanitised.
+struct Fields<'a> {
+    method: Option<&'a str>,
+    route: Option<&'a str>,
+    request_id: Option<&'a [u8]>,
+}
+
+impl Holder {
+    /// What `parts` says of its request (see [`LockHolder`] for where each field comes
+    /// from).
+    pub(crate) fn of(parts: &Parts) -> Self {
+        Self::of_head(&parts.method, &parts.uri, &parts.headers, &parts.extensions)
+    }
+
+    /// [`of`](Self::of) for a whole request.
+    #[cfg(feature = "axum")]
+    pub(crate) fn of_request<B>(request: &http::Request<B>) -> Self {
+        let (method, uri) = (request.method(), request.uri());
+        Self::of_head(method, uri, request.headers(), request.extensions())
+    }
+
+    fn of_head(method: &Method, uri: &Uri, headers: &HeaderMap, extensions: &Extensions) -> Self {
+        #[cfg(feature = "axum")]
+        let matched = extensions
+            .get::<axum::extract::MatchedPath>()
+            .cloned()
+            .map(Route::Matched);
+        #[cfg(not(feature = "axum"))]
+        let matched = {
+            let _ = extensions;
+            None
+        };
+        let route = matched.unwrap_or_else(|| {
+            uri.path_and_query()
+                .cloned()
+                .map_or(Route::None, Route::Path)
+        });
+        let request_id = match headers.get(X_REQUEST_ID) {
+            Some(id) => RequestId::Header(id.clone()),
+            None => headers
+                .get(TRACEPARENT)
+                .map_or(RequestId::None, |t| RequestId::TraceParent(t.clone())),
+        };
+        Self {
+            method: Some(method.clone()),
+            route,
+            request_id,
+        }
+    }
+
+    fn fields(&self) -> Fields<'_> {
+        let route = match &self.route {
+            Route::None => None,
+            #[cfg(feature = "axum")]
+            Route::Matched(matched) => Some(matched.as_str()),
+            Route::Path(path) => Some(path.path()),
+        };
+        let request_id = match &self.request_id {
+            RequestId::None => None,
+            RequestId::Header(id) => Some(id.as_bytes()),
+            RequestId::TraceParent(header) => trace_id(header),
+        };
+        Fields {
+            method: self.method.as_ref().map(Method::as_str),
+            route,
+            request_id,
+        }
+    }
+
+    /// The record of this holder on the replica `replica`: its [`LockHolder`]'s stored
+    /// form, bounded and sanitised.
+    pub(crate) fn encode(&self, replica: &str) -> String {
+        Record::of(replica, &self.fields()).as_str().to_owned()
+    }
+}
+
+impl HolderRef<'_> {
+    /// The holder, owned (for a wait, or a record kept in process).
+    pub(crate) fn to_holder(self) -> Holder {
+        match self {
+            HolderRef::Direct => Holder::default(),
+            HolderRef::Request(parts) => Holder::of(parts),
+            HolderRef::Known(holder) => holder.clone(),
+        }
+    }
+
+    /// The record of this holder on the replica `replica`, as [`Holder::encode`]: made on
+    /// the stack, in one allocation.
+    #[cfg(feature = "redis")]
+    pub(crate) fn encode(self, replica: &str) -> Arc<str> {
+        let fields = match self {
+            HolderRef::Direct => Fields {
+                method: None,
+                route: None,
+                request_id: None,
+            },
+            HolderRef::Request(parts) => Fields {
+                method: Some(parts.method.as_str()),
+                route: route_of(parts),
+                request_id: request_id_of(&parts.headers),
+            },
+            HolderRef::Known(holder) => holder.fields(),
+        };
+        Arc::from(Record::of(replica, &fields).as_str())
+    }
+}
+
+/// The route of `parts`, as [`Holder::of`] reads it, borrowed.
+#[cfg(feature = "redis")]
+fn route_of(parts: &Parts) -> Option<&str> {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return Some(matched.as_str());
+    }
+    parts.uri.path_and_query().map(|p| p.path())
+}
+
+/// The request id of `headers`, as [`Holder::of`] reads it, borrowed.
+#[cfg(feature = "redis")]
+fn request_id_of(headers: &HeaderMap) -> Option<&[u8]> {
+    match headers.get(X_REQUEST_ID) {
+        Some(id) => Some(id.as_bytes()),
+        None => trace_id(headers.get(TRACEPARENT)?),
+    }
+}
+
+/// The trace id of a W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`): its 32
+/// lowercase hex digits, unless they are all zero (invalid, W3C Trace Context § 3.2.2.3).
+fn trace_id(header: &HeaderValue) -> Option<&[u8]> {
+    let mut parts = header.as_bytes().split(|&b| b == b'-');
+    let _version = parts.next()?;
+    let id = parts.next()?;
+    let hex = id.len() == 32 && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    (hex && id.iter().any(|&b| b != b'0')).then_some(id)
+}
+
+/// A record being written, on the stack: printable ASCII and spaces, at most
+/// [`MAX_RECORD`] bytes.
+struct Record {
+    bytes: [u8; MAX_RECORD],
+    len: usize,
+}
+
+impl Record {
+    /// The stored form of `fields` on `replica`.
+    fn of(replica: &str, fields: &Fields<'_>) -> Self {
+        let mut record = Record {
+            bytes: [0; MAX_RECORD],
+            len: 0,
+        };
+        record.field("replica", replica.as_bytes(), MAX_REPLICA_LEN);
+        let optional = [
+            (" method", fields.method.map(str::as_bytes), MAX_METHOD_LEN),
+            (" route", fields.route.map(str::as_bytes), MAX_ROUTE_LEN),
+            (" request_id", fields.request_id, MAX_REQUEST_ID_LEN),
+        ];
+        for (name, value, max) in optional {
+            if let Some(value) = value {
+                record.field(name, value, max);
+            }
+        }
+        record
+    }
+
+    /// `name=value`, the value bounded to `max` bytes and sanitised.
+    fn field(&mut self, name: &str, value: &[u8], max: usize) {
+        self.push(name.as_bytes(), usize::MAX, |b| b);
+        self.push(b"=", 1, |b| b);
+        self.push(value, max, |b| if b.is_ascii_graphic() { b } else { b'_' });
+    }
+
+    /// The first `max` bytes of `text`, each through `map`, as far as there is room.
+    fn push(&mut self, text: &[u8], max: usize, map: impl Fn(u8) -> u8) {
+        let room = self.bytes.get_mut(self.len..).unwrap_or_default();
+        let mut written = 0usize;
+        for (slot, &byte) in room.iter_mut().zip(text.iter().take(max)) {
+            *slot = map(byte);
+            written += 1;
+        }
+        self.len = self.len.saturating_add(written);
+    }
+
+    fn as_str(&self) -> &str {
+        let bytes = self.bytes.get(..self.len).unwrap_or_default();
+        // Only ASCII is written.
+        std::str::from_utf8(bytes).unwrap_or_default()
+    }
+}
+
+/// The first `max` bytes of `value`, each outside printable ASCII (or a space) as `_`.
+fn push_clean(out: &mut String, value: &[u8], max: usize) {
+    out.extend(value.iter().take(max).map(|&b| {
+        if b.is_ascii_graphic() {
+            char::from(b)
+        } else {
+            '_'
+        }
+    }));
+}
+
+/// A replica id as it is kept: sanitised and bounded as a holder's fields are.
+pub(crate) fn replica_id(id: &str) -> Arc<str> {
+    let mut out = String::with_capacity(id.len().min(MAX_REPLICA_LEN));
+    push_clean(&mut out, id.as_bytes(), MAX_REPLICA_LEN);
+    Arc::from(out)
+}
+
+/// The default replica id, worked out once per process: `<hostname>-<pid>`, the host
+/// name read from `/proc/sys/kernel/hostname` or `/etc/hostname` (no environment
+/// variable), `unknown` when neither has one; the host name is cut so that the pid stays.
+pub(crate) fn default_replica_id() -> Arc<str> {
+    static DEFAULT: OnceLock<Arc<str>> = OnceLock::new();
+    DEFAULT
+        .get_or_init(|| {
+            let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+                .iter()
+                .find_map(|path| {
+                    let name = std::fs::read_to_string(path).ok()?;
+                    Some(name.trim().to_owned()).filter(|name| !name.is_empty())
+                })
+                .unwrap_or_else(|| "unknown".to_owned());
+            let pid = std::process::id().to_string();
+            let room = MAX_REPLICA_LEN.saturating_sub(pid.len().saturating_add(1));
+            let mut id = String::with_capacity(MAX_REPLICA_LEN);
+            push_clean(&mut id, host.as_bytes(), room);
+            id.push('-');
+            id.push_str(&pid);
+            Arc::from(id)
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(request: http::Request<()>) -> Parts {
+        request.into_parts().0
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_request_is_recorded_with_its_method_path_and_request_id() {
+        let head = parts(
+            http::Request::post("/items/tv/buy?coupon=1")
+                .header("x-request-id", "req-7")
+                .body(())
+                .unwrap(),
+        );
+        let expected = "replica=web-1 method=POST route=/items/tv/buy request_id=req-7";
+        assert_eq!(&*HolderRef::Request(&head).encode("web-1"), expected);
+        assert_eq!(Holder::of(&head).encode("web-1"), expected);
+        let read = LockHolder::parse(expected);
+        assert_eq!(read.replica, "web-1");
+        assert_eq!(read.method.as_deref(), Some("POST"));
+        assert_eq!(read.route.as_deref(), Some("/items/tv/buy"));
+        assert_eq!(read.request_id.as_deref(), Some("req-7"));
+        assert_eq!(read.to_string(), expected);
+        assert_eq!(&*HolderRef::Direct.encode("web-1"), "replica=web-1");
+    }
+
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn the_matched_route_is_preferred_to_the_path() {
+        // The router puts the route it matched in the extensions; a handler sees it.
+        let router = axum::Router::new().route(
+            "/items/{id}",
+            axum::routing::get(|parts: Parts| async move { Holder::of(&parts).encode("r") }),
+        );
+        let request = http::Request::get("/items/tv").body(axum::body::Body::empty());
+        let response = tower::ServiceExt::oneshot(router, request.unwrap())
+            .await
+            .unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"replica=r method=GET route=/items/{id}");
+    }
+
+    #[test]
+    fn the_trace_id_of_a_traceparent_is_the_request_id_without_x_request_id() {
+        let traced = |value: &str| {
+            let head = parts(
+                http::Request::get("/")
+                    .header("traceparent", value)
+                    .body(())
+                    .unwrap(),
+            );
+            Holder::of(&head).encode("r")
+        };
+        assert_eq!(
+            traced("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            "replica=r method=GET route=/ request_id=4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        for invalid in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f35-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            assert_eq!(traced(invalid), "replica=r method=GET route=/", "{invalid}");
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn client_text_is_bounded_and_sanitised() {
+        let id = format!("a b\tc=d{}", "x".repeat(200));
+        let head = parts(
+            http::Request::post(format!("/{}", "p".repeat(300)))
+                .header(
+                    "x-request-id",
+                    HeaderValue::from_bytes(id.as_bytes()).unwrap(),
+                )
+                .body(())
+                .unwrap(),
+        );
+        let stored = HolderRef::Request(&head).encode("web 1\u{e9}");
+        assert!(stored.bytes().all(|b| b.is_ascii_graphic() || b == b' '));
+        let read = LockHolder::parse(&stored);
+        assert_eq!(read.replica, "web_1__");
+        assert_eq!(read.route.as_ref().map(String::len), Some(MAX_ROUTE_LEN));
+        let request_id = read.request_id.unwrap();
+        assert_eq!(request_id.len(), MAX_REQUEST_ID_LEN);
+        assert!(request_id.starts_with("a_b_c=dxx"), "{request_id}");
+        // Four fields, whatever the client sent: a space never comes through.
+        assert_eq!(stored.split(' ').count(), 4, "{stored}");
+    }
+
+    #[test]
+    fn replica_ids_are_sanitised_and_the_default_keeps_the_pid() {
+        assert_eq!(&*replica_id("pod 7\n"), "pod_7_");
+        assert_eq!(replica_id(&"r".repeat(100)).len(), MAX_REPLICA_LEN);
+        let default = default_replica_id();
+        assert!(default.len() <= MAX_REPLICA_LEN);
+        assert!(
+            default.ends_with(&format!("-{}", std::process::id())),
+            "{default}"
+        );
+        assert!(default.bytes().all(|b| b.is_ascii_graphic()), "{default}");
+    }
+}
