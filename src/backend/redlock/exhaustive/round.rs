@@ -157,9 +157,18 @@ impl<T: Send + 'static> Typed<T> {
             };
             checked.polls += 1;
             match round.as_mut().poll(&mut cx) {
-                Poll::Pending => assert_eq!(expected, None, "{}: not ready", case()),
+                Poll::Pending => assert!(
+                    expected.is_none(),
+                    "{}: the round is pending, but the rules make {expected:?} due",
+                    case()
+                ),
                 Poll::Ready(answers) => {
-                    assert_eq!(Some(answers.verdict), expected, "{}", case());
+                    assert!(
+                        expected == Some(answers.verdict),
+                        "{}: the round returned {:?}, but the rules make {expected:?} due",
+                        case(),
+                        answers.verdict
+                    );
                     for (node, answer) in answers.answers.iter().enumerate() {
                         let heard = order[..step].contains(&node);
                         assert_eq!(answer.is_some(), heard, "{}: node {node}", case());

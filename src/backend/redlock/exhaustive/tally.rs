@@ -94,8 +94,9 @@ fn walk(
     let expected = due(possible(op, &mut arrived.clone(), pending));
     assert_eq!(
         verdict, expected,
-        "{op:?} on {nodes} nodes after {arrived:?}: the verdict is due iff no answer of the \
-         {pending} pending nodes could change it"
+        "{op:?} on {nodes} nodes after {arrived:?}: the tally's verdict (left) is not the one \
+         the rules make due (right): due iff no answers of the {pending} pending nodes could \
+         change it"
     );
     checked.verdicts += 1;
     let decided = decided.or(verdict.map(|v| (arrived.len().saturating_sub(1), v)));
@@ -105,7 +106,8 @@ fn walk(
         let want = model_outcome(op, verdict, arrived, at);
         assert_eq!(
             got, want,
-            "{op:?} on {nodes} nodes: {arrived:?}, decided at {at}"
+            "{op:?} on {nodes} nodes: {arrived:?}, decided at arrival {at}: the code's outcome \
+             (left) is not the rules' (right)"
         );
         checked.sequences += 1;
         return;
