@@ -45,6 +45,7 @@ mod prefix;
 mod rate_limit;
 mod recovery;
 mod redlock;
+mod release_lost;
 mod release_once;
 mod replica_ack;
 mod rwfair;
