@@ -5,9 +5,10 @@
 //! dropped before any poll.
 //!
 //! After every run, once everything is dropped: one release when a permit was made, none
-//! otherwise; a run that reached the end of its body released before the end was handed
-//! on; and with a permit that aborts on loss, neither the inner future nor the body was
-//! polled once the loss was known.
+//! otherwise; a run that reached the end of its response released before the end was
+//! handed on (the inner service's error, the body's end or error, or its last frame, as
+//! the body or its length says); and with a permit that aborts on loss, neither the inner
+//! future nor the body was polled once the loss was known.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -350,15 +351,22 @@ fn run(case: Case, lose_before: Option<usize>, cut_before: Option<usize>) -> usi
         Some(Err(_)) => handed_on_end(),
         Some(Ok(response)) => {
             let mut body = Box::pin(response.into_body());
+            // With its size known, the head says how long the body is (`Content-Length`):
+            // the client has it all once that many bytes are handed on.
+            let mut size = body.size_hint().exact();
             while next(&mut polls) {
                 match body.as_mut().poll_frame(&mut cx) {
                     Poll::Pending => {}
-                    // A frame the body says is its last: the client may read no further.
-                    Poll::Ready(Some(Ok(_))) if body.is_end_stream() => {
-                        handed_on_end();
-                        break;
+                    Poll::Ready(Some(Ok(frame))) => {
+                        let len = frame.data_ref().map_or(0, |data| data.len() as u64);
+                        size = size.map(|size| size.saturating_sub(len));
+                        // The last frame, as the body or its size says: the client may
+                        // read no further.
+                        if body.is_end_stream() || size == Some(0) {
+                            handed_on_end();
+                            break;
+                        }
                     }
-                    Poll::Ready(Some(Ok(_))) => {}
                     // The end, or an error: the client reads no further.
                     Poll::Ready(None | Some(Err(_))) => {
                         handed_on_end();
