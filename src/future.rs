@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
 /// A boxed future, for decisions and releases that wait on a backend.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -20,3 +21,87 @@ pub(crate) fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
 
 /// A boxed error, as response bodies report them.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Work that must land once started, such as a release: dropped before it is done, it
+/// finishes in the background (on the current Tokio runtime) rather than stopping half
+/// way, where starting it again would repeat what was already sent. Without a runtime it
+/// is dropped: its own guards then do what they can.
+pub(crate) struct FinishOnDrop(Option<BoxFuture<()>>);
+
+impl FinishOnDrop {
+    /// `work`, finished in the background if dropped before it is done.
+    pub(crate) fn new(work: BoxFuture<()>) -> Self {
+        Self(Some(work))
+    }
+}
+
+impl Future for FinishOnDrop {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(work) = self.0.as_mut() {
+            ready!(work.as_mut().poll(cx));
+            self.0 = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let (Some(work), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(work);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// Work that counts its starts and ends, and waits for `go` in between.
+    fn work(
+        counts: &Arc<(AtomicUsize, AtomicUsize)>,
+        go: tokio::sync::oneshot::Receiver<()>,
+    ) -> BoxFuture<()> {
+        let counts = counts.clone();
+        Box::pin(async move {
+            counts.0.fetch_add(1, SeqCst);
+            let _ = go.await;
+            counts.1.fetch_add(1, SeqCst);
+        })
+    }
+
+    async fn until_done(counts: &(AtomicUsize, AtomicUsize)) {
+        while counts.1.load(SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_half_way_the_work_in_flight_finishes_in_the_background_once() {
+        let counts = Arc::default();
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let mut finishing = FinishOnDrop::new(work(&counts, wait));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(Pin::new(&mut finishing).poll(&mut cx), Poll::Pending);
+        drop(finishing);
+        go.send(()).unwrap();
+        until_done(&counts).await;
+        assert_eq!((counts.0.load(SeqCst), counts.1.load(SeqCst)), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn dropped_before_its_first_poll_the_work_runs_in_the_background_once() {
+        let counts = Arc::default();
+        let (go, wait) = tokio::sync::oneshot::channel();
+        drop(FinishOnDrop::new(work(&counts, wait)));
+        go.send(()).unwrap();
+        until_done(&counts).await;
+        assert_eq!((counts.0.load(SeqCst), counts.1.load(SeqCst)), (1, 1));
+    }
+}

@@ -291,4 +291,6 @@ pub use policy::Policy;
 pub use service::Keyed;
 pub use shadow::Shadow;
 #[cfg(test)]
+mod release_once;
+#[cfg(test)]
 pub(crate) mod tests;

@@ -49,6 +49,8 @@ mod rate_limit;
 mod ready;
 mod recovery;
 mod redlock;
+mod release_lost;
+mod release_once;
 mod replica_ack;
 mod rwfair;
 mod script_flush;

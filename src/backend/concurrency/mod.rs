@@ -203,21 +203,25 @@ impl PermitSlot {
 
     /// Releases the permit: in process at once (`None`), on Redis with one `ZREM`, the
     /// future of which is returned. Should that future be dropped before it is done, the
-    /// permit is released in the background.
+    /// release goes on in the background (the one in flight, not a second).
     pub(crate) fn release(self) -> Option<BoxFuture<()>> {
         match &self.0 {
             // In process, the drop releases it.
             Some(HeldPermit::Memory { .. }) | None => None,
-            // Armed until the release is done: dropped midway, it goes on in the background.
+            // Armed until the release is done: should it be dropped with no runtime to
+            // finish it on, the drop releases what it can.
             #[cfg(feature = "redis")]
-            Some(HeldPermit::Redis(_)) => Some(crate::future::boxed(|| async move {
-                let mut held = self;
-                if let Some(HeldPermit::Redis(slot)) = &held.0 {
-                    slot.release().await;
-                }
-                // Done: nothing left for the drop to release.
-                drop(held.0.take());
-            })),
+            Some(HeldPermit::Redis(_)) => {
+                let release = crate::future::boxed(|| async move {
+                    let mut held = self;
+                    if let Some(HeldPermit::Redis(slot)) = &held.0 {
+                        slot.release().await;
+                    }
+                    // Done: nothing left for the drop to release.
+                    drop(held.0.take());
+                });
+                Some(Box::pin(crate::future::FinishOnDrop::new(release)))
+            }
         }
     }
 }

@@ -118,6 +118,32 @@ impl RedisSlot {
     }
 }
 
+/// Gives back, in the background, the permit `token` on `key` that an acquisition may
+/// have taken, when dropped `armed`: the acquisition was dropped or timed out before its
+/// answer came.
+struct TakeBack<'a> {
+    limiter: &'a RedisConcurrencyLimiter,
+    key: &'a str,
+    token: &'a Arc<str>,
+    armed: bool,
+}
+
+impl Drop for TakeBack<'_> {
+    fn drop(&mut self) {
+        // No runtime (it is shutting down): the permit's TTL frees it.
+        if let (true, Ok(runtime)) = (self.armed, tokio::runtime::Handle::try_current()) {
+            let (limiter, key, token) = (
+                self.limiter.clone(),
+                self.key.to_owned(),
+                self.token.clone(),
+            );
+            runtime.spawn(async move {
+                let _ = limiter.release(&key, &token).await;
+            });
+        }
+    }
+}
+
 /// A 128-bit random token, in hex.
 fn token() -> Arc<str> {
     Arc::from(format!("{:032x}", rand::random::<u128>()))
@@ -194,20 +220,25 @@ impl RedisConcurrencyLimiter {
             .arg(MARK_MS);
         let start = Instant::now();
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
+        // Dropped while the script is on its way (the request went away), the attempt may
+        // have taken a permit: it is taken back rather than left to its TTL.
+        let mut take_back = TakeBack {
+            limiter: self,
+            key: &key,
+            token: &token,
+            armed: true,
+        };
         let (taken, _held) = match inner.store.bounded(call).await {
             Ok(reply) => reply,
             Err(failure) => {
-                if let NodeFailureReason::Timeout(_) = failure.reason {
-                    // The script may have run without its answer arriving in time: take
-                    // the permit back rather than leave it to its TTL.
-                    let limiter = self.clone();
-                    tokio::spawn(async move {
-                        let _ = limiter.release(&key, &token).await;
-                    });
-                }
+                // Timed out, the script may have run without its answer arriving in time;
+                // any other failure took nothing.
+                take_back.armed = matches!(failure.reason, NodeFailureReason::Timeout(_));
                 return Err(ConcurrencyError::Unavailable(failure));
             }
         };
+        take_back.armed = false;
+        drop(take_back);
         if taken != 1 {
             return Err(ConcurrencyError::LimitReached { limit });
         }

@@ -269,13 +269,7 @@ impl<'a> Acquisition<'a> {
     {
         let redlock = self.redlock;
         let round = redlock
-            .on_nodes(
-                self.start,
-                op,
-                |attempted| Vote::of(attempted.counter().is_some()),
-                Rule::Acquire,
-                Stragglers::Drop,
-            )
+            .on_nodes(self.start, op, took, Rule::Acquire, Stragglers::Drop)
             .await;
         match round.verdict {
             QuorumVerdict::Won => return Ok(round),
@@ -352,6 +346,11 @@ impl Drop for Acquisition<'_> {
         let (redlock, token, publish) = (self.redlock, self.token, self.quorum);
         redlock.release_detached(self.keys.clone(), token, publish);
     }
+}
+
+/// An acquisition's vote: for where the attempt set the keys.
+pub(super) fn took(attempted: &Attempted) -> Vote {
+    Vote::of(attempted.counter().is_some())
 }
 
 /// Whether a refused attempt may have set something: unless every node answered "held".

@@ -9,7 +9,7 @@ use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult,
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
 use crate::error::LockError;
-use crate::future::{BoxFuture, boxed};
+use crate::future::{BoxFuture, FinishOnDrop, boxed};
 use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
 
@@ -75,14 +75,14 @@ impl LockBackend for Redlock {
 
     fn end(&self, lease: &Lease) -> Answer<()> {
         let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
-        Answer::later(|| async move {
+        finish_on_drop(boxed(|| async move {
             if let Some((redlock, lease)) = guard.0.clone()
                 && let Err(e) = redlock.release(lease).await
             {
                 tracing::debug!(error = %e, "lease release");
             }
             guard.0.take();
-        })
+        }))
     }
 
     fn release_detached(&self, lease: &Lease) {
@@ -134,19 +134,25 @@ impl LockBackend for Redlock {
             return self.end(&lease);
         };
         let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
-        Answer::later(|| async move {
+        finish_on_drop(boxed(|| async move {
             if let Some((redlock, lease)) = guard.0.clone()
                 && let Err(e) = redlock.store_and_release(lease, record, ttl).await
             {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
             guard.0.take();
-        })
+        }))
     }
 }
 
-/// Releases the lease in the background when dropped still holding it: a release whose
-/// future was dropped before it ended.
+/// A lease's release, which goes on in the background when its future is dropped before
+/// it is done: the release in flight, not a second one.
+fn finish_on_drop(release: BoxFuture<()>) -> Answer<()> {
+    Answer::Later(Box::pin(FinishOnDrop::new(release)))
+}
+
+/// Releases the lease in the background when dropped still holding it: a release that
+/// could not finish (dropped with no runtime to finish it on).
 struct ReleaseOnDrop(Option<(Redlock, Lease)>);
 
 impl Drop for ReleaseOnDrop {

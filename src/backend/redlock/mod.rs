@@ -19,8 +19,11 @@
 //! `<prefix>{<lock key>}:<role>`, in the lock key's Redis Cluster slot.
 //!
 //! Verdicts say what the answers prove (see [`tally`]): `Taken` needs a quorum of
-//! answers, `Expired` needs N - quorum + 1 nodes without our token, and anything the
-//! failed nodes could swing is `NoQuorum`, which callers retry.
+//! answers without a quorum of OKs (the attempt met contention; a failed node's OK could
+//! still have made a quorum, as with one OK, one "held" and one failure of 3), `Expired`
+//! needs N - quorum + 1 nodes without our token (which no failed node can swing), and
+//! anything short of these is `NoQuorum`, which callers retry. `exhaustive` checks every
+//! sequence of answers against these rules.
 
 mod acquire;
 mod builder;
@@ -37,6 +40,9 @@ mod scripts;
 mod shared;
 mod tally;
 mod waiting;
+
+#[cfg(test)]
+mod exhaustive;
 
 use std::fmt;
 use std::sync::Arc;
@@ -236,7 +242,7 @@ impl Redlock {
                     let prefix = self.inner.policy.prefix.clone();
                     keys.clone().extend(conn, prefix, token, ttl_ms, fence_ms)
                 },
-                |reply| Vote::of(*reply == 1),
+                extended,
                 Rule::Held,
                 Stragglers::Finish,
             )
@@ -321,12 +327,7 @@ impl Redlock {
     }
 
     fn validity(&self, elapsed: Duration) -> Option<Duration> {
-        self.inner
-            .policy
-            .ttl
-            .checked_sub(elapsed)?
-            .checked_sub(self.inner.drift)
-            .filter(|v| !v.is_zero())
+        validity(self.inner.policy.ttl, self.inner.drift, elapsed)
     }
 
     /// Runs `op` on every node at once: one [`round`] under the node timeout from
@@ -415,9 +416,23 @@ impl Redlock {
     }
 }
 
+/// The validity a lease of `ttl` has left `elapsed` after its round started, less the
+/// `drift` allowance; `None` unless positive. Never underflows, whatever the values.
+fn validity(ttl: Duration, drift: Duration, elapsed: Duration) -> Option<Duration> {
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
 /// A release's vote: for where it deleted our token.
 fn deleted(release: &ReleaseReply) -> Vote {
     Vote::of(matches!(release, ReleaseReply::Deleted))
+}
+
+/// An extension's vote: for where it renewed our token (the script's 1; 0 when the keys
+/// are gone, -1 when another holds one).
+fn extended(reply: &i64) -> Vote {
+    Vote::of(*reply == 1)
 }
 
 /// The failure of `node` for `reason`.

@@ -170,6 +170,8 @@ mod tests {
                 ((1, 1, 0, 1), 2, None),
                 // A quorum answered; with the failed node's OK it still would not win.
                 ((1, 2, 1, 0), 3, Some(Lost)),
+                // A quorum answered without a quorum of OKs: taken, although the failed
+                // node's OK would have made one.
                 ((1, 1, 1, 0), 2, Some(Lost)),
                 ((1, 0, 2, 0), 2, Some(NoQuorum)),
             ],
