@@ -124,4 +124,19 @@ mod tests {
         assert!(breaker.succeeded());
         assert_eq!(breaker.pass(), Pass::Closed);
     }
+
+    #[test]
+    fn the_cool_down_runs_on_the_clock() {
+        let breaker = Breaker::default();
+        for _ in 0..OPEN_AFTER {
+            breaker.failed();
+        }
+        let Pass::Refused(left) = breaker.pass() else {
+            panic!("open after {OPEN_AFTER} failures")
+        };
+        assert!(left > COOL_DOWN / 2 && left <= COOL_DOWN, "{left:?}");
+        // Waiting out the cool-down is the subject here: then one probe goes.
+        std::thread::sleep(COOL_DOWN);
+        assert_eq!(breaker.pass(), Pass::Probe);
+    }
 }
