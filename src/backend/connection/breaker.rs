@@ -51,11 +51,15 @@ pub(crate) struct Breaker {
 
 impl Breaker {
     pub(crate) fn pass(&self) -> Pass {
+        self.pass_at(now_ms())
+    }
+
+    /// [`pass`](Self::pass) at `now` (see [`now_ms`]).
+    fn pass_at(&self, now: u64) -> Pass {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Pass::Closed;
         }
-        let now = now_ms();
         if now < until {
             return Pass::Refused(Duration::from_millis(until - now));
         }
@@ -138,5 +142,34 @@ mod tests {
         // Waiting out the cool-down is the subject here: then one probe goes.
         std::thread::sleep(COOL_DOWN);
         assert_eq!(breaker.pass(), Pass::Probe);
+    }
+
+    #[test]
+    fn a_probe_without_an_outcome_gives_way_to_another_once_stale() {
+        let breaker = Breaker::default();
+        for _ in 0..OPEN_AFTER {
+            breaker.failed();
+        }
+        let until = breaker.open_until.load(Ordering::Acquire);
+        assert!(
+            matches!(breaker.pass_at(until - 1), Pass::Refused(left) if left == Duration::from_millis(1))
+        );
+        assert_eq!(breaker.pass_at(until), Pass::Probe);
+        let stale = until + ms(PROBE_STALE);
+        assert_eq!(
+            breaker.pass_at(stale),
+            Pass::Refused(Duration::ZERO),
+            "not yet stale"
+        );
+        assert_eq!(
+            breaker.pass_at(stale + 1),
+            Pass::Probe,
+            "stale: another probes"
+        );
+        assert_eq!(
+            breaker.pass_at(stale + 2),
+            Pass::Refused(Duration::ZERO),
+            "one at a time"
+        );
     }
 }
