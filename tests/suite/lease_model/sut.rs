@@ -179,7 +179,11 @@ impl Sut {
     /// process the key is free.
     pub fn check_released(&self, key: usize, lease: &tower_redlock::Lease) {
         stats::add(&stats::RELEASE_CHECKS);
-        let within = Self::NODE_TIMEOUT + Duration::from_millis(500);
+        // Before the lease would have lapsed by itself, so that its TTL cannot pass for a
+        // delete.
+        let deadline = (Instant::now() + Self::NODE_TIMEOUT + Duration::from_millis(40))
+            .min(lease.valid_until());
+        let within = deadline.saturating_duration_since(Instant::now());
         let token = lease.token().as_str().to_owned();
         let lock_key = lease.key().to_owned();
         if self.nodes.is_empty() {
@@ -198,6 +202,9 @@ impl Sut {
                 continue;
             }
             let url = node.url();
+            if within.is_zero() {
+                continue;
+            }
             let gone = self.rt.block_on(eventually(within, || {
                 let (url, lock_key, token) = (url.clone(), lock_key.clone(), token.clone());
                 async move {
