@@ -17,7 +17,8 @@
 // - the primitives: `key`, `lease` (`Lease`, `Token`), `renewal` (the schedule a lease and
 //   a concurrency permit share), `future` (boxed futures and errors), `protect`,
 //   `rejection` and `problem` (refusals and their answers), `error`, `redact`, `observe`
-//   (metric names and spans).
+//   (metric names and spans), `sync` (the in-process stores' locks and notifications: std's
+//   and tokio's, or the schedule explorer's with `--cfg shuttle`).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
 // the backends with their builders, the extractors and their rejections, the errors,
@@ -74,6 +75,11 @@ mod redact;
 pub mod rejection;
 #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 mod renewal;
+#[cfg(all(shuttle, feature = "concurrency-limit"))]
+#[doc(hidden)]
+pub mod shuttle_hooks;
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+mod sync;
 
 #[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
