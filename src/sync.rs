@@ -21,10 +21,10 @@ pub(crate) use tokio::time::sleep;
 #[cfg(all(not(shuttle), feature = "lock"))]
 pub(crate) use tokio::time::timeout;
 
-#[cfg(shuttle)]
-pub(crate) use explored::{Notify, sleep};
 #[cfg(all(shuttle, feature = "lock"))]
 pub(crate) use explored::timeout;
+#[cfg(shuttle)]
+pub(crate) use explored::{Notify, sleep};
 #[cfg(shuttle)]
 pub(crate) use shuttle::sync::atomic::AtomicUsize;
 #[cfg(shuttle)]

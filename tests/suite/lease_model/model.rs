@@ -51,6 +51,10 @@ pub struct Fence {
     pub nodes: Vec<bool>,
 }
 
+/// How much later than the model's bound Redis may still find a key alive: it expires keys
+/// on its own clock, in whole milliseconds, from when it ran the command.
+const REDIS_SLACK: Duration = Duration::from_millis(10);
+
 pub struct Model {
     /// 0 for the in-process store.
     pub nodes: usize,
@@ -160,7 +164,8 @@ impl Model {
                 // In process the store expires a lease exactly at its validity.
                 return h.valid_until() <= start;
             }
-            !h.renewing && h.last_touch + self.ttl < start
+            // Redis expires a key on its own clock, in whole milliseconds.
+            !h.renewing && h.last_touch + self.ttl + REDIS_SLACK < start
         });
         leases_gone
             && (self.nodes == 0

@@ -125,7 +125,7 @@ impl Sut {
         if let (LockError::Taken { .. }, Some(by)) = (error, free_by) {
             assert!(
                 !self.model.must_be_free(key, by),
-                "key {key} refused as taken while no lease could hold it"
+                "key {key} refused ({error}) while no lease could hold it"
             );
         }
         if redis {

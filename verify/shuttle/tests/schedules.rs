@@ -10,7 +10,7 @@
 //!   alone (a lost one leaves it waiting forever, which shuttle reports as a deadlock);
 //! - nothing leaks: at the end no key is held or waited on, no permit is counted.
 //!
-//! `SHUTTLE_ITERATIONS` sets the schedules per scheduler and check (default 1000).
+//! `SHUTTLE_ITERATIONS` sets the schedules per scheduler and check (default 5000).
 #![cfg(shuttle)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
@@ -33,7 +33,7 @@ fn iterations() -> usize {
     std::env::var("SHUTTLE_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+        .unwrap_or(5000)
 }
 
 /// `check` under the random scheduler, then under PCT with depth 3.
