@@ -18,7 +18,8 @@
 //   a concurrency permit share), `future` (boxed futures and errors), `protect`,
 //   `rejection` and `problem` (refusals and their answers), `error`, `redact`, `observe`
 //   (metric names and spans), `holder` (who holds a lease: `LockHolder`, and what a
-//   lease records of its request).
+//   lease records of its request), `sync` (the in-process stores' locks and
+//   notifications: std's and tokio's, or the schedule explorer's with `--cfg shuttle`).
 //
 // The crate root re-exports what a user names to build and use the layers: the layers,
 // the backends with their builders, the extractors and their rejections, the errors,
@@ -77,6 +78,11 @@ mod redact;
 pub mod rejection;
 #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 mod renewal;
+#[cfg(all(shuttle, feature = "concurrency-limit"))]
+#[doc(hidden)]
+pub mod shuttle_hooks;
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+mod sync;
 
 #[cfg(all(feature = "redis", any(feature = "lock", feature = "rate-limit")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -4,7 +4,7 @@
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::num::NonZeroU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::backend::KeyMap;
@@ -21,6 +21,7 @@ use crate::error::{ConfigError, LockError};
 use crate::holder::{Holder, HolderRef, LockHolder};
 use crate::lease::{Lease, Shape, Token};
 use crate::observe::{self, op_span};
+use crate::sync::{Mutex, MutexGuard};
 
 mod contract;
 #[cfg(feature = "idempotency")]

@@ -9,18 +9,17 @@
 //! release, so every wait also has a fallback timer: the holder's remaining TTL, at most
 //! one second, with jitter.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 #[cfg(feature = "lock")]
 use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
 
 use crate::backend::KeyMap;
 #[cfg(feature = "lock")]
 use crate::error::LockError;
 #[cfg(feature = "lock")]
 use crate::lease::Lease;
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Notify};
 
 /// The longest a waiter sleeps before trying again without a notification.
 #[cfg(feature = "lock")]
@@ -47,7 +46,7 @@ pub(crate) struct WaitTicket<'a> {
 }
 
 impl Waiters {
-    fn keys(&self) -> std::sync::MutexGuard<'_, KeyMap<Arc<str>, Waiting>> {
+    fn keys(&self) -> MutexGuard<'_, KeyMap<Arc<str>, Waiting>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -142,7 +141,7 @@ where
     let deadline = Instant::now().checked_add(max_wait);
     let ticket = waiters.register(key);
     // Bounded by the wait itself, as well as by the notifier's own timeout.
-    let _ = tokio::time::timeout(max_wait, subscribe).await;
+    let _ = crate::sync::timeout(max_wait, subscribe).await;
     loop {
         // Armed before the attempt, so that a release during it is not missed.
         let notified = ticket.notify.notified();
@@ -158,7 +157,7 @@ where
                 }
                 tokio::select! {
                     () = notified => {}
-                    () = tokio::time::sleep(fallback(retry_after, left)) => {}
+                    () = crate::sync::sleep(fallback(retry_after, left)) => {}
                 }
             }
             other => return other,

@@ -41,6 +41,7 @@ mod http;
 mod idempotency;
 mod idempotency_trust;
 mod inspect;
+mod lease_model;
 mod lifecycle;
 mod memory_store;
 mod multilock;

@@ -144,7 +144,8 @@ impl RedisNode {
         assert!(status.success(), "kill {signal} {pid} failed");
     }
 
-    fn resume_if_paused(&self) {
+    /// Thaws the process if it is paused (SIGCONT); nothing otherwise.
+    pub fn resume_if_paused(&self) {
         if let Some(child) = self.child.as_ref() {
             let _ = Command::new("kill")
                 .args(["-CONT", &child.id().to_string()])

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -10,6 +10,7 @@ use hashbrown::hash_table::Entry;
 use super::{ConcurrencyError, PermitSlot};
 use crate::backend::settings::check_resource;
 use crate::backend::wait::Waiters;
+use crate::sync::{Mutex, MutexGuard};
 
 /// In-flight counts in this process's memory, with the contract of
 /// [`RedisConcurrencyLimiter`](super::RedisConcurrencyLimiter): at most `limit` permits

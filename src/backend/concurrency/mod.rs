@@ -384,7 +384,7 @@ impl ConcurrencyLimiter {
                     let jittered = step.mul_f64(rand::random_range(0.5..=1.0));
                     tokio::select! {
                         () = notified => {}
-                        () = tokio::time::sleep(jittered.min(left)) => {
+                        () = crate::sync::sleep(jittered.min(left)) => {
                             step = (step * 2).min(WAIT_STEP.1);
                         }
                     }

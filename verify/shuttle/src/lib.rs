@@ -1,0 +1,1 @@
+//! Nothing here: the checks are in `tests/`, built with `--cfg shuttle`.
