@@ -196,6 +196,7 @@ impl LockPermit {
     }
 
     /// Disarms the permit and hands back what to release (dropping it stops the renewals).
+    #[cfg(feature = "idempotency")]
     pub(crate) fn disarm(mut self) -> (Locks, Lease) {
         self.armed = false;
         (self.watchdog.locks().clone(), self.watchdog.lease().clone())
