@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
-    RedisResult, Value,
+    AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value,
 };
 
 use crate::backend::lua::Scripts;
@@ -270,16 +269,7 @@ impl Connection {
     {
         let inner = &self.shared;
         if let Pass::Refused(left) = inner.breaker.pass() {
-            return Err(RedisError::from((
-                ErrorKind::Io,
-                "outage breaker open",
-                format!(
-                    "{} failed {} times in a row; commands fail at once for {:?} after each failure, then one probes (next in {left:?})",
-                    inner.label,
-                    breaker::OPEN_AFTER,
-                    breaker::COOL_DOWN,
-                ),
-            )));
+            return Err(breaker::refused(&inner.label, left));
         }
         let (current, generation) = {
             let state = inner.state();
@@ -471,13 +461,8 @@ impl ConnectionCore {
     }
 }
 
-/// How long a command given up by its caller must have waited, with nothing answered, to
-/// count as a failure of the node for its outage breaker: 10 ms (a command dropped sooner
-/// was cancelled, not timed out).
-const GIVEN_UP_AFTER: Duration = Duration::from_millis(10);
-
 /// A command in flight; dropped with nothing answered since it was sent, it probes (and
-/// counts against the node's outage breaker once it waited [`GIVEN_UP_AFTER`]).
+/// counts against the node's outage breaker once it waited [`GIVEN_UP_AFTER`](breaker::GIVEN_UP_AFTER)).
 struct Pending<'a> {
     shared: &'a Arc<ConnectionCore>,
     generation: u64,
@@ -489,7 +474,7 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.armed && self.shared.replies.load(Ordering::Acquire) == self.replies {
-            if self.sent.elapsed() >= GIVEN_UP_AFTER && self.shared.breaker.failed() {
+            if self.sent.elapsed() >= breaker::GIVEN_UP_AFTER && self.shared.breaker.failed() {
                 breaker_changed(&self.shared.label, "open");
             }
             self.shared.suspect(self.generation);
@@ -497,29 +482,8 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// Logs and counts a change of a node's outage breaker (`open` or `closed`).
-fn breaker_changed(node: &str, state: &'static str) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tower_redlock_breaker_transitions_total",
-        "node" => node.to_owned(),
-        "state" => state
-    )
-    .increment(1);
-    if state == "open" {
-        tracing::warn!(
-            node,
-            "outage breaker open: the node failed {} times in a row; its commands fail at once, and one probes every {:?}",
-            breaker::OPEN_AFTER,
-            breaker::COOL_DOWN
-        );
-    } else {
-        tracing::info!(node, "outage breaker closed: the node answers again");
-    }
-}
-
 mod breaker;
-use breaker::{Breaker, Pass};
+use breaker::{Breaker, Pass, breaker_changed};
 mod replies;
 use replies::{Replies, is_reply};
 

@@ -19,6 +19,22 @@ pub(crate) const COOL_DOWN: Duration = Duration::from_millis(500);
 /// whose caller dropped it leaves no outcome).
 const PROBE_STALE: Duration = Duration::from_secs(5);
 
+/// How long a command given up by its caller must have waited, with nothing answered, to
+/// count as a failure of the node for its outage breaker: 10 ms (a command dropped sooner
+/// was cancelled, not timed out).
+pub(super) const GIVEN_UP_AFTER: Duration = Duration::from_millis(10);
+
+/// The error of a command refused by an open breaker on `node`, the next probe in `left`.
+pub(super) fn refused(node: &str, left: Duration) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "outage breaker open",
+        format!(
+            "{node} failed {OPEN_AFTER} times in a row; commands fail at once for {COOL_DOWN:?} after each failure, then one probes (next in {left:?})"
+        ),
+    ))
+}
+
 /// Milliseconds since the first use, never 0 (0 means "closed" and "no probe").
 fn now_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -100,6 +116,27 @@ impl Breaker {
         self.probe_since.store(0, Ordering::Release);
         let until = now_ms().saturating_add(ms(COOL_DOWN));
         self.open_until.swap(until, Ordering::AcqRel) == 0
+    }
+}
+
+/// Logs and counts a change of a node's outage breaker (`open` or `closed`).
+pub(super) fn breaker_changed(node: &str, state: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tower_redlock_breaker_transitions_total",
+        "node" => node.to_owned(),
+        "state" => state
+    )
+    .increment(1);
+    if state == "open" {
+        tracing::warn!(
+            node,
+            "outage breaker open: the node failed {} times in a row; its commands fail at once, and one probes every {:?}",
+            OPEN_AFTER,
+            COOL_DOWN
+        );
+    } else {
+        tracing::info!(node, "outage breaker closed: the node answers again");
     }
 }
 
