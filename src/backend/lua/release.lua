@@ -1,5 +1,7 @@
 -- Deletes the lock key only if it holds our token (the Redis docs' release script), and
--- our lease's holder record beside it (wherever it is left). A release that wakes waiters
+-- then our lease's holder record beside it (set and extended with the lock key, it expires
+-- with it: where the key is no longer ours, the record is not either). The cleanup of an
+-- attempt that fell short, on a node where nothing of ours was set, reads one key. A release that wakes waiters
 -- passes the waiters' mark as KEYS[3] and the lock's release channel as ARGV[2]: when the
 -- mark is there, it deletes it and publishes on the channel. The cleanup of an attempt
 -- that fell short passes no mark: two waiters that split the nodes would otherwise wake
@@ -15,12 +17,12 @@
 -- Reply: 1 deleted, 0 the key is gone, -1 it holds anything else.
 --
 -- Uses lib/unmark.lua, lib/is_holder.lua.
-if is_holder(KEYS[2], ARGV[1]) then
-  redis.call('DEL', KEYS[2])
-end
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if is_holder(KEYS[2], ARGV[1]) then
+    redis.call('DEL', KEYS[2])
+  end
   if KEYS[3] and unmark(KEYS[3]) then
     redis.call('PUBLISH', ARGV[2], '')
   end
