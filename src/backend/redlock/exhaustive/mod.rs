@@ -31,7 +31,7 @@ use crate::error::NodeFailureReason;
 
 /// One node's answer, as the checks name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum NodeAnswer {
     /// The node did what was asked: `SET NX` took (acquire), our token was there (extend,
     /// release).
     Done,
@@ -43,18 +43,18 @@ pub(super) enum Answer {
     Error,
     /// The node did not answer before the deadline.
     Timeout,
-    /// [`Done`](Answer::Done), arriving once the validity has run out: this arrival and
+    /// [`Done`](NodeAnswer::Done), arriving once the validity has run out: this arrival and
     /// every later one come too late for a lease.
     Late,
 }
 
-pub(super) const ANSWERS: [Answer; 6] = [
-    Answer::Done,
-    Answer::HeldByOther,
-    Answer::Gone,
-    Answer::Error,
-    Answer::Timeout,
-    Answer::Late,
+pub(super) const ANSWERS: [NodeAnswer; 6] = [
+    NodeAnswer::Done,
+    NodeAnswer::HeldByOther,
+    NodeAnswer::Gone,
+    NodeAnswer::Error,
+    NodeAnswer::Timeout,
+    NodeAnswer::Late,
 ];
 
 /// The operations whose rounds are checked, each through its real reply type and vote.
@@ -81,35 +81,35 @@ fn failure() -> NodeFailureReason {
 }
 
 /// A node's reply to an acquisition: what the acquisition script decodes to.
-pub(super) fn acquire_reply(answer: Answer) -> Result<Attempted, NodeFailureReason> {
+pub(super) fn acquire_reply(answer: NodeAnswer) -> Result<Attempted, NodeFailureReason> {
     match answer {
-        Answer::Done | Answer::Late => Ok(Attempted::Set(0)),
-        Answer::HeldByOther => Ok(Attempted::Held { pttl_ms: 7_000 }),
-        Answer::Gone => Ok(Attempted::Held { pttl_ms: -2 }),
-        Answer::Error => Err(failure()),
-        Answer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
+        NodeAnswer::Done | NodeAnswer::Late => Ok(Attempted::Set(0)),
+        NodeAnswer::HeldByOther => Ok(Attempted::Held { pttl_ms: 7_000 }),
+        NodeAnswer::Gone => Ok(Attempted::Held { pttl_ms: -2 }),
+        NodeAnswer::Error => Err(failure()),
+        NodeAnswer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
     }
 }
 
 /// A node's reply to an extension: the script's 1, 0 or -1.
-pub(super) fn extend_reply(answer: Answer) -> Result<i64, NodeFailureReason> {
+pub(super) fn extend_reply(answer: NodeAnswer) -> Result<i64, NodeFailureReason> {
     match answer {
-        Answer::Done | Answer::Late => Ok(1),
-        Answer::HeldByOther => Ok(-1),
-        Answer::Gone => Ok(0),
-        Answer::Error => Err(failure()),
-        Answer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
+        NodeAnswer::Done | NodeAnswer::Late => Ok(1),
+        NodeAnswer::HeldByOther => Ok(-1),
+        NodeAnswer::Gone => Ok(0),
+        NodeAnswer::Error => Err(failure()),
+        NodeAnswer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
     }
 }
 
 /// A node's reply to a release.
-pub(super) fn release_reply(answer: Answer) -> Result<ReleaseReply, NodeFailureReason> {
+pub(super) fn release_reply(answer: NodeAnswer) -> Result<ReleaseReply, NodeFailureReason> {
     match answer {
-        Answer::Done | Answer::Late => Ok(ReleaseReply::Deleted),
-        Answer::HeldByOther => Ok(ReleaseReply::HeldByOther),
-        Answer::Gone => Ok(ReleaseReply::Absent),
-        Answer::Error => Err(failure()),
-        Answer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
+        NodeAnswer::Done | NodeAnswer::Late => Ok(ReleaseReply::Deleted),
+        NodeAnswer::HeldByOther => Ok(ReleaseReply::HeldByOther),
+        NodeAnswer::Gone => Ok(ReleaseReply::Absent),
+        NodeAnswer::Error => Err(failure()),
+        NodeAnswer::Timeout => Err(NodeFailureReason::Timeout(Duration::from_millis(50))),
     }
 }
 
@@ -124,7 +124,7 @@ impl Op {
 
     /// How the code counts `answer`: the operation's vote function on the reply, `None`
     /// for a failure.
-    pub(super) fn vote(self, answer: Answer) -> Option<Vote> {
+    pub(super) fn vote(self, answer: NodeAnswer) -> Option<Vote> {
         match self {
             Op::Acquire => acquire_reply(answer).ok().map(|reply| took(&reply)),
             Op::Extend => extend_reply(answer).ok().map(|reply| extended(&reply)),
@@ -139,12 +139,12 @@ impl Op {
 }
 
 /// The verdict the rules give a complete round of `answers` (nothing pending).
-pub(super) fn rules(op: Op, answers: &[Answer]) -> QuorumVerdict {
+pub(super) fn rules(op: Op, answers: &[NodeAnswer]) -> QuorumVerdict {
     let nodes = answers.len();
     let quorum = nodes / 2 + 1;
-    let count = |wanted: &[Answer]| answers.iter().filter(|a| wanted.contains(a)).count();
-    let ok = count(&[Answer::Done, Answer::Late]);
-    let against = count(&[Answer::HeldByOther, Answer::Gone]);
+    let count = |wanted: &[NodeAnswer]| answers.iter().filter(|a| wanted.contains(a)).count();
+    let ok = count(&[NodeAnswer::Done, NodeAnswer::Late]);
+    let against = count(&[NodeAnswer::HeldByOther, NodeAnswer::Gone]);
     if ok >= quorum {
         return QuorumVerdict::Won;
     }
@@ -163,14 +163,14 @@ pub(super) fn rules(op: Op, answers: &[Answer]) -> QuorumVerdict {
 
 /// The complete verdicts that `pending` more answers after `arrived` can lead to, as a
 /// set (bit 0 won, 1 lost, 2 no quorum).
-pub(super) fn possible(op: Op, arrived: &mut Vec<Answer>, pending: usize) -> u8 {
+pub(super) fn possible(op: Op, arrived: &mut Vec<NodeAnswer>, pending: usize) -> u8 {
     if pending == 0 {
         return bit(rules(op, arrived));
     }
     let mut set = 0;
     // Only the answers' votes matter to the rules: one answer of each vote stands for
     // the others (a sequence of every answer is checked in `tally`).
-    for answer in [Answer::Done, Answer::HeldByOther, Answer::Error] {
+    for answer in [NodeAnswer::Done, NodeAnswer::HeldByOther, NodeAnswer::Error] {
         arrived.push(answer);
         set |= possible(op, arrived, pending - 1);
         arrived.pop();

@@ -17,19 +17,21 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::{Answer, OPS, Op, acquire_reply, due, extend_reply, possible, release_reply, rules};
+use super::{
+    NodeAnswer, OPS, Op, acquire_reply, due, extend_reply, possible, release_reply, rules,
+};
 use crate::backend::redlock::acquire::took;
 use crate::backend::redlock::round::{Answers, Ops, Stragglers, run};
 use crate::backend::redlock::tally::Vote;
 use crate::backend::redlock::{deleted, extended};
 use crate::error::NodeFailureReason;
 
-/// What each node does: answers, or never does ([`Answer::Timeout`]).
-const KINDS: [Answer; 4] = [
-    Answer::Done,
-    Answer::HeldByOther,
-    Answer::Error,
-    Answer::Timeout,
+/// What each node does: answers, or never does ([`NodeAnswer::Timeout`]).
+const KINDS: [NodeAnswer; 4] = [
+    NodeAnswer::Done,
+    NodeAnswer::HeldByOther,
+    NodeAnswer::Error,
+    NodeAnswer::Timeout,
 ];
 
 type Slot<T> = Arc<Mutex<Option<Result<T, NodeFailureReason>>>>;
@@ -51,7 +53,7 @@ impl<T> Future for Told<T> {
 /// An operation's reply type and vote, as its round is run.
 struct Typed<T> {
     op: Op,
-    reply: fn(Answer) -> Result<T, NodeFailureReason>,
+    reply: fn(NodeAnswer) -> Result<T, NodeFailureReason>,
     vote: fn(&T) -> Vote,
 }
 
@@ -67,7 +69,7 @@ struct Checked {
 }
 
 /// Every assignment of [`KINDS`] to `nodes` nodes.
-fn assignments(nodes: usize) -> impl Iterator<Item = Vec<Answer>> {
+fn assignments(nodes: usize) -> impl Iterator<Item = Vec<NodeAnswer>> {
     let total = KINDS.len().pow(nodes as u32);
     (0..total).map(move |mut code| {
         (0..nodes)
@@ -126,7 +128,7 @@ impl<T: Send + 'static> Typed<T> {
     /// The round on `kinds`, the nodes of `order` answering one at a time.
     fn step(
         &self,
-        kinds: &[Answer],
+        kinds: &[NodeAnswer],
         order: &[usize],
         stragglers: Stragglers,
         checked: &mut Checked,
@@ -190,14 +192,14 @@ impl<T: Send + 'static> Typed<T> {
     fn deadlines(
         &self,
         runtime: &tokio::runtime::Runtime,
-        cases: &[(Vec<Answer>, Stragglers)],
+        cases: &[(Vec<NodeAnswer>, Stragglers)],
         checked: &mut Checked,
     ) {
         let timeout = Duration::from_millis(1);
         let rounds = cases.iter().map(|(kinds, stragglers)| {
             let (slots, round) = self.round(kinds.len(), timeout, *stragglers);
             for (slot, kind) in slots.iter().zip(kinds) {
-                if *kind != Answer::Timeout {
+                if *kind != NodeAnswer::Timeout {
                     *slot.lock().unwrap() = Some((self.reply)(*kind));
                 }
             }
@@ -212,16 +214,16 @@ impl<T: Send + 'static> Typed<T> {
 
     fn check_deadline(
         &self,
-        kinds: &[Answer],
+        kinds: &[NodeAnswer],
         stragglers: Stragglers,
         timeout: Duration,
         answers: &Answers<T>,
     ) {
         let case = format!("{:?} {stragglers:?} at the deadline: {kinds:?}", self.op);
-        let answered: Vec<Answer> = kinds
+        let answered: Vec<NodeAnswer> = kinds
             .iter()
             .copied()
-            .filter(|k| *k != Answer::Timeout)
+            .filter(|k| *k != NodeAnswer::Timeout)
             .collect();
         let early = due(possible(
             self.op,
@@ -235,13 +237,13 @@ impl<T: Send + 'static> Typed<T> {
         assert_eq!(answers.verdict, expected, "{case}");
         for (answer, kind) in answers.answers.iter().zip(kinds) {
             match (kind, answer) {
-                (Answer::Timeout, None) => {
+                (NodeAnswer::Timeout, None) => {
                     assert!(early.is_some() && stragglers != Stragglers::Await, "{case}")
                 }
-                (Answer::Timeout, Some(Err(NodeFailureReason::Timeout(t)))) => {
+                (NodeAnswer::Timeout, Some(Err(NodeFailureReason::Timeout(t)))) => {
                     assert_eq!(*t, timeout, "{case}")
                 }
-                (Answer::Timeout, Some(other)) => {
+                (NodeAnswer::Timeout, Some(other)) => {
                     panic!("{case}: a node that never answered has {:?}", other.is_ok())
                 }
                 (_, answer) => assert!(
@@ -307,11 +309,13 @@ fn drive<T: Send + 'static>(
         .unwrap();
     // The rounds' timers are made in the runtime's context, and polled by hand.
     let _entered = runtime.enter();
-    let rank = |kind: &Answer| KINDS.iter().position(|k| k == kind);
+    let rank = |kind: &NodeAnswer| KINDS.iter().position(|k| k == kind);
     let mut to_deadline = Vec::new();
     for &n in nodes {
         for kinds in assignments(n) {
-            let answering: Vec<usize> = (0..n).filter(|&i| kinds[i] != Answer::Timeout).collect();
+            let answering: Vec<usize> = (0..n)
+                .filter(|&i| kinds[i] != NodeAnswer::Timeout)
+                .collect();
             for order in orders(&answering).into_iter().step_by(every_nth_order) {
                 for stragglers in [Stragglers::Drop, Stragglers::Await] {
                     typed.step(&kinds, &order, stragglers, checked);

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{ANSWERS, Answer, OPS, Op, due, possible};
+use super::{ANSWERS, NodeAnswer, OPS, Op, due, possible};
 use crate::backend::redlock::tally::{QuorumVerdict, Tally};
 use crate::backend::redlock::validity;
 
@@ -33,9 +33,9 @@ enum Outcome {
 /// How long after the round started the answer at `index` of `answers` arrived: just
 /// inside the validity before the first late answer, and from the last instant of it on
 /// (the validity is exactly used up at the first late arrival).
-fn elapsed_at(answers: &[Answer], index: usize) -> Duration {
+fn elapsed_at(answers: &[NodeAnswer], index: usize) -> Duration {
     let validity_end = TTL - DRIFT;
-    match answers.iter().position(|a| *a == Answer::Late) {
+    match answers.iter().position(|a| *a == NodeAnswer::Late) {
         Some(late) if index >= late => validity_end + Duration::from_millis((index - late) as u64),
         _ => validity_end - Duration::from_nanos((answers.len() - index) as u64),
     }
@@ -59,8 +59,13 @@ fn code_outcome(op: Op, verdict: QuorumVerdict, elapsed: Duration) -> Outcome {
 
 /// What the rules say the caller gets: a lease only with a quorum and validity left at
 /// the arrival that decided the round, which came before any late answer.
-fn model_outcome(op: Op, verdict: QuorumVerdict, answers: &[Answer], decided_at: usize) -> Outcome {
-    let in_time = !answers[..=decided_at].contains(&Answer::Late);
+fn model_outcome(
+    op: Op,
+    verdict: QuorumVerdict,
+    answers: &[NodeAnswer],
+    decided_at: usize,
+) -> Outcome {
+    let in_time = !answers[..=decided_at].contains(&NodeAnswer::Late);
     match verdict {
         QuorumVerdict::Won if op.needs_validity() && !in_time => Outcome::TooSlow,
         QuorumVerdict::Won => Outcome::Granted,
@@ -83,7 +88,7 @@ struct Checked {
 fn walk(
     op: Op,
     nodes: usize,
-    arrived: &mut Vec<Answer>,
+    arrived: &mut Vec<NodeAnswer>,
     tally: Tally,
     decided: Option<(usize, QuorumVerdict)>,
     checked: &mut Checked,
