@@ -220,3 +220,6 @@ impl<E> fmt::Debug for Schedule<E> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;

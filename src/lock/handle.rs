@@ -77,6 +77,15 @@ impl Default for Locks {
 }
 
 impl Locks {
+    /// A handle over a backend made by a test.
+    #[cfg(test)]
+    pub(crate) fn from_backend(backend: Arc<dyn LockBackend>) -> Self {
+        Self {
+            backend,
+            fallback: false,
+        }
+    }
+
     /// Whether this is the in-process backend.
     pub fn is_in_process(&self) -> bool {
         self.backend.in_process()
