@@ -218,7 +218,7 @@ impl Holder {
     /// The record of this holder on the replica `replica`: its [`LockHolder`]'s stored
     /// form, bounded and sanitised.
     pub(crate) fn encode(&self, replica: &str) -> String {
-        Record::of(replica, &self.fields()).as_str().to_owned()
+        RecordBuf::of(replica, &self.fields()).as_str().to_owned()
     }
 }
 
@@ -249,7 +249,7 @@ impl HolderRef<'_> {
             },
             HolderRef::Known(holder) => holder.fields(),
         };
-        Arc::from(Record::of(replica, &fields).as_str())
+        Arc::from(RecordBuf::of(replica, &fields).as_str())
     }
 }
 
@@ -284,15 +284,15 @@ fn trace_id(header: &HeaderValue) -> Option<&[u8]> {
 
 /// A record being written, on the stack: printable ASCII and spaces, at most
 /// [`MAX_RECORD`] bytes.
-struct Record {
+struct RecordBuf {
     bytes: [u8; MAX_RECORD],
     len: usize,
 }
 
-impl Record {
+impl RecordBuf {
     /// The stored form of `fields` on `replica`.
     fn of(replica: &str, fields: &Fields<'_>) -> Self {
-        let mut record = Record {
+        let mut record = RecordBuf {
             bytes: [0; MAX_RECORD],
             len: 0,
         };

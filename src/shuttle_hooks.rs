@@ -7,7 +7,7 @@ use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSl
 
 /// A permit held until dropped.
 #[allow(missing_debug_implementations)]
-pub struct Permit(#[allow(dead_code)] PermitSlot); // Held for its drop, which releases it.
+pub struct PermitGuard(#[allow(dead_code)] PermitSlot); // Held for its drop, which releases it.
 
 /// A permit on `resource` under `limit`, waiting up to `max_wait` (as
 /// `ConcurrencyLimitLayer::max_wait` does).
@@ -20,9 +20,9 @@ pub async fn permit(
     resource: &str,
     limit: u32,
     max_wait: Duration,
-) -> Result<Permit, ConcurrencyError> {
+) -> Result<PermitGuard, ConcurrencyError> {
     limiter
         .acquire_within(resource, limit, max_wait)
         .await
-        .map(Permit)
+        .map(PermitGuard)
 }

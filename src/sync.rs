@@ -47,11 +47,11 @@ mod explored {
     /// is stored for a later one.
     #[derive(Debug, Default)]
     pub(crate) struct Notify {
-        state: Mutex<State>,
+        state: Mutex<NotifyState>,
     }
 
     #[derive(Debug, Default)]
-    struct State {
+    struct NotifyState {
         /// How many times `notify_waiters` was called.
         calls: u64,
         wakers: Vec<Waker>,
@@ -62,7 +62,7 @@ mod explored {
             Self::default()
         }
 
-        fn state(&self) -> shuttle::sync::MutexGuard<'_, State> {
+        fn state(&self) -> shuttle::sync::MutexGuard<'_, NotifyState> {
             self.state.lock().unwrap_or_else(PoisonError::into_inner)
         }
 

@@ -124,7 +124,10 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Which backend instance this is (see `backend::next_backend_id`), so that a lease
     /// can tell which one issued it.
     fn id(&self) -> u64;
-    fn in_process(&self) -> bool;
+    /// Whether this is the in-process store (which overrides this).
+    fn in_process(&self) -> bool {
+        false
+    }
     /// The prefix put before every key.
     fn prefix(&self) -> &str {
         &self.settings().prefix

@@ -30,7 +30,7 @@ use crate::protect::Watch;
 
 /// One request's shape: how it is decided, how the inner service and its body answer.
 #[derive(Clone, Copy, Debug)]
-struct Case {
+struct RequestCase {
     /// Decided through a future that waits once, as a remote backend does.
     remote: bool,
     /// Admitted with a permit (else refused).
@@ -47,14 +47,14 @@ struct Case {
     inner_waits: bool,
     /// The inner service fails (no body).
     inner_fails: bool,
-    body: Shape,
+    body: BodyPlan,
 }
 
 /// The inner body: `frames` data frames, each after a `Pending` when `slow`; it says
 /// when it has ended (`tells_end`) or its exact size (`sized`), and ends with an error
 /// after its frames when `fails`.
 #[derive(Clone, Copy, Debug)]
-struct Shape {
+struct BodyPlan {
     frames: usize,
     slow: bool,
     tells_end: bool,
@@ -64,7 +64,7 @@ struct Shape {
 
 /// What happened, shared by the policy, its permits, the inner service and its body.
 #[derive(Default)]
-struct Counts {
+struct ReleaseCounts {
     permits: AtomicUsize,
     released: AtomicUsize,
     dropped_held: AtomicUsize,
@@ -75,7 +75,7 @@ struct Counts {
     polled_after_loss: AtomicUsize,
 }
 
-impl Counts {
+impl ReleaseCounts {
     /// Releases so far: by `release`, or by dropping a permit still held.
     fn releases(&self) -> usize {
         self.released.load(SeqCst) + self.dropped_held.load(SeqCst)
@@ -91,8 +91,8 @@ impl Counts {
 
 #[derive(Clone)]
 struct Counting {
-    case: Case,
-    counts: Arc<Counts>,
+    case: RequestCase,
+    counts: Arc<ReleaseCounts>,
 }
 
 impl Sealed for Counting {}
@@ -106,7 +106,7 @@ impl<S, K> Layer<S> for KeyedLayer<K, Counting> {
 }
 
 impl Counting {
-    fn verdict(&self) -> Verdict<Counted> {
+    fn verdict(&self) -> Verdict<CountingPermit> {
         if !self.case.admit {
             let mut refusal = Response::new(Bytes::from_static(b"taken"));
             *refusal.status_mut() = StatusCode::LOCKED;
@@ -114,7 +114,7 @@ impl Counting {
         }
         self.counts.permits.fetch_add(1, SeqCst);
         self.counts.holding.store(true, SeqCst);
-        Verdict::Admit(Counted {
+        Verdict::Admit(CountingPermit {
             case: self.case,
             counts: self.counts.clone(),
             held: true,
@@ -123,13 +123,13 @@ impl Counting {
 }
 
 impl Policy for Counting {
-    type Permit = Counted;
+    type Permit = CountingPermit;
     const LAYER: &'static str = "CountingLayer";
     const KEY_NOUN: &'static str = "key";
     const REJECTED_BY: crate::rejection::RejectedBy = crate::rejection::RejectedBy::Lock;
     const FAIL_OPEN: bool = false;
 
-    fn decide(&self, _key: &str, _parts: &Parts) -> Decision<Counted> {
+    fn decide(&self, _key: &str, _parts: &Parts) -> Decision<CountingPermit> {
         if !self.case.remote {
             return Decision::Ready(self.verdict());
         }
@@ -147,13 +147,13 @@ impl Policy for Counting {
 
 /// A permit that counts its release; dropped while held, it counts one (a lease's permit
 /// releases in the background then).
-struct Counted {
-    case: Case,
-    counts: Arc<Counts>,
+struct CountingPermit {
+    case: RequestCase,
+    counts: Arc<ReleaseCounts>,
     held: bool,
 }
 
-impl Drop for Counted {
+impl Drop for CountingPermit {
     fn drop(&mut self) {
         if self.held {
             self.counts.dropped_held.fetch_add(1, SeqCst);
@@ -162,7 +162,7 @@ impl Drop for Counted {
     }
 }
 
-impl Watch for Counted {
+impl Watch for CountingPermit {
     fn lost_before_poll(&mut self, _: &mut Context<'_>) -> bool {
         self.counts.lost.load(SeqCst)
     }
@@ -176,7 +176,7 @@ impl Watch for Counted {
     }
 }
 
-impl Permit for Counted {
+impl Permit for CountingPermit {
     fn admit<B>(&mut self, _request: &mut Request<B>) {}
 
     fn abort_on_loss(&self) -> bool {
@@ -219,15 +219,15 @@ impl Permit for Counted {
     }
 }
 
-/// The inner body of [`Shape`].
-struct Frames {
-    shape: Shape,
+/// The inner body of [`BodyPlan`].
+struct PlannedBody {
+    plan: BodyPlan,
     sent: usize,
     ready: bool,
-    counts: Arc<Counts>,
+    counts: Arc<ReleaseCounts>,
 }
 
-impl Body for Frames {
+impl Body for PlannedBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -236,15 +236,15 @@ impl Body for Frames {
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.counts.polled();
-        if self.shape.slow && !std::mem::replace(&mut self.ready, true) {
+        if self.plan.slow && !std::mem::replace(&mut self.ready, true) {
             return Poll::Pending;
         }
         self.ready = false;
-        if self.sent < self.shape.frames {
+        if self.sent < self.plan.frames {
             self.sent += 1;
             return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"ab")))));
         }
-        if self.shape.fails && self.sent == self.shape.frames {
+        if self.plan.fails && self.sent == self.plan.frames {
             self.sent += 1;
             return Poll::Ready(Some(Err("the body failed".into())));
         }
@@ -252,13 +252,13 @@ impl Body for Frames {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.shape.tells_end && !self.shape.fails && self.sent >= self.shape.frames
+        self.plan.tells_end && !self.plan.fails && self.sent >= self.plan.frames
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.shape.sized && !self.shape.fails {
+        match self.plan.sized && !self.plan.fails {
             true => SizeHint::with_exact(
-                2 * (self.shape.frames - self.sent.min(self.shape.frames)) as u64,
+                2 * (self.plan.frames - self.sent.min(self.plan.frames)) as u64,
             ),
             false => SizeHint::default(),
         }
@@ -267,13 +267,13 @@ impl Body for Frames {
 
 /// The inner service: waits once when told, then fails or answers with the body.
 fn inner(
-    case: Case,
-    counts: &Arc<Counts>,
+    case: RequestCase,
+    counts: &Arc<ReleaseCounts>,
 ) -> impl Service<
     Request<()>,
-    Response = Response<Frames>,
+    Response = Response<PlannedBody>,
     Error = String,
-    Future = impl Future<Output = Result<Response<Frames>, String>> + Send,
+    Future = impl Future<Output = Result<Response<PlannedBody>, String>> + Send,
 > + Clone {
     let counts = counts.clone();
     service_fn(move |_req: Request<()>| {
@@ -287,8 +287,8 @@ fn inner(
             if case.inner_fails {
                 return Poll::Ready(Err("the service failed".to_owned()));
             }
-            Poll::Ready(Ok(Response::new(Frames {
-                shape: case.body,
+            Poll::Ready(Ok(Response::new(PlannedBody {
+                plan: case.body,
                 sent: 0,
                 ready: false,
                 counts: counts.clone(),
@@ -303,14 +303,13 @@ const MAX_POLLS: usize = 40;
 /// One request of `case`, polled by hand: its response future until ready, then its body
 /// until it ends (or fails); the permit lost before poll `lose_before`, everything dropped
 /// before poll `cut_before`. Checks the releases; returns how many polls it made.
-fn run(case: Case, lose_before: Option<usize>, cut_before: Option<usize>) -> usize {
-    let counts = Arc::new(Counts::default());
+fn run(case: RequestCase, lose_before: Option<usize>, cut_before: Option<usize>) -> usize {
+    let counts = Arc::new(ReleaseCounts::default());
     let policy = Counting {
         case,
         counts: counts.clone(),
     };
-    type KeyFn = fn(&Parts) -> Option<String>;
-    let key: KeyFn = |_| Some("k".to_owned());
+    let key: fn(&Parts) -> Option<String> = |_| Some("k".to_owned());
     let layer = KeyedLayer::from_parts(FnKey::new(key), policy, Cow::Borrowed("no key"));
     let mut service = layer.layer(inner(case, &counts));
     let mut cx = Context::from_waker(Waker::noop());
@@ -399,7 +398,7 @@ fn run(case: Case, lose_before: Option<usize>, cut_before: Option<usize>) -> usi
 /// an inner future that waits or not, and every body of 0 to 2 frames, slow or not, that
 /// tells its end, its size, or neither, and ends or fails; or an inner service that
 /// fails), and refusals.
-fn cases() -> Vec<Case> {
+fn cases() -> Vec<RequestCase> {
     let flags = [false, true];
     let mut bodies = Vec::new();
     for frames in 0..=2 {
@@ -407,7 +406,7 @@ fn cases() -> Vec<Case> {
             for tells_end in flags {
                 for sized in flags {
                     for fails in flags {
-                        bodies.push(Shape {
+                        bodies.push(BodyPlan {
                             frames,
                             slow,
                             tells_end,
@@ -422,7 +421,7 @@ fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for bits in 0..64u32 {
         let flag = |i: u32| bits & (1 << i) != 0;
-        let case = Case {
+        let case = RequestCase {
             remote: flag(0),
             admit: true,
             release_waits: flag(1),
@@ -433,13 +432,13 @@ fn cases() -> Vec<Case> {
             inner_fails: false,
             body: bodies[0],
         };
-        cases.extend(bodies.iter().map(|&body| Case { body, ..case }));
-        cases.push(Case {
+        cases.extend(bodies.iter().map(|&body| RequestCase { body, ..case }));
+        cases.push(RequestCase {
             inner_fails: true,
             ..case
         });
         if !case.release_waits && !case.abort && !case.at_head && !case.inner_waits {
-            cases.push(Case {
+            cases.push(RequestCase {
                 admit: false,
                 ..case
             });

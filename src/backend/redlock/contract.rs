@@ -22,10 +22,6 @@ impl LockBackend for Redlock {
         self.inner.id
     }
 
-    fn in_process(&self) -> bool {
-        false
-    }
-
     fn attempt(
         &self,
         claim: Claim,

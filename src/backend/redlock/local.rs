@@ -41,7 +41,7 @@ enum HolderSlot {
     /// An attempt of this process is in flight.
     Acquiring(InFlight),
     /// This process holds the key.
-    Held(Holder),
+    Held(HeldLease),
 }
 
 /// The slot of an attempt in flight.
@@ -54,7 +54,8 @@ struct InFlight {
     followers: Option<Arc<Flight>>,
 }
 
-struct Holder {
+/// This process's hold on a key: its lease's token and validity.
+struct HeldLease {
     token: Token,
     valid_until: Instant,
     /// When its attempt started: its hold time counts from here.
@@ -228,11 +229,11 @@ impl LocalHolders {
         state
             .slots
             .entry(lease.key.clone())
-            .or_insert_with(|| HolderSlot::Held(Holder::of(lease, Instant::now())));
+            .or_insert_with(|| HolderSlot::Held(HeldLease::of(lease, Instant::now())));
     }
 }
 
-impl Holder {
+impl HeldLease {
     /// The holder of `lease`, held `since` its attempt started.
     fn of(lease: &Lease, since: Instant) -> Self {
         Self {
@@ -303,8 +304,10 @@ impl FlightGuard<'_> {
             match (state.slots.get_mut(&**self.key), lease) {
                 (Some(slot), Some(lease)) => {
                     // A lease is this process's holder, whoever is in the slot now.
-                    match std::mem::replace(slot, HolderSlot::Held(Holder::of(lease, self.entered)))
-                    {
+                    match std::mem::replace(
+                        slot,
+                        HolderSlot::Held(HeldLease::of(lease, self.entered)),
+                    ) {
                         HolderSlot::Acquiring(flight) => {
                             flight.followers.map(|f| (f, Outcome::Won))
                         }
@@ -314,7 +317,7 @@ impl FlightGuard<'_> {
                 (None, Some(lease)) => {
                     state.slots.insert(
                         self.key.clone(),
-                        HolderSlot::Held(Holder::of(lease, self.entered)),
+                        HolderSlot::Held(HeldLease::of(lease, self.entered)),
                     );
                     None
                 }

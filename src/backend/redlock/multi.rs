@@ -39,16 +39,16 @@ impl Redlock {
             return self.acquire(key.clone(), false, holder).await;
         }
         let mut acquisition = Acquisition::new(self, Keys::Set(keys.clone()));
-        let token = acquisition.token;
-        let ttl_ms = self.inner.policy.ttl_ms();
-        let fenced = self.inner.fence_ms.is_some();
-        let prefix = &self.inner.policy.prefix;
+        let attempt = SetAttempt {
+            prefix: self.inner.policy.prefix.clone(),
+            token: acquisition.token,
+            ttl_ms: self.inner.policy.ttl_ms(),
+            fenced: self.inner.fence_ms.is_some(),
+            holder,
+        };
         let round = acquisition
             .round(
-                |conn| {
-                    let (prefix, keys, holder) = (prefix.clone(), keys.clone(), holder.clone());
-                    acquire_on(conn, prefix, keys, token, ttl_ms, fenced, holder)
-                },
+                |conn| acquire_on(conn, keys.clone(), attempt.clone()),
                 CleanUp::Background,
                 None,
             )
@@ -65,6 +65,26 @@ enum Beside {
     Fence,
     Waiters,
     Holder,
+}
+
+/// The holder's record, and the fencing counter when `fenced`: what acquiring and
+/// extending a set also write.
+fn holder_and_fence(fenced: bool) -> &'static [Beside] {
+    if fenced {
+        &[Beside::Holder, Beside::Fence]
+    } else {
+        &[Beside::Holder]
+    }
+}
+
+/// What one attempt on a set sends every node besides its keys.
+#[derive(Clone)]
+struct SetAttempt {
+    prefix: Arc<str>,
+    token: Token,
+    ttl_ms: u64,
+    fenced: bool,
+    holder: Arc<str>,
 }
 
 /// The lock keys, then, for each role of `beside` in turn, one auxiliary key per lock key.
@@ -87,25 +107,23 @@ fn set_command(script: &Script, prefix: &str, keys: &[Arc<str>], beside: &[Besid
 
 async fn acquire_group(
     mut conn: Connection,
-    prefix: Arc<str>,
-    keys: Arc<[Arc<str>]>,
-    token: Token,
-    ttl_ms: u64,
-    fenced: bool,
-    holder: Arc<str>,
+    keys: &[Arc<str>],
+    attempt: &SetAttempt,
 ) -> Result<Attempted, NodeFailureReason> {
-    let beside: &[Beside] = if fenced {
-        &[Beside::Holder, Beside::Fence]
-    } else {
-        &[Beside::Holder]
-    };
-    let mut cmd = set_command(&ACQUIRE_ALL, &prefix, &keys, beside);
+    let SetAttempt {
+        prefix,
+        token,
+        ttl_ms,
+        fenced,
+        holder,
+    } = attempt;
+    let mut cmd = set_command(&ACQUIRE_ALL, prefix, keys, holder_and_fence(*fenced));
     cmd.arg(token.as_bytes())
         .arg(ttl_ms)
         .arg(keys.len())
-        .arg(if fenced { "1" } else { "0" })
-        .arg(&*holder);
-    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, &prefix, &keys).await
+        .arg(if *fenced { "1" } else { "0" })
+        .arg(&**holder);
+    run_attempt(&mut conn, &ACQUIRE_ALL, &cmd, prefix, keys).await
 }
 
 /// [`RELEASE_ALL`] on one slot's keys: its reply code (see [`ReleaseReply::of`](super::scripts::ReleaseReply::of)).
@@ -170,31 +188,19 @@ fn slot(key: &str) -> u16 {
 /// spans, one script per slot in slot order, a refusal releasing the slots already taken.
 async fn acquire_on(
     conn: Connection,
-    prefix: Arc<str>,
     keys: Arc<[Arc<str>]>,
-    token: Token,
-    ttl_ms: u64,
-    fenced: bool,
-    holder: Arc<str>,
+    attempt: SetAttempt,
 ) -> Result<Attempted, NodeFailureReason> {
     let Some(groups) = by_slot(&conn, &keys) else {
-        return acquire_group(conn, prefix, keys, token, ttl_ms, fenced, holder).await;
+        return acquire_group(conn, &keys, &attempt).await;
     };
     let mut highest = 0;
     for (i, group) in groups.iter().enumerate() {
-        let attempt = acquire_group(
-            conn.clone(),
-            prefix.clone(),
-            group.clone(),
-            token,
-            ttl_ms,
-            fenced,
-            holder.clone(),
-        );
-        match attempt.await {
+        match acquire_group(conn.clone(), group, &attempt).await {
             Ok(Attempted::Set(counter)) => highest = highest.max(counter),
             refused => {
                 // The slots taken are ours to delete; the caller deletes the rest.
+                let (prefix, token) = (&attempt.prefix, attempt.token);
                 join_all(groups.iter().take(i).map(|taken| {
                     release_group(conn.clone(), prefix.clone(), taken.clone(), token, false)
                 }))
@@ -258,11 +264,7 @@ pub(in crate::backend::redlock) async fn extend_group(
     ttl_ms: u64,
     fence_ms: Option<u64>,
 ) -> Result<i64, NodeFailureReason> {
-    let beside: &[Beside] = if fence_ms.is_some() {
-        &[Beside::Holder, Beside::Fence]
-    } else {
-        &[Beside::Holder]
-    };
+    let beside = holder_and_fence(fence_ms.is_some());
     let mut cmd = set_command(&EXTEND_ALL, prefix, keys, beside);
     cmd.arg(token.as_bytes()).arg(ttl_ms).arg(keys.len());
     if let Some(fence_ms) = fence_ms {

@@ -291,18 +291,22 @@ mod tests {
         Vote::of(*value)
     }
 
-    type Op = Pin<Box<dyn Future<Output = Result<bool, NodeFailureReason>> + Send>>;
+    type NodeCall = Pin<Box<dyn Future<Output = Result<bool, NodeFailureReason>> + Send>>;
 
-    fn ok(value: bool) -> Op {
+    fn ok(value: bool) -> NodeCall {
         Box::pin(answer(value))
     }
 
-    fn hung() -> Op {
+    fn hung() -> NodeCall {
         Box::pin(std::future::pending())
     }
 
     /// A round over `ops` from now, a quorum of 2, each voting its answer.
-    async fn run_now(ops: Vec<Op>, timeout: Duration, stragglers: Stragglers) -> Answers<bool> {
+    async fn run_now(
+        ops: Vec<NodeCall>,
+        timeout: Duration,
+        stragglers: Stragglers,
+    ) -> Answers<bool> {
         let started = std::time::Instant::now();
         let round = run(
             Ops::new(ops.into_iter().map(|op| move || op)),
@@ -345,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn await_waits_for_every_node() {
-        let ops: Vec<Op> = vec![
+        let ops: Vec<NodeCall> = vec![
             ok(true),
             ok(true),
             Box::pin(async {

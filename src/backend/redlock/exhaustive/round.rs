@@ -59,7 +59,7 @@ struct Typed<T> {
 
 /// Counts of what was checked.
 #[derive(Debug, Default)]
-struct Checked {
+struct RoundCoverage {
     /// Assignments and orders driven answer by answer.
     sequences: u64,
     /// Polls whose readiness and verdict were checked.
@@ -131,7 +131,7 @@ impl<T: Send + 'static> Typed<T> {
         kinds: &[NodeAnswer],
         order: &[usize],
         stragglers: Stragglers,
-        checked: &mut Checked,
+        checked: &mut RoundCoverage,
     ) {
         let nodes = kinds.len();
         let (slots, round) = self.round(nodes, Duration::from_secs(3600), stragglers);
@@ -193,7 +193,7 @@ impl<T: Send + 'static> Typed<T> {
         &self,
         runtime: &tokio::runtime::Runtime,
         cases: &[(Vec<NodeAnswer>, Stragglers)],
-        checked: &mut Checked,
+        checked: &mut RoundCoverage,
     ) {
         let timeout = Duration::from_millis(1);
         let rounds = cases.iter().map(|(kinds, stragglers)| {
@@ -258,8 +258,8 @@ impl<T: Send + 'static> Typed<T> {
 /// Every assignment on each of `nodes`, answer by answer in every `every_nth_order`-th
 /// order of its answering nodes (1: every order); and every multiset of answers to its
 /// deadline.
-fn check_rounds(nodes: &[usize], every_nth_order: usize) -> Checked {
-    let mut checked = Checked::default();
+fn check_rounds(nodes: &[usize], every_nth_order: usize) -> RoundCoverage {
+    let mut checked = RoundCoverage::default();
     for op in OPS {
         match op {
             Op::Acquire => drive(
@@ -301,7 +301,7 @@ fn drive<T: Send + 'static>(
     typed: &Typed<T>,
     nodes: &[usize],
     every_nth_order: usize,
-    checked: &mut Checked,
+    checked: &mut RoundCoverage,
 ) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

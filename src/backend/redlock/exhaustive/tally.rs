@@ -20,7 +20,7 @@ const DRIFT: Duration = Duration::from_millis(102);
 
 /// What an operation ends with, as its caller sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+enum CallerOutcome {
     /// Acquired, extended, released.
     Granted,
     /// A quorum, but no validity left (`LockError::TooSlow`).
@@ -45,15 +45,15 @@ fn elapsed_at(answers: &[NodeAnswer], index: usize) -> Duration {
 /// makes a lease, the validity left when the round returned (the glue of
 /// `Acquisition::won` and `Redlock::extend_untraced`, restated: a won round without
 /// validity is `TooSlow`).
-fn code_outcome(op: Op, verdict: QuorumVerdict, elapsed: Duration) -> Outcome {
+fn code_outcome(op: Op, verdict: QuorumVerdict, elapsed: Duration) -> CallerOutcome {
     match verdict {
         QuorumVerdict::Won if op.needs_validity() => match validity(TTL, DRIFT, elapsed) {
-            Some(_) => Outcome::Granted,
-            None => Outcome::TooSlow,
+            Some(_) => CallerOutcome::Granted,
+            None => CallerOutcome::TooSlow,
         },
-        QuorumVerdict::Won => Outcome::Granted,
-        QuorumVerdict::Lost => Outcome::Refused,
-        QuorumVerdict::NoQuorum => Outcome::NoQuorum,
+        QuorumVerdict::Won => CallerOutcome::Granted,
+        QuorumVerdict::Lost => CallerOutcome::Refused,
+        QuorumVerdict::NoQuorum => CallerOutcome::NoQuorum,
     }
 }
 
@@ -64,19 +64,19 @@ fn model_outcome(
     verdict: QuorumVerdict,
     answers: &[NodeAnswer],
     decided_at: usize,
-) -> Outcome {
+) -> CallerOutcome {
     let in_time = !answers[..=decided_at].contains(&NodeAnswer::Late);
     match verdict {
-        QuorumVerdict::Won if op.needs_validity() && !in_time => Outcome::TooSlow,
-        QuorumVerdict::Won => Outcome::Granted,
-        QuorumVerdict::Lost => Outcome::Refused,
-        QuorumVerdict::NoQuorum => Outcome::NoQuorum,
+        QuorumVerdict::Won if op.needs_validity() && !in_time => CallerOutcome::TooSlow,
+        QuorumVerdict::Won => CallerOutcome::Granted,
+        QuorumVerdict::Lost => CallerOutcome::Refused,
+        QuorumVerdict::NoQuorum => CallerOutcome::NoQuorum,
     }
 }
 
 /// Counts of what a walk checked.
 #[derive(Debug, Default)]
-struct Checked {
+struct TallyCoverage {
     /// Complete sequences of answers.
     sequences: u64,
     /// Verdicts checked after an arrival (and before the first).
@@ -91,7 +91,7 @@ fn walk(
     arrived: &mut Vec<NodeAnswer>,
     tally: Tally,
     decided: Option<(usize, QuorumVerdict)>,
-    checked: &mut Checked,
+    checked: &mut TallyCoverage,
 ) {
     let quorum = nodes / 2 + 1;
     let pending = nodes - arrived.len();
@@ -127,8 +127,8 @@ fn walk(
 }
 
 /// Every sequence of answers on `nodes` nodes, for every operation.
-fn check_every_sequence(nodes: usize) -> Checked {
-    let mut checked = Checked::default();
+fn check_every_sequence(nodes: usize) -> TallyCoverage {
+    let mut checked = TallyCoverage::default();
     for op in OPS {
         walk(
             op,
