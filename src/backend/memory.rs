@@ -443,3 +443,6 @@ impl MemoryLocks {
         usize::from(held)
     }
 }
+
+#[cfg(test)]
+mod tests;

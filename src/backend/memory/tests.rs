@@ -1,0 +1,209 @@
+//! The in-process lock table itself: expiry at its instant, the sweep of expired keys and
+//! its bound, a stale lease against the next holder, and the builder's settings as the
+//! store applies them. Instants are given, not waited for: an acquisition "at" a past
+//! instant makes a lease that has already expired.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{HeldKey, MIN_SWEEP, MemoryLocks};
+use crate::backend::contract::LockBackend as _;
+use crate::error::LockError;
+use crate::holder::HolderRef;
+use crate::lease::Token;
+
+const TTL: Duration = Duration::from_secs(1);
+
+fn locks() -> MemoryLocks {
+    MemoryLocks::builder().ttl(TTL).build().unwrap()
+}
+
+/// A lease on `key` taken long enough ago that it has expired.
+fn take_expired(locks: &MemoryLocks, key: &str) {
+    let long_ago = Instant::now() - 10 * TTL;
+    locks
+        .acquire_from(Arc::from(key), long_ago, HolderRef::Direct)
+        .unwrap();
+}
+
+fn take_live(locks: &MemoryLocks, key: &str) {
+    locks.acquire(Arc::from(key)).unwrap();
+}
+
+fn key_count(locks: &MemoryLocks) -> usize {
+    locks.state().keys.len()
+}
+
+#[test]
+fn a_key_is_not_held_at_the_instant_it_expires() {
+    let at = Instant::now();
+    let held = HeldKey {
+        token: Token::unique(),
+        expires_at: at,
+        since: at,
+        holder: HolderRef::Direct.to_holder(),
+    };
+    assert_eq!(
+        held.left(at),
+        None,
+        "held at its expiry instant (Redis: gone)"
+    );
+    let before = at - Duration::from_millis(1);
+    assert_eq!(held.left(before), Some(Duration::from_millis(1)));
+}
+
+#[test]
+fn expired_keys_are_swept_once_the_table_reaches_its_bound() {
+    let locks = locks();
+    for i in 0..MIN_SWEEP - 1 {
+        take_expired(&locks, &format!("old-{i}"));
+    }
+    take_live(&locks, "live-0");
+    assert_eq!(key_count(&locks), MIN_SWEEP, "swept below the bound");
+    // At the bound, the next acquisition sweeps: the expired go, the live one stays.
+    take_live(&locks, "live-1");
+    assert_eq!(key_count(&locks), 2);
+    assert!(matches!(
+        locks.acquire(Arc::from("live-0")),
+        Err(LockError::Taken { .. })
+    ));
+}
+
+#[test]
+fn after_a_sweep_the_bound_is_twice_the_keys_left() {
+    let locks = locks();
+    let live = MIN_SWEEP + 100;
+    for i in 0..live {
+        take_live(&locks, &format!("live-{i}"));
+    }
+    for i in 0..10 {
+        take_expired(&locks, &format!("old-{i}"));
+    }
+    // The last sweep (at MIN_SWEEP keys, all live) set the bound to 2 × MIN_SWEEP: no sweep
+    // yet, whatever has expired.
+    take_live(&locks, "one-more");
+    assert_eq!(key_count(&locks), live + 11);
+    assert!(locks.state().sweep_at >= 2 * MIN_SWEEP);
+}
+
+#[test]
+fn a_stale_lease_cannot_release_the_next_holders_key() {
+    let locks = locks();
+    let long_ago = Instant::now() - 10 * TTL;
+    let stale = locks
+        .acquire_from(Arc::from("k"), long_ago, HolderRef::Direct)
+        .unwrap();
+    let next = locks.acquire(Arc::from("k")).unwrap();
+    assert!(matches!(
+        locks.release(&stale),
+        Err(LockError::Expired { taken_over: true })
+    ));
+    assert!(
+        locks.inspect_key("k").is_held(),
+        "the next holder's key was released"
+    );
+    locks.release(&next).unwrap();
+    assert!(!locks.inspect_key("k").is_held());
+}
+
+#[test]
+fn debug_shows_the_settings_and_the_key_count() {
+    let locks = locks();
+    take_live(&locks, "k");
+    let shown = format!("{locks:?}");
+    assert!(shown.starts_with("MemoryLocks {"), "{shown}");
+    assert!(shown.contains("ttl: 1s"), "{shown}");
+    assert!(shown.contains("keys: 1"), "{shown}");
+}
+
+#[test]
+fn inspect_names_the_replica_id_set_on_the_builder() {
+    let locks = MemoryLocks::builder().replica_id("pod-7").build().unwrap();
+    let lease = locks.try_lock("k").unwrap();
+    let holder = locks.inspect_key(lease.key()).holder.expect("a holder");
+    assert_eq!(holder.replica, "pod-7");
+}
+
+#[cfg(feature = "idempotency")]
+#[test]
+fn the_record_bounds_set_on_the_builder_hold() {
+    use bytes::Bytes;
+
+    let ttl = Duration::from_secs(60);
+    let locks = MemoryLocks::builder()
+        .max_records(2, 1 << 20)
+        .build()
+        .unwrap();
+    for owner in 1..=3 {
+        let key = Arc::from(format!("r-{owner}"));
+        assert!(
+            locks
+                .records()
+                .insert(key, owner, Bytes::from_static(b"x"), ttl)
+        );
+    }
+    assert_eq!(
+        locks.records().usage().0,
+        2,
+        "more records kept than max_records"
+    );
+
+    let locks = MemoryLocks::builder()
+        .max_records_per_principal(1)
+        .build()
+        .unwrap();
+    for (key, owner) in [("a", 7), ("b", 7), ("c", 8)] {
+        assert!(
+            locks
+                .records()
+                .insert(Arc::from(key), owner, Bytes::from_static(b"x"), ttl)
+        );
+    }
+    assert_eq!(
+        locks.records().usage().0,
+        2,
+        "one principal kept more than its bound"
+    );
+    assert!(
+        locks.records().get("a").is_none(),
+        "its oldest record stayed"
+    );
+    assert!(
+        locks.records().get("c").is_some(),
+        "another principal's record went"
+    );
+}
+
+#[test]
+fn a_release_records_how_long_a_live_lease_was_held_and_an_expired_one_nothing() {
+    let locks = locks();
+    let prefix = locks.prefix().to_owned();
+    let key = format!("{prefix}report:1");
+    let held_for = Duration::from_millis(300);
+    let lease = locks
+        .acquire_from(
+            Arc::from(key.as_str()),
+            Instant::now() - held_for,
+            HolderRef::Direct,
+        )
+        .unwrap();
+    locks.release(&lease).unwrap();
+    let estimate = locks
+        .state()
+        .holds
+        .estimate(&format!("{prefix}report:2"), &prefix);
+    assert!(
+        estimate.is_some_and(|e| e >= held_for && e < TTL),
+        "hold time recorded: {estimate:?}"
+    );
+
+    let locks = self::locks();
+    let lease = locks
+        .acquire_from(Arc::from("x"), Instant::now() - 10 * TTL, HolderRef::Direct)
+        .unwrap();
+    assert!(matches!(
+        locks.release(&lease),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    assert_eq!(locks.state().holds.estimate("x", &prefix), None);
+}
