@@ -207,3 +207,49 @@ fn a_release_records_how_long_a_live_lease_was_held_and_an_expired_one_nothing()
     ));
     assert_eq!(locks.state().holds.estimate("x", &prefix), None);
 }
+
+#[test]
+fn force_unlock_frees_a_live_key_and_counts_only_what_was_held() {
+    let locks = locks();
+    take_live(&locks, "live");
+    take_expired(&locks, "old");
+    assert_eq!(locks.force_unlock_key("live"), 1);
+    assert!(!locks.inspect_key("live").is_held());
+    take_live(&locks, "live");
+    assert_eq!(
+        locks.force_unlock_key("old"),
+        0,
+        "an expired key counted as held"
+    );
+    assert_eq!(locks.force_unlock_key("free"), 0);
+    assert_eq!(
+        key_count(&locks),
+        1,
+        "the forced keys were left in the table"
+    );
+}
+
+#[tokio::test]
+async fn inspect_says_a_plain_waiter_waits() {
+    let locks = locks();
+    let key: Arc<str> = Arc::from("busy");
+    let lease = locks.acquire(key.clone()).unwrap();
+    assert!(!locks.inspect_key(&key).waiters);
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move {
+            let holder = HolderRef::Direct.to_holder();
+            locks
+                .lock_within(key, None, Duration::from_secs(5), &holder)
+                .await
+        })
+    };
+    // On this single-threaded runtime the yield runs the waiter until it waits.
+    tokio::task::yield_now().await;
+    let seen = locks.inspect_key(&key);
+    assert!(seen.waiters, "{seen:?}");
+    assert!(seen.is_held() && seen.readers == 0);
+    locks.release(&lease).unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+    assert!(next.expect("woken by the release").unwrap().is_ok());
+}
