@@ -70,7 +70,12 @@ pub(super) fn prune(modes: &mut Option<Box<KeyModes>>, now: Instant) {
 impl Table {
     /// Runs `f` on the modes of `key`, pruned at `now`; drops them, and the key, when
     /// nothing is left.
-    fn modes<R>(&mut self, key: &Arc<str>, now: Instant, f: impl FnOnce(&mut KeyModes) -> R) -> R {
+    pub(super) fn modes<R>(
+        &mut self,
+        key: &Arc<str>,
+        now: Instant,
+        f: impl FnOnce(&mut KeyModes) -> R,
+    ) -> R {
         let state = self.keys.entry(key.clone()).or_default();
         let modes = state.modes.get_or_insert_default();
         modes.prune(now);

@@ -253,3 +253,63 @@ async fn inspect_says_a_plain_waiter_waits() {
     let next = tokio::time::timeout(Duration::from_secs(5), waiter).await;
     assert!(next.expect("woken by the release").unwrap().is_ok());
 }
+
+#[test]
+fn retry_estimate_without_history_is_what_the_holder_has_left() {
+    let locks = locks();
+    let left = Duration::from_millis(700);
+    assert_eq!(locks.retry_estimate("tower-redlock:k", left), left);
+}
+
+#[test]
+fn readers_are_counted_while_live_and_pruned_once_expired() {
+    let locks = locks();
+    let key: Arc<str> = Arc::from("shared");
+    for _ in 0..2 {
+        locks
+            .acquire_access(key.clone(), crate::lease::Access::Shared, HolderRef::Direct)
+            .unwrap();
+    }
+    assert_eq!(locks.inspect_key(&key).readers, 2);
+    // Seen from after their TTL: pruned, and the key with them.
+    let later = Instant::now() + 2 * TTL;
+    locks.state().modes(&key, later, |_| ());
+    assert_eq!(key_count(&locks), 0, "expired readers were kept");
+}
+
+#[cfg(feature = "idempotency")]
+#[test]
+fn a_stored_record_is_found_by_the_next_request_and_the_lock_released() {
+    use crate::backend::records::Begin;
+    use bytes::Bytes;
+
+    let locks = locks();
+    let key: Arc<str> = Arc::from("tower-redlock:order-1");
+    let Ok(Begin::Acquired(lease)) = locks.begin_idempotent_now(key.clone(), HolderRef::Direct)
+    else {
+        panic!("the first request does not run");
+    };
+    let raw = Bytes::from_static(b"stored response");
+    locks.store_and_release(lease, Some(raw.clone()), 1, Duration::from_secs(60));
+    assert!(
+        !locks.inspect_key(&key).is_held(),
+        "the lock outlived the request"
+    );
+    match locks.begin_idempotent_now(key, HolderRef::Direct) {
+        Ok(Begin::Found(found)) => assert_eq!(found, raw),
+        _ => panic!("the record was not found"),
+    }
+}
+
+#[tokio::test]
+async fn a_handle_over_the_store_uses_its_settings() {
+    let store = MemoryLocks::builder()
+        .ttl(TTL)
+        .prefix("app:")
+        .build()
+        .unwrap();
+    let locks = crate::Locks::from(store);
+    let lease = locks.try_lock("k").await.unwrap();
+    assert_eq!(lease.key(), "app:k");
+    assert_eq!(lease.ttl(), TTL);
+}
