@@ -22,11 +22,11 @@ const TURN: Duration = Duration::from_millis(100);
 #[derive(Default)]
 pub(super) struct KeyModes {
     /// The readers' tokens and their expiry.
-    readers: KeyMap<Token, Instant>,
+    pub(super) readers: KeyMap<Token, Instant>,
     /// Exclusive requests waiting: no new reader meanwhile.
-    writers_waiting: usize,
+    pub(super) writers_waiting: usize,
     /// Fair waiters in arrival order, with their deadlines.
-    queue: VecDeque<(Token, Option<Instant>)>,
+    pub(super) queue: VecDeque<(Token, Option<Instant>)>,
 }
 
 impl KeyModes {

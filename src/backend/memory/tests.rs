@@ -10,7 +10,7 @@ use super::{HeldKey, MIN_SWEEP, MemoryLocks};
 use crate::backend::contract::LockBackend as _;
 use crate::error::LockError;
 use crate::holder::HolderRef;
-use crate::lease::Token;
+use crate::lease::{Access, Token};
 
 const TTL: Duration = Duration::from_secs(1);
 
@@ -267,7 +267,7 @@ fn readers_are_counted_while_live_and_pruned_once_expired() {
     let key: Arc<str> = Arc::from("shared");
     for _ in 0..2 {
         locks
-            .acquire_access(key.clone(), crate::lease::Access::Shared, HolderRef::Direct)
+            .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
             .unwrap();
     }
     assert_eq!(locks.inspect_key(&key).readers, 2);
@@ -312,4 +312,79 @@ async fn a_handle_over_the_store_uses_its_settings() {
     let lease = locks.try_lock("k").await.unwrap();
     assert_eq!(lease.key(), "app:k");
     assert_eq!(lease.ttl(), TTL);
+}
+
+#[test]
+fn has_waiters_is_a_waiting_writer_or_a_queued_fair_waiter() {
+    use super::modes::KeyModes;
+
+    let mut modes = KeyModes::default();
+    assert!(!modes.has_waiters());
+    modes.writers_waiting = 1;
+    assert!(modes.has_waiters());
+    modes.writers_waiting = 0;
+    modes.queue.push_back((Token::unique(), None));
+    assert!(modes.has_waiters());
+
+    // Through `inspect`: readers alone are not waiters.
+    let locks = locks();
+    let key: Arc<str> = Arc::from("read");
+    locks
+        .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
+        .unwrap();
+    assert!(!locks.inspect_key(&key).waiters);
+}
+
+/// Sets the expiry of every reader of `key` to just before now.
+fn expire_readers(locks: &MemoryLocks, key: &str) {
+    let past = Instant::now() - Duration::from_millis(1);
+    let mut state = locks.state();
+    let modes = state.keys.get_mut(key).and_then(|k| k.modes.as_deref_mut());
+    for expiry in modes.expect("readers").readers.values_mut() {
+        *expiry = past;
+    }
+}
+
+#[test]
+fn a_live_reader_extends_and_an_expired_one_neither_extends_nor_releases() {
+    let locks = locks();
+    let key: Arc<str> = Arc::from("read");
+    let mut live = locks
+        .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
+        .unwrap();
+    let before = Instant::now();
+    locks.extend_lease(&mut live).unwrap();
+    assert!(
+        live.valid_until() >= before + TTL,
+        "extended to less than a TTL"
+    );
+    expire_readers(&locks, &key);
+    assert!(matches!(
+        locks.extend_lease(&mut live),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    assert!(matches!(
+        locks.release(&live),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    let fresh = locks
+        .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
+        .unwrap();
+    locks.release(&fresh).unwrap();
+}
+
+#[test]
+fn a_sweep_drops_a_key_left_with_expired_readers_only() {
+    let locks = locks();
+    let key: Arc<str> = Arc::from("read");
+    locks
+        .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
+        .unwrap();
+    let mut state = locks.state();
+    state.sweep_at = 0;
+    state.sweep(Instant::now() + 2 * TTL);
+    assert!(
+        state.keys.is_empty(),
+        "a key with expired readers only was kept"
+    );
 }
