@@ -129,7 +129,7 @@ impl<E: RenewError> Schedule<E> {
     }
 
     /// Whether the hold was found lost.
-    #[cfg(feature = "lock")]
+    #[cfg(any(feature = "lock", test))]
     pub(crate) fn is_lost(&self) -> bool {
         self.lost
     }

@@ -16,7 +16,7 @@ use crate::holder::{Holder, HolderRef};
 use crate::lease::{Access, Lease, Shape, Token, readers_key};
 
 /// How long a waiter that is not the head sleeps, at most, when the lock is free.
-const TURN: Duration = Duration::from_millis(100);
+pub(super) const TURN: Duration = Duration::from_millis(100);
 
 /// A key's readers, waiting writers and fair queue ([`KeyState::modes`]).
 #[derive(Default)]

@@ -12,6 +12,8 @@ use crate::error::LockError;
 use crate::holder::HolderRef;
 use crate::lease::{Access, Token};
 
+mod waiting;
+
 const TTL: Duration = Duration::from_secs(1);
 
 fn locks() -> MemoryLocks {
@@ -387,4 +389,42 @@ fn a_sweep_drops_a_key_left_with_expired_readers_only() {
         state.keys.is_empty(),
         "a key with expired readers only was kept"
     );
+}
+
+#[test]
+fn a_set_lease_says_taken_over_only_for_another_holders_live_key() {
+    let locks = locks();
+    let keys: Arc<[Arc<str>]> = Arc::from([Arc::from("a"), Arc::from("b")]);
+    let expire = |key: &str| {
+        let mut state = locks.state();
+        let held = state.keys.get_mut(key).and_then(|k| k.holder.as_mut());
+        held.expect("held").expires_at = Instant::now() - Duration::from_millis(1);
+    };
+
+    // One of its own keys ran out: lost, and nobody took it.
+    let mut lease = locks.acquire_all(&keys, HolderRef::Direct).unwrap();
+    expire("b");
+    assert!(matches!(
+        locks.extend_lease(&mut lease),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    // Another holder has it now: lost to that holder.
+    let other = locks.acquire(Arc::from("b")).unwrap();
+    assert!(matches!(
+        locks.extend_lease(&mut lease),
+        Err(LockError::Expired { taken_over: true })
+    ));
+    assert!(matches!(
+        locks.release(&lease),
+        Err(LockError::Expired { taken_over: true })
+    ));
+    assert!(
+        locks.inspect_key("b").is_held(),
+        "another holder's key was released"
+    );
+    assert!(
+        !locks.inspect_key("a").is_held(),
+        "its own key was left behind"
+    );
+    locks.release(&other).unwrap();
 }
