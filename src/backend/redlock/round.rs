@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use smallvec::SmallVec;
 
@@ -55,23 +54,44 @@ pub(super) fn counted<Fut, T>(
     op: Fut,
     label: Arc<str>,
     deadline: std::time::Instant,
-) -> impl Future<Output = Result<T, NodeFailureReason>> + Send + 'static
+) -> Counted<Fut>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
 {
-    let mut watch = NodeWatch {
+    let watch = NodeWatch {
         label,
         deadline,
         done: false,
     };
-    // A combinator rather than an `async` block, which would hold `op` twice.
-    op.map(move |answer| {
-        watch.done = true;
+    Counted { op, watch }
+}
+
+pin_project_lite::pin_project! {
+    /// A node's operation and its [`NodeWatch`]: a future of its own rather than an
+    /// `async` block, which would hold `op` twice, or `futures_util`'s `map`, which
+    /// copies itself whole (the operation's future included) as it completes.
+    pub(super) struct Counted<Fut> {
+        #[pin]
+        op: Fut,
+        watch: NodeWatch,
+    }
+}
+
+impl<Fut, T> Future for Counted<Fut>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>>,
+{
+    type Output = Result<T, NodeFailureReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.op.poll(cx));
+        this.watch.done = true;
         if answer.is_err() {
-            crate::observe::node_error(&watch.label);
+            crate::observe::node_error(&this.watch.label);
         }
-        answer
-    })
+        Poll::Ready(answer)
+    }
 }
 
 struct NodeWatch {
@@ -151,21 +171,50 @@ fn run_one<Fut, T>(
     quorum: usize,
     vote: fn(&T) -> Vote,
     rule: Rule,
-) -> impl Future<Output = Answers<T>>
+) -> RunOne<Fut, T>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>>,
 {
-    tokio::time::timeout_at(started + timeout, op).map(move |answer| {
-        let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
+    RunOne {
+        op: tokio::time::timeout_at(started + timeout, op),
+        timeout,
+        quorum,
+        vote,
+        rule,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`run_one`]'s future: one of its own, as [`Counted`] is.
+    pub(super) struct RunOne<Fut, T> {
+        #[pin]
+        op: tokio::time::Timeout<Fut>,
+        timeout: Duration,
+        quorum: usize,
+        vote: fn(&T) -> Vote,
+        rule: Rule,
+    }
+}
+
+impl<Fut, T> Future for RunOne<Fut, T>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>>,
+{
+    type Output = Answers<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answers<T>> {
+        let this = self.project();
+        let answer = std::task::ready!(this.op.poll(cx));
+        let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(*this.timeout)));
         let mut tally = Tally::new(1);
-        tally.record(answer.as_ref().ok().map(vote));
-        Answers {
+        tally.record(answer.as_ref().ok().map(*this.vote));
+        Poll::Ready(Answers {
             verdict: tally
-                .verdict(quorum, rule)
+                .verdict(*this.quorum, *this.rule)
                 .unwrap_or(QuorumVerdict::NoQuorum),
             answers: SmallVec::from_buf([Some(answer)]),
-        }
-    })
+        })
+    }
 }
 
 /// [`run`] on more than one node.
