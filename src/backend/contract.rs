@@ -125,6 +125,14 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// can tell which one issued it.
     fn id(&self) -> u64;
     fn in_process(&self) -> bool;
+    /// This backend as a Redlock, for the handle's paths that run a Redis future in place
+    /// (one attempt, a release): through the trait each future is boxed, and a Redis
+    /// one is over glibc's thread cache, so each box costs a trip through its allocator.
+    /// `None` in process.
+    #[cfg(feature = "redis")]
+    fn redlock(&self) -> Option<&crate::backend::redlock::Redlock> {
+        None
+    }
     /// The prefix put before every key.
     fn prefix(&self) -> &str {
         &self.settings().prefix

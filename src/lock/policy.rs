@@ -19,7 +19,7 @@ use crate::keyed::policy::{
 };
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
-use crate::lock::request::{Options, Wait};
+use crate::lock::request::{Decided, Options, Wait};
 use crate::lock::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::observe;
 use crate::protect::Watch;
@@ -142,9 +142,10 @@ impl LockPolicy {
         let first = claim.first().clone();
         let holder = HolderRef::Request(parts);
         match self.locks.decide(claim, options, started, holder) {
-            Answer::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
-            Answer::Later(acquiring) => {
+            Decided::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
+            Decided::Later(acquiring) => {
                 let policy = self.clone();
+                let acquiring = acquiring.boxed();
                 Decision::Pending(boxed(|| async move {
                     policy.verdict(&first, acquiring.await, started)
                 }))

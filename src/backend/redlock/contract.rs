@@ -26,6 +26,10 @@ impl LockBackend for Redlock {
         false
     }
 
+    fn redlock(&self) -> Option<&Redlock> {
+        Some(self)
+    }
+
     fn attempt(
         &self,
         claim: Claim,
@@ -165,7 +169,7 @@ impl Drop for ReleaseOnDrop {
 
 impl Redlock {
     /// The record of `holder` on this replica, sent with its attempts.
-    fn holder_record(&self, holder: HolderRef<'_>) -> Arc<str> {
+    pub(crate) fn holder_record(&self, holder: HolderRef<'_>) -> Arc<str> {
         match holder {
             HolderRef::Direct => self.inner.direct_holder.clone(),
             holder => holder.encode(&self.inner.policy.replica),
