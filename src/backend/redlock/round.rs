@@ -109,27 +109,30 @@ impl Drop for NodeWatch {
 }
 
 /// The node operations of one round, made before it starts (keeping the iterator and its
-/// borrows out of the round's future): one, run in place, or several, each boxed in place
-/// (an operation's future is large, and a box of a built one would copy it whole).
-pub(super) enum Ops<Fut> {
-    One(Fut),
+/// borrows out of the round's future): one, made where the round keeps it, or several,
+/// each boxed in place (an operation's future is large, and a box of a built one would
+/// copy it whole).
+pub(super) enum Ops<M, Fut> {
+    One(M),
     Many(Vec<Option<Pin<Box<Fut>>>>),
 }
 
-impl<Fut> Ops<Fut> {
+impl<M, Fut> Ops<M, Fut>
+where
+    M: FnOnce() -> Fut,
+    Fut: Future,
+{
     // Inlined, like `run`, so that a single operation is built where the round keeps it.
     #[inline(always)]
-    pub(super) fn new<I, M>(makers: I) -> Self
+    pub(super) fn new<I>(makers: I) -> Self
     where
         I: IntoIterator<Item = M>,
         I::IntoIter: ExactSizeIterator,
-        M: FnOnce() -> Fut,
-        Fut: Future,
     {
         let mut makers = makers.into_iter();
         if makers.len() == 1 {
             if let Some(make) = makers.next() {
-                return Ops::One(make());
+                return Ops::One(make);
             }
         }
         Ops::Many(makers.map(|make| Some(boxed(make))).collect())
@@ -141,8 +144,8 @@ impl<Fut> Ops<Fut> {
 /// [`Stragglers::Await`], returns as soon as the tally has a verdict. A single node's timer
 /// is made here, which needs the Tokio runtime.
 #[inline(always)]
-pub(super) fn run<Fut, T>(
-    ops: Ops<Fut>,
+pub(super) fn run<M, Fut, T>(
+    ops: Ops<M, Fut>,
     started: std::time::Instant,
     timeout: Duration,
     quorum: usize,
@@ -151,41 +154,27 @@ pub(super) fn run<Fut, T>(
     stragglers: Stragglers,
 ) -> impl Future<Output = Answers<T>>
 where
+    M: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
     T: Send + 'static,
 {
     let started = tokio::time::Instant::from_std(started);
     match ops {
-        Ops::One(op) => Either::Left(run_one(op, started, timeout, quorum, vote, rule)),
+        Ops::One(make) => Either::Left(RunOne {
+            op: tokio::time::timeout_at(started + timeout, make()),
+            timeout,
+            quorum,
+            vote,
+            rule,
+        }),
         Ops::Many(pending) => Either::Right(run_many(
             pending, started, timeout, quorum, vote, rule, stragglers,
         )),
     }
 }
 
-/// One node's operation under `timeout`, and its verdict.
-fn run_one<Fut, T>(
-    op: Fut,
-    started: tokio::time::Instant,
-    timeout: Duration,
-    quorum: usize,
-    vote: fn(&T) -> Vote,
-    rule: Rule,
-) -> RunOne<Fut, T>
-where
-    Fut: Future<Output = Result<T, NodeFailureReason>>,
-{
-    RunOne {
-        op: tokio::time::timeout_at(started + timeout, op),
-        timeout,
-        quorum,
-        vote,
-        rule,
-    }
-}
-
 pin_project_lite::pin_project! {
-    /// [`run_one`]'s future: one of its own, as [`Counted`] is.
+/// [`run_one`]'s future: one of its own, as [`Counted`] is.
     pub(super) struct RunOne<Fut, T> {
         #[pin]
         op: tokio::time::Timeout<Fut>,
