@@ -153,6 +153,16 @@ struct Fields<'a> {
     request_id: Option<&'a [u8]>,
 }
 
+#[cfg(feature = "redis")]
+impl Fields<'_> {
+    /// A direct call's: none.
+    const NONE: Self = Fields {
+        method: None,
+        route: None,
+        request_id: None,
+    };
+}
+
 impl Holder {
     /// What `parts` says of its request (see [`LockHolder`] for where each field comes
     /// from).
@@ -235,12 +245,17 @@ impl HolderRef<'_> {
     /// the stack, in one allocation.
     #[cfg(feature = "redis")]
     pub(crate) fn encode(self, replica: &str) -> Arc<str> {
+        let head = Record::of(replica, &Fields::NONE);
+        self.encode_after(head.as_str())
+    }
+
+    /// [`encode`](Self::encode) after `head`, the record of a direct call on the replica
+    /// (`replica=..`, as `HolderRef::Direct.encode` made it): the replica's field is copied
+    /// as it is, not bounded and sanitised again.
+    #[cfg(feature = "redis")]
+    pub(crate) fn encode_after(self, head: &str) -> Arc<str> {
         let fields = match self {
-            HolderRef::Direct => Fields {
-                method: None,
-                route: None,
-                request_id: None,
-            },
+            HolderRef::Direct => Fields::NONE,
             HolderRef::Request(parts) => Fields {
                 method: Some(parts.method.as_str()),
                 route: route_of(parts),
@@ -248,7 +263,7 @@ impl HolderRef<'_> {
             },
             HolderRef::Known(holder) => holder.fields(),
         };
-        Arc::from(Record::of(replica, &fields).as_str())
+        Arc::from(Record::after(head, &fields).as_str())
     }
 }
 
@@ -328,28 +343,45 @@ struct Record {
 impl Record {
     /// The stored form of `fields` on `replica`.
     fn of(replica: &str, fields: &Fields<'_>) -> Self {
-        let mut record = Record {
-            bytes: [0; MAX_RECORD],
-            len: 0,
-        };
-        record.field("replica", replica.as_bytes(), MAX_REPLICA_LEN);
-        let optional = [
-            (" method", fields.method.map(str::as_bytes), MAX_METHOD_LEN),
-            (" route", fields.route.map(str::as_bytes), MAX_ROUTE_LEN),
-            (" request_id", fields.request_id, MAX_REQUEST_ID_LEN),
-        ];
-        for (name, value, max) in optional {
-            if let Some(value) = value {
-                record.field(name, value, max);
-            }
-        }
+        let mut record = Record::empty();
+        record.field("replica=", replica.as_bytes(), MAX_REPLICA_LEN);
+        record.optional(fields);
         record
     }
 
-    /// `name=value`, the value bounded to `max` bytes and sanitised.
+    /// The stored form of `fields` after `head`, a record of the replica alone.
+    #[cfg(feature = "redis")]
+    fn after(head: &str, fields: &Fields<'_>) -> Self {
+        let mut record = Record::empty();
+        record.push(head.as_bytes(), MAX_RECORD);
+        record.optional(fields);
+        record
+    }
+
+    fn empty() -> Self {
+        Record {
+            bytes: [0; MAX_RECORD],
+            len: 0,
+        }
+    }
+
+    /// The fields that are there, each after a space.
+    fn optional(&mut self, fields: &Fields<'_>) {
+        let optional = [
+            (" method=", fields.method.map(str::as_bytes), MAX_METHOD_LEN),
+            (" route=", fields.route.map(str::as_bytes), MAX_ROUTE_LEN),
+            (" request_id=", fields.request_id, MAX_REQUEST_ID_LEN),
+        ];
+        for (name, value, max) in optional {
+            if let Some(value) = value {
+                self.field(name, value, max);
+            }
+        }
+    }
+
+    /// `name` (with its `=`), then the value bounded to `max` bytes and sanitised.
     fn field(&mut self, name: &str, value: &[u8], max: usize) {
         self.push(name.as_bytes(), usize::MAX);
-        self.push(b"=", 1);
         let written = self.push(value, max);
         for byte in written {
             if !byte.is_ascii_graphic() {

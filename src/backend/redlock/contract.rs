@@ -172,7 +172,7 @@ impl Redlock {
     pub(crate) fn holder_record(&self, holder: HolderRef<'_>) -> Arc<str> {
         match holder {
             HolderRef::Direct => self.inner.direct_holder.clone(),
-            holder => holder.encode(&self.inner.policy.replica),
+            holder => holder.encode_after(&self.inner.direct_holder),
         }
     }
 
