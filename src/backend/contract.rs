@@ -161,7 +161,9 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn extend(&self, lease: Lease) -> Answer<LockResult>;
     fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
     /// The end of a layer's lease: [`unlock`](Self::unlock) with a failure logged (the keys
-    /// left behind expire by their TTL), and in the background if the future is dropped.
+    /// left behind expire by their TTL). A release once started must land: the caller
+    /// finishes a future it drops before it is done in the background
+    /// ([`FinishOnDrop`](crate::future::FinishOnDrop)).
     fn end(&self, lease: &Lease) -> Answer<()>;
     /// Releases without waiting: at once in process, on a spawned task for Redis.
     fn release_detached(&self, lease: &Lease);

@@ -15,7 +15,7 @@ use crate::backend::fallback::User;
 use crate::error::LockError;
 use crate::holder::HolderRef;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
@@ -273,7 +273,7 @@ impl Permit for LockPermit {
         self.armed = false;
         match self.watchdog.locks().backend().end(self.watchdog.lease()) {
             Answer::Now(()) => Release::Done,
-            Answer::Later(release) => Release::Pending(release),
+            Answer::Later(release) => Release::Pending(Releasing::finishing(release)),
         }
     }
 }

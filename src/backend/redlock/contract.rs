@@ -9,7 +9,7 @@ use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult,
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
 use crate::error::LockError;
-use crate::future::{BoxFuture, FinishOnDrop, boxed};
+use crate::future::{BoxFuture, boxed};
 use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
 
@@ -149,10 +149,10 @@ impl LockBackend for Redlock {
     }
 }
 
-/// A lease's release, which goes on in the background when its future is dropped before
-/// it is done: the release in flight, not a second one.
+/// A lease's release, for the caller to finish in the background should it drop the
+/// future before it is done (see [`LockBackend::end`]).
 fn finish_on_drop(release: BoxFuture<()>) -> Answer<()> {
-    Answer::Later(Box::pin(FinishOnDrop::new(release)))
+    Answer::Later(release)
 }
 
 /// Releases the lease in the background when dropped still holding it: a release that
