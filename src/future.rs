@@ -3,10 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-#[cfg(all(
-    feature = "redis",
-    any(feature = "lock", feature = "concurrency-limit")
-))]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 use std::task::{Context, Poll, ready};
 
 /// A boxed future, for decisions and releases that wait on a backend.
@@ -30,16 +27,10 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// finishes in the background (on the current Tokio runtime) rather than stopping half
 /// way, where starting it again would repeat what was already sent. Without a runtime it
 /// is dropped: its own guards then do what they can.
-#[cfg(all(
-    feature = "redis",
-    any(feature = "lock", feature = "concurrency-limit")
-))]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 pub(crate) struct FinishOnDrop(Option<BoxFuture<()>>);
 
-#[cfg(all(
-    feature = "redis",
-    any(feature = "lock", feature = "concurrency-limit")
-))]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 impl FinishOnDrop {
     /// `work`, finished in the background if dropped before it is done.
     pub(crate) fn new(work: BoxFuture<()>) -> Self {
@@ -47,10 +38,7 @@ impl FinishOnDrop {
     }
 }
 
-#[cfg(all(
-    feature = "redis",
-    any(feature = "lock", feature = "concurrency-limit")
-))]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 impl Future for FinishOnDrop {
     type Output = ();
 
@@ -63,10 +51,7 @@ impl Future for FinishOnDrop {
     }
 }
 
-#[cfg(all(
-    feature = "redis",
-    any(feature = "lock", feature = "concurrency-limit")
-))]
+#[cfg(any(feature = "lock", feature = "concurrency-limit"))]
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
         if let (Some(work), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {

@@ -153,6 +153,16 @@ struct Fields<'a> {
     request_id: Option<&'a [u8]>,
 }
 
+#[cfg(feature = "redis")]
+impl Fields<'_> {
+    /// A direct call's: none.
+    const NONE: Self = Fields {
+        method: None,
+        route: None,
+        request_id: None,
+    };
+}
+
 impl Holder {
     /// What `parts` says of its request (see [`LockHolder`] for where each field comes
     /// from).
@@ -183,11 +193,10 @@ impl Holder {
                 .cloned()
                 .map_or(Route::None, Route::Path)
         });
-        let request_id = match headers.get(X_REQUEST_ID) {
-            Some(id) => RequestId::Header(id.clone()),
-            None => headers
-                .get(TRACEPARENT)
-                .map_or(RequestId::None, |t| RequestId::TraceParent(t.clone())),
+        let request_id = match id_headers(headers) {
+            IdHeader::RequestId(id) => RequestId::Header(id.clone()),
+            IdHeader::TraceParent(t) => RequestId::TraceParent(t.clone()),
+            IdHeader::None => RequestId::None,
         };
         Self {
             method: Some(method.clone()),
@@ -236,12 +245,17 @@ impl HolderRef<'_> {
     /// the stack, in one allocation.
     #[cfg(feature = "redis")]
     pub(crate) fn encode(self, replica: &str) -> Arc<str> {
+        let head = RecordBuf::of(replica, &Fields::NONE);
+        self.encode_after(head.as_str())
+    }
+
+    /// [`encode`](Self::encode) after `head`, the record of a direct call on the replica
+    /// (`replica=..`, as `HolderRef::Direct.encode` made it): the replica's field is copied
+    /// as it is, not bounded and sanitised again.
+    #[cfg(feature = "redis")]
+    pub(crate) fn encode_after(self, head: &str) -> Arc<str> {
         let fields = match self {
-            HolderRef::Direct => Fields {
-                method: None,
-                route: None,
-                request_id: None,
-            },
+            HolderRef::Direct => Fields::NONE,
             HolderRef::Request(parts) => Fields {
                 method: Some(parts.method.as_str()),
                 route: route_of(parts),
@@ -249,7 +263,7 @@ impl HolderRef<'_> {
             },
             HolderRef::Known(holder) => holder.fields(),
         };
-        Arc::from(RecordBuf::of(replica, &fields).as_str())
+        Arc::from(RecordBuf::after(head, &fields).as_str())
     }
 }
 
@@ -266,10 +280,47 @@ fn route_of(parts: &Parts) -> Option<&str> {
 /// The request id of `headers`, as [`Holder::of`] reads it, borrowed.
 #[cfg(feature = "redis")]
 fn request_id_of(headers: &HeaderMap) -> Option<&[u8]> {
-    match headers.get(X_REQUEST_ID) {
-        Some(id) => Some(id.as_bytes()),
-        None => trace_id(headers.get(TRACEPARENT)?),
+    match id_headers(headers) {
+        IdHeader::RequestId(id) => Some(id.as_bytes()),
+        IdHeader::TraceParent(t) => trace_id(t),
+        IdHeader::None => None,
     }
+}
+
+/// The header a request id is read from: the first `x-request-id`, else the first
+/// `traceparent`.
+enum IdHeader<'a> {
+    RequestId(&'a HeaderValue),
+    TraceParent(&'a HeaderValue),
+    None,
+}
+
+/// Up to this many header names, [`id_headers`] reads them in turn.
+const SCANNED: usize = 8;
+
+/// The [`IdHeader`] of `headers`. A request with a few headers is read once for both
+/// names, cheaper than two hashed look-ups (which a request with neither pays in full);
+/// one with more is looked up.
+fn id_headers(headers: &HeaderMap) -> IdHeader<'_> {
+    if headers.keys_len() > SCANNED {
+        return match headers.get(X_REQUEST_ID) {
+            Some(id) => IdHeader::RequestId(id),
+            None => headers
+                .get(TRACEPARENT)
+                .map_or(IdHeader::None, IdHeader::TraceParent),
+        };
+    }
+    let mut found = IdHeader::None;
+    // Each name's values come together, its first value first.
+    for (name, value) in headers {
+        if *name == X_REQUEST_ID {
+            return IdHeader::RequestId(value);
+        }
+        if *name == TRACEPARENT && matches!(found, IdHeader::None) {
+            found = IdHeader::TraceParent(value);
+        }
+    }
+    found
 }
 
 /// The trace id of a W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`): its 32
@@ -292,40 +343,65 @@ struct RecordBuf {
 impl RecordBuf {
     /// The stored form of `fields` on `replica`.
     fn of(replica: &str, fields: &Fields<'_>) -> Self {
-        let mut record = RecordBuf {
-            bytes: [0; MAX_RECORD],
-            len: 0,
-        };
-        record.field("replica", replica.as_bytes(), MAX_REPLICA_LEN);
-        let optional = [
-            (" method", fields.method.map(str::as_bytes), MAX_METHOD_LEN),
-            (" route", fields.route.map(str::as_bytes), MAX_ROUTE_LEN),
-            (" request_id", fields.request_id, MAX_REQUEST_ID_LEN),
-        ];
-        for (name, value, max) in optional {
-            if let Some(value) = value {
-                record.field(name, value, max);
-            }
-        }
+        let mut record = RecordBuf::empty();
+        record.field("replica=", replica.as_bytes(), MAX_REPLICA_LEN);
+        record.optional(fields);
         record
     }
 
-    /// `name=value`, the value bounded to `max` bytes and sanitised.
-    fn field(&mut self, name: &str, value: &[u8], max: usize) {
-        self.push(name.as_bytes(), usize::MAX, |b| b);
-        self.push(b"=", 1, |b| b);
-        self.push(value, max, |b| if b.is_ascii_graphic() { b } else { b'_' });
+    /// The stored form of `fields` after `head`, a record of the replica alone.
+    #[cfg(feature = "redis")]
+    fn after(head: &str, fields: &Fields<'_>) -> Self {
+        let mut record = RecordBuf::empty();
+        record.push(head.as_bytes(), MAX_RECORD);
+        record.optional(fields);
+        record
     }
 
-    /// The first `max` bytes of `text`, each through `map`, as far as there is room.
-    fn push(&mut self, text: &[u8], max: usize, map: impl Fn(u8) -> u8) {
-        let room = self.bytes.get_mut(self.len..).unwrap_or_default();
-        let mut written = 0usize;
-        for (slot, &byte) in room.iter_mut().zip(text.iter().take(max)) {
-            *slot = map(byte);
-            written += 1;
+    fn empty() -> Self {
+        RecordBuf {
+            bytes: [0; MAX_RECORD],
+            len: 0,
         }
-        self.len = self.len.saturating_add(written);
+    }
+
+    /// The fields that are there, each after a space.
+    fn optional(&mut self, fields: &Fields<'_>) {
+        let optional = [
+            (" method=", fields.method.map(str::as_bytes), MAX_METHOD_LEN),
+            (" route=", fields.route.map(str::as_bytes), MAX_ROUTE_LEN),
+            (" request_id=", fields.request_id, MAX_REQUEST_ID_LEN),
+        ];
+        for (name, value, max) in optional {
+            if let Some(value) = value {
+                self.field(name, value, max);
+            }
+        }
+    }
+
+    /// `name` (with its `=`), then the value bounded to `max` bytes and sanitised.
+    fn field(&mut self, name: &str, value: &[u8], max: usize) {
+        self.push(name.as_bytes(), usize::MAX);
+        let written = self.push(value, max);
+        for byte in written {
+            if !byte.is_ascii_graphic() {
+                *byte = b'_';
+            }
+        }
+    }
+
+    /// The first `max` bytes of `text`, as far as there is room, copied at once; the
+    /// bytes written.
+    fn push(&mut self, text: &[u8], max: usize) -> &mut [u8] {
+        let start = self.len;
+        let room = self.bytes.len().saturating_sub(start);
+        let n = text.len().min(max).min(room);
+        self.len = start.saturating_add(n);
+        let (Some(slots), Some(text)) = (self.bytes.get_mut(start..self.len), text.get(..n)) else {
+            return &mut [];
+        };
+        slots.copy_from_slice(text);
+        slots
     }
 
     fn as_str(&self) -> &str {
@@ -379,112 +455,4 @@ pub(crate) fn default_replica_id() -> Arc<str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(request: http::Request<()>) -> Parts {
-        request.into_parts().0
-    }
-
-    #[cfg(feature = "redis")]
-    #[test]
-    fn a_request_is_recorded_with_its_method_path_and_request_id() {
-        let head = parts(
-            http::Request::post("/items/tv/buy?coupon=1")
-                .header("x-request-id", "req-7")
-                .body(())
-                .unwrap(),
-        );
-        let expected = "replica=web-1 method=POST route=/items/tv/buy request_id=req-7";
-        assert_eq!(&*HolderRef::Request(&head).encode("web-1"), expected);
-        assert_eq!(Holder::of(&head).encode("web-1"), expected);
-        let read = LockHolder::parse(expected);
-        assert_eq!(read.replica, "web-1");
-        assert_eq!(read.method.as_deref(), Some("POST"));
-        assert_eq!(read.route.as_deref(), Some("/items/tv/buy"));
-        assert_eq!(read.request_id.as_deref(), Some("req-7"));
-        assert_eq!(read.to_string(), expected);
-        assert_eq!(&*HolderRef::Direct.encode("web-1"), "replica=web-1");
-    }
-
-    #[cfg(feature = "axum")]
-    #[tokio::test]
-    async fn the_matched_route_is_preferred_to_the_path() {
-        // The router puts the route it matched in the extensions; a handler sees it.
-        let router = axum::Router::new().route(
-            "/items/{id}",
-            axum::routing::get(|parts: Parts| async move { Holder::of(&parts).encode("r") }),
-        );
-        let request = http::Request::get("/items/tv").body(axum::body::Body::empty());
-        let response = tower::ServiceExt::oneshot(router, request.unwrap())
-            .await
-            .unwrap();
-        let body = axum::body::to_bytes(response.into_body(), 1024)
-            .await
-            .unwrap();
-        assert_eq!(&body[..], b"replica=r method=GET route=/items/{id}");
-    }
-
-    #[test]
-    fn the_trace_id_of_a_traceparent_is_the_request_id_without_x_request_id() {
-        let traced = |value: &str| {
-            let head = parts(
-                http::Request::get("/")
-                    .header("traceparent", value)
-                    .body(())
-                    .unwrap(),
-            );
-            Holder::of(&head).encode("r")
-        };
-        assert_eq!(
-            traced("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-            "replica=r method=GET route=/ request_id=4bf92f3577b34da6a3ce929d0e0e4736"
-        );
-        for invalid in [
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-4bf92f35-00f067aa0ba902b7-01",
-            "garbage",
-        ] {
-            assert_eq!(traced(invalid), "replica=r method=GET route=/", "{invalid}");
-        }
-    }
-
-    #[cfg(feature = "redis")]
-    #[test]
-    fn client_text_is_bounded_and_sanitised() {
-        let id = format!("a b\tc=d{}", "x".repeat(200));
-        let head = parts(
-            http::Request::post(format!("/{}", "p".repeat(300)))
-                .header(
-                    "x-request-id",
-                    HeaderValue::from_bytes(id.as_bytes()).unwrap(),
-                )
-                .body(())
-                .unwrap(),
-        );
-        let stored = HolderRef::Request(&head).encode("web 1\u{e9}");
-        assert!(stored.bytes().all(|b| b.is_ascii_graphic() || b == b' '));
-        let read = LockHolder::parse(&stored);
-        assert_eq!(read.replica, "web_1__");
-        assert_eq!(read.route.as_ref().map(String::len), Some(MAX_ROUTE_LEN));
-        let request_id = read.request_id.unwrap();
-        assert_eq!(request_id.len(), MAX_REQUEST_ID_LEN);
-        assert!(request_id.starts_with("a_b_c=dxx"), "{request_id}");
-        // Four fields, whatever the client sent: a space never comes through.
-        assert_eq!(stored.split(' ').count(), 4, "{stored}");
-    }
-
-    #[test]
-    fn replica_ids_are_sanitised_and_the_default_keeps_the_pid() {
-        assert_eq!(&*replica_id("pod 7\n"), "pod_7_");
-        assert_eq!(replica_id(&"r".repeat(100)).len(), MAX_REPLICA_LEN);
-        let default = default_replica_id();
-        assert!(default.len() <= MAX_REPLICA_LEN);
-        assert!(
-            default.ends_with(&format!("-{}", std::process::id())),
-            "{default}"
-        );
-        assert!(default.bytes().all(|b| b.is_ascii_graphic()), "{default}");
-    }
-}
+mod tests;

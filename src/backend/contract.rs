@@ -128,6 +128,14 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn in_process(&self) -> bool {
         false
     }
+    /// This backend as a Redlock, for the handle's paths that run a Redis future in place
+    /// (one attempt, a release): through the trait each future is boxed, and a Redis
+    /// one is over glibc's thread cache, so each box costs a trip through its allocator.
+    /// `None` in process.
+    #[cfg(feature = "redis")]
+    fn redlock(&self) -> Option<&crate::backend::redlock::Redlock> {
+        None
+    }
     /// The prefix put before every key.
     fn prefix(&self) -> &str {
         &self.settings().prefix
@@ -156,7 +164,9 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn extend(&self, lease: Lease) -> Answer<LockResult>;
     fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
     /// The end of a layer's lease: [`unlock`](Self::unlock) with a failure logged (the keys
-    /// left behind expire by their TTL), and in the background if the future is dropped.
+    /// left behind expire by their TTL). A release once started must land: the caller
+    /// finishes a future it drops before it is done in the background
+    /// ([`FinishOnDrop`](crate::future::FinishOnDrop)).
     fn end(&self, lease: &Lease) -> Answer<()>;
     /// Releases without waiting: at once in process, on a spawned task for Redis.
     fn release_detached(&self, lease: &Lease);

@@ -68,14 +68,30 @@ impl Channels {
 /// Pieces written in place as one Redis argument (no string built), or shown joined.
 pub(crate) struct Joined<'a, const N: usize>(pub(crate) [&'a str; N]);
 
+/// Up to this many bytes, a [`Joined`] is put together on the stack and written as one
+/// argument (one copy into the command, where each piece was one write).
+const JOINED_ON_STACK: usize = 256;
+
 impl<const N: usize> redis::ToRedisArgs for Joined<'_, N> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
-        let mut arg = out.writer_for_next_arg();
+        let mut joined = [0u8; JOINED_ON_STACK];
+        let mut len = 0usize;
         for part in self.0 {
-            // Writing into the command's buffer cannot fail.
-            let _ = arg.write_all(part.as_bytes());
+            let end = len.saturating_add(part.len());
+            let Some(slot) = joined.get_mut(len..end) else {
+                // Longer: piece by piece.
+                let mut arg = out.writer_for_next_arg();
+                for part in self.0 {
+                    // Writing into the command's buffer cannot fail.
+                    let _ = arg.write_all(part.as_bytes());
+                }
+                return;
+            };
+            slot.copy_from_slice(part.as_bytes());
+            len = end;
         }
+        out.write_arg(joined.get(..len).unwrap_or_default());
     }
 }
 

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode, response};
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::fallback::User;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
 };
 use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
@@ -207,6 +207,7 @@ impl Permit for ConcurrencyPermit {
     }
 
     fn release(self, _end: End) -> Release {
-        self.slot.release().map_or(Release::Done, Release::Pending)
+        let finishing = |release| Release::Pending(Releasing::finishing(release));
+        self.slot.release().map_or(Release::Done, finishing)
     }
 }

@@ -17,7 +17,7 @@ use crate::error::LockError;
 use crate::holder::HolderRef;
 use crate::keyed::future::Trailers;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
@@ -379,7 +379,7 @@ impl Permit for IdempotencyPermit {
         let (locks, lease) = self.lease.disarm();
         match locks.backend().finish_idempotent(lease, record, owner, ttl) {
             Answer::Now(()) => Release::Done,
-            Answer::Later(release) => Release::Pending(release),
+            Answer::Later(release) => Release::Pending(Releasing::finishing(release)),
         }
     }
 }

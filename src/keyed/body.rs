@@ -7,7 +7,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::policy::{BoxError, BoxFuture, End, Permit, Policy, Release};
+use super::policy::{BoxError, End, Permit, Policy, Release, Releasing};
 use crate::protect::{Lost, poll_guarded};
 use crate::rejection::Rejection;
 
@@ -65,7 +65,7 @@ enum Holding<H> {
     },
     /// The permit is being released; `item` is handed on once it is.
     Releasing {
-        release: BoxFuture<()>,
+        release: Releasing,
         item: Item,
     },
     Done,
@@ -271,7 +271,7 @@ where
         let (permit, lost, grpc) = match state {
             Holding::Streaming { permit, lost, grpc } => (permit, lost, *grpc),
             Holding::Releasing { release, item } => {
-                ready!(release.as_mut().poll(cx));
+                ready!(Pin::new(release).poll(cx));
                 let item = std::mem::replace(item, Item::End);
                 *state = Holding::Done;
                 return Poll::Ready(item.into_poll());

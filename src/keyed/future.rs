@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::body::{Item, ResponseBody};
 use super::policy::{
-    BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Unavailable, Verdict,
+    BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Releasing, Unavailable, Verdict,
 };
 use crate::keyed::answers::Rendering;
 use crate::keyed::shadow;
@@ -62,7 +62,7 @@ pin_project! {
         },
         // The permit is released before the response is handed on.
         Releasing {
-            release: BoxFuture<()>,
+            release: Releasing,
             output: Option<Result<Response<ResponseBody<ResB, P>>, S::Error>>,
         },
         // The layer answers itself.
@@ -289,7 +289,7 @@ where
                     }
                 }
                 PhaseProj::Releasing { release, output } => {
-                    ready!(release.as_mut().poll(cx));
+                    ready!(Pin::new(release).poll(cx));
                     return Poll::Ready(output.take().expect("polled after completion"));
                 }
                 PhaseProj::Answered { response } => {
@@ -406,7 +406,7 @@ enum Finish<B, P: Policy, E> {
     Lost(Response<Bytes>),
     /// Release first, then hand on the response.
     Releasing {
-        release: BoxFuture<()>,
+        release: Releasing,
         output: Result<Response<ResponseBody<B, P>>, E>,
     },
 }

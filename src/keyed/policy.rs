@@ -1,6 +1,8 @@
 //! What sets one keyed middleware apart from another: its [`Policy`], which decides for a
 //! key, and the [`Permit`] an admitted request holds until its response is done.
 
+use std::pin::Pin;
+
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, response};
@@ -173,7 +175,50 @@ pub enum Release {
     /// Nothing left to wait for.
     Done,
     /// Wait for this before the response (or its end) is handed on.
-    Pending(BoxFuture<()>),
+    Pending(Releasing),
+}
+
+/// A release on its way: its future, and, for one that must land once started (on
+/// Redis), what finishes it in the background should it be dropped before it is done.
+/// Held where the release waits, not boxed again.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub struct Releasing(Work);
+
+enum Work {
+    /// A release that may stop half way (only the tests' permits have one: every release
+    /// of this crate's must land once started).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Plain(BoxFuture<()>),
+    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+    Finishing(crate::future::FinishOnDrop),
+}
+
+impl Releasing {
+    /// `release`, dropped as it is when the wait for it is.
+    #[cfg(test)]
+    pub(crate) fn plain(release: BoxFuture<()>) -> Self {
+        Releasing(Work::Plain(release))
+    }
+
+    /// `release`, finished in the background if dropped before it is done
+    /// ([`FinishOnDrop`](crate::future::FinishOnDrop)).
+    #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+    pub(crate) fn finishing(release: BoxFuture<()>) -> Self {
+        Releasing(Work::Finishing(crate::future::FinishOnDrop::new(release)))
+    }
+}
+
+impl std::future::Future for Releasing {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match &mut self.get_mut().0 {
+            Work::Plain(release) => release.as_mut().poll(cx),
+            #[cfg(any(feature = "lock", feature = "concurrency-limit"))]
+            Work::Finishing(release) => Pin::new(release).poll(cx),
+        }
+    }
 }
 
 /// What an admitted request holds. The [`Watch`] side says when its guarantee is lost

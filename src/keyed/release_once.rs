@@ -24,7 +24,9 @@ use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service, service_fn};
 
 use super::KeyedLayer;
-use super::policy::{BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict};
+use super::policy::{
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict,
+};
 use crate::key::FnKey;
 use crate::protect::Watch;
 
@@ -209,13 +211,15 @@ impl Permit for CountingPermit {
             return Release::Done;
         }
         let mut waited = false;
-        Release::Pending(Box::pin(std::future::poll_fn(move |_| {
-            if std::mem::replace(&mut waited, true) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })))
+        Release::Pending(Releasing::plain(Box::pin(std::future::poll_fn(
+            move |_| {
+                if std::mem::replace(&mut waited, true) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            },
+        ))))
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::backend::contract::{Answer, Claim, LockBackend, LockResult};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult};
 use crate::backend::fallback::{self, User};
 use crate::backend::inspect::LockInspection;
 use crate::backend::memory::MemoryLocks;
@@ -14,7 +14,7 @@ use crate::error::{ConfigError, LockError};
 use crate::holder::HolderRef;
 use crate::lease::Lease;
 use crate::lock::reentry;
-use crate::lock::request::{self, LockRequest, Options, Wait};
+use crate::lock::request::{self, Decided, LockRequest, Options, Wait};
 use crate::redact::LogKey;
 
 /// A handle to a lock backend, [`Redlock`] or [`MemoryLocks`], with one contract.
@@ -241,7 +241,12 @@ impl Locks {
         if let Some(lease) = reentry::held(self.id(), std::slice::from_ref(&key)) {
             return Ok(lease);
         }
-        let plain = crate::backend::contract::LockMode::Plain;
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.backend.redlock() {
+            let holder = redis.holder_record(HolderRef::Direct);
+            return redis.acquire(key, false, holder).await;
+        }
+        let plain = LockMode::Plain;
         self.backend
             .attempt(Claim::One(key), plain, Instant::now(), HolderRef::Direct)
             .get()
@@ -290,19 +295,31 @@ impl Locks {
         options: Options,
         started: Instant,
         holder: HolderRef<'_>,
-    ) -> Answer<LockResult> {
+    ) -> Decided {
         if let Err(e) = self.check_chosen() {
-            return Answer::Now(Err(e));
+            return Decided::Now(Err(e));
         }
         if let Some(lease) = reentry::held(self.id(), claim.keys()) {
-            return Answer::Now(Ok(lease));
+            return Decided::Now(Ok(lease));
         }
         if options.wait == Wait::Once {
-            return self.backend.attempt(claim, options.mode, started, holder);
+            #[cfg(feature = "redis")]
+            if let (Some(redis), LockMode::Plain) = (self.backend.redlock(), options.mode)
+                && let Claim::One(key) = claim
+            {
+                let holder = redis.holder_record(holder);
+                let redis = redis.clone();
+                return Decided::Later(request::Pending::Attempt { redis, key, holder });
+            }
+            return self
+                .backend
+                .attempt(claim, options.mode, started, holder)
+                .into();
         }
         let backend = self.backend.clone();
         let holder = holder.to_holder();
         Answer::later(|| async move { request::acquire(&*backend, claim, options, holder).await })
+            .into()
     }
 
     /// Extends the lease to a full TTL from now (every key of a lease on several keys).
@@ -334,6 +351,10 @@ impl Locks {
         if lease.reentered {
             // The request's own lease: its holder releases it.
             return Ok(());
+        }
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.backend.redlock() {
+            return redis.release(lease).await;
         }
         self.backend.unlock(lease).get().await
     }

@@ -15,11 +15,11 @@ use crate::backend::fallback::User;
 use crate::error::LockError;
 use crate::holder::HolderRef;
 use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
+    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
 };
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
-use crate::lock::request::{Options, Wait};
+use crate::lock::request::{Decided, Options, Wait};
 use crate::lock::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::observe;
 use crate::protect::Watch;
@@ -142,9 +142,10 @@ impl LockPolicy {
         let first = claim.first().clone();
         let holder = HolderRef::Request(parts);
         match self.locks.decide(claim, options, started, holder) {
-            Answer::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
-            Answer::Later(acquiring) => {
+            Decided::Now(acquired) => Decision::Ready(self.verdict(&first, acquired, started)),
+            Decided::Later(acquiring) => {
                 let policy = self.clone();
+                let acquiring = acquiring.boxed();
                 Decision::Pending(boxed(|| async move {
                     policy.verdict(&first, acquiring.await, started)
                 }))
@@ -272,7 +273,7 @@ impl Permit for LockPermit {
         self.armed = false;
         match self.watchdog.locks().backend().end(self.watchdog.lease()) {
             Answer::Now(()) => Release::Done,
-            Answer::Later(release) => Release::Pending(release),
+            Answer::Later(release) => Release::Pending(Releasing::finishing(release)),
         }
     }
 }

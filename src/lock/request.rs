@@ -1,11 +1,16 @@
 //! [`LockRequest`]: what to take, as data; [`Locks::acquire`](crate::Locks::acquire) runs it.
 
 use std::borrow::Cow;
+#[cfg(feature = "redis")]
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::contract::{Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+#[cfg(feature = "redis")]
+use crate::backend::redlock::Redlock;
 use crate::backend::settings::Settings;
 use crate::error::LockError;
+use crate::future::BoxFuture;
 use crate::holder::{Holder, HolderRef};
 
 /// How long an acquisition waits for a held lock.
@@ -247,5 +252,64 @@ pub(crate) async fn acquire(
         }
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
+    }
+}
+
+/// An acquisition decided at once, or one to await.
+pub(crate) enum Decided {
+    Now(LockResult),
+    Later(Pending),
+}
+
+impl Decided {
+    pub(crate) async fn get(self) -> LockResult {
+        match self {
+            Decided::Now(result) => result,
+            Decided::Later(pending) => pending.run().await,
+        }
+    }
+}
+
+impl From<Answer<LockResult>> for Decided {
+    fn from(answer: Answer<LockResult>) -> Self {
+        match answer {
+            Answer::Now(result) => Decided::Now(result),
+            Answer::Later(future) => Decided::Later(Pending::Boxed(future)),
+        }
+    }
+}
+
+/// An acquisition that waits on the backend, not started yet: on Redis one plain attempt,
+/// run in place by the future that awaits it (see [`LockBackend::redlock`]); otherwise the
+/// backend's future, boxed.
+pub(crate) enum Pending {
+    #[cfg(feature = "redis")]
+    Attempt {
+        redis: Redlock,
+        key: Arc<str>,
+        holder: Arc<str>,
+    },
+    Boxed(BoxFuture<LockResult>),
+}
+
+impl Pending {
+    pub(crate) async fn run(self) -> LockResult {
+        match self {
+            #[cfg(feature = "redis")]
+            Pending::Attempt { redis, key, holder } => redis.acquire(key, false, holder).await,
+            Pending::Boxed(future) => future.await,
+        }
+    }
+
+    /// The acquisition as a boxed future (written in its box: only a future that
+    /// captures little is).
+    pub(crate) fn boxed(self) -> BoxFuture<LockResult> {
+        match self {
+            #[cfg(feature = "redis")]
+            Pending::Attempt { redis, key, holder } => {
+                crate::future::boxed(|| async move { redis.acquire(key, false, holder).await })
+            }
+            Pending::Boxed(future) => future,
+        }
     }
 }

@@ -203,7 +203,8 @@ impl PermitSlot {
 
     /// Releases the permit: in process at once (`None`), on Redis with one `ZREM`, the
     /// future of which is returned. Should that future be dropped before it is done, the
-    /// release goes on in the background (the one in flight, not a second).
+    /// caller finishes it in the background ([`FinishOnDrop`](crate::future::FinishOnDrop):
+    /// the release in flight, not a second).
     pub(crate) fn release(self) -> Option<BoxFuture<()>> {
         match &self.0 {
             // In process, the drop releases it.
@@ -220,7 +221,7 @@ impl PermitSlot {
                     // Done: nothing left for the drop to release.
                     drop(held.0.take());
                 });
-                Some(Box::pin(crate::future::FinishOnDrop::new(release)))
+                Some(release)
             }
         }
     }

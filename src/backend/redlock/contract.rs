@@ -9,7 +9,7 @@ use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult,
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
 use crate::error::LockError;
-use crate::future::{BoxFuture, FinishOnDrop, boxed};
+use crate::future::{BoxFuture, boxed};
 use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
 
@@ -20,6 +20,10 @@ impl LockBackend for Redlock {
 
     fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    fn redlock(&self) -> Option<&Redlock> {
+        Some(self)
     }
 
     fn attempt(
@@ -141,10 +145,10 @@ impl LockBackend for Redlock {
     }
 }
 
-/// A lease's release, which goes on in the background when its future is dropped before
-/// it is done: the release in flight, not a second one.
+/// A lease's release, for the caller to finish in the background should it drop the
+/// future before it is done (see [`LockBackend::end`]).
 fn finish_on_drop(release: BoxFuture<()>) -> Answer<()> {
-    Answer::Later(Box::pin(FinishOnDrop::new(release)))
+    Answer::Later(release)
 }
 
 /// Releases the lease in the background when dropped still holding it: a release that
@@ -161,10 +165,10 @@ impl Drop for ReleaseOnDrop {
 
 impl Redlock {
     /// The record of `holder` on this replica, sent with its attempts.
-    fn holder_record(&self, holder: HolderRef<'_>) -> Arc<str> {
+    pub(crate) fn holder_record(&self, holder: HolderRef<'_>) -> Arc<str> {
         match holder {
             HolderRef::Direct => self.inner.direct_holder.clone(),
-            holder => holder.encode(&self.inner.policy.replica),
+            holder => holder.encode_after(&self.inner.direct_holder),
         }
     }
 

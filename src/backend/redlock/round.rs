@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use smallvec::SmallVec;
 
@@ -55,23 +54,44 @@ pub(super) fn counted<Fut, T>(
     op: Fut,
     label: Arc<str>,
     deadline: std::time::Instant,
-) -> impl Future<Output = Result<T, NodeFailureReason>> + Send + 'static
+) -> Counted<Fut>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
 {
-    let mut watch = NodeWatch {
+    let watch = NodeWatch {
         label,
         deadline,
         done: false,
     };
-    // A combinator rather than an `async` block, which would hold `op` twice.
-    op.map(move |answer| {
-        watch.done = true;
+    Counted { op, watch }
+}
+
+pin_project_lite::pin_project! {
+    /// A node's operation and its [`NodeWatch`]: a future of its own rather than an
+    /// `async` block, which would hold `op` twice, or `futures_util`'s `map`, which
+    /// copies itself whole (the operation's future included) as it completes.
+    pub(super) struct Counted<Fut> {
+        #[pin]
+        op: Fut,
+        watch: NodeWatch,
+    }
+}
+
+impl<Fut, T> Future for Counted<Fut>
+where
+    Fut: Future<Output = Result<T, NodeFailureReason>>,
+{
+    type Output = Result<T, NodeFailureReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.op.poll(cx));
+        this.watch.done = true;
         if answer.is_err() {
-            crate::observe::node_error(&watch.label);
+            crate::observe::node_error(&this.watch.label);
         }
-        answer
-    })
+        Poll::Ready(answer)
+    }
 }
 
 struct NodeWatch {
@@ -89,27 +109,30 @@ impl Drop for NodeWatch {
 }
 
 /// The node operations of one round, made before it starts (keeping the iterator and its
-/// borrows out of the round's future): one, run in place, or several, each boxed in place
-/// (an operation's future is large, and a box of a built one would copy it whole).
-pub(super) enum Ops<Fut> {
-    One(Fut),
+/// borrows out of the round's future): one, made where the round keeps it, or several,
+/// each boxed in place (an operation's future is large, and a box of a built one would
+/// copy it whole).
+pub(super) enum Ops<M, Fut> {
+    One(M),
     Many(Vec<Option<Pin<Box<Fut>>>>),
 }
 
-impl<Fut> Ops<Fut> {
+impl<M, Fut> Ops<M, Fut>
+where
+    M: FnOnce() -> Fut,
+    Fut: Future,
+{
     // Inlined, like `run`, so that a single operation is built where the round keeps it.
     #[inline(always)]
-    pub(super) fn new<I, M>(makers: I) -> Self
+    pub(super) fn new<I>(makers: I) -> Self
     where
         I: IntoIterator<Item = M>,
         I::IntoIter: ExactSizeIterator,
-        M: FnOnce() -> Fut,
-        Fut: Future,
     {
         let mut makers = makers.into_iter();
         if makers.len() == 1 {
             if let Some(make) = makers.next() {
-                return Ops::One(make());
+                return Ops::One(make);
             }
         }
         Ops::Many(makers.map(|make| Some(boxed(make))).collect())
@@ -121,8 +144,8 @@ impl<Fut> Ops<Fut> {
 /// [`Stragglers::Await`], returns as soon as the tally has a verdict. A single node's timer
 /// is made here, which needs the Tokio runtime.
 #[inline(always)]
-pub(super) fn run<Fut, T>(
-    ops: Ops<Fut>,
+pub(super) fn run<M, Fut, T>(
+    ops: Ops<M, Fut>,
     started: std::time::Instant,
     timeout: Duration,
     quorum: usize,
@@ -131,41 +154,56 @@ pub(super) fn run<Fut, T>(
     stragglers: Stragglers,
 ) -> impl Future<Output = Answers<T>>
 where
+    M: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, NodeFailureReason>> + Send + 'static,
     T: Send + 'static,
 {
     let started = tokio::time::Instant::from_std(started);
     match ops {
-        Ops::One(op) => Either::Left(run_one(op, started, timeout, quorum, vote, rule)),
+        Ops::One(make) => Either::Left(RunOne {
+            op: tokio::time::timeout_at(started + timeout, make()),
+            timeout,
+            quorum,
+            vote,
+            rule,
+        }),
         Ops::Many(pending) => Either::Right(run_many(
             pending, started, timeout, quorum, vote, rule, stragglers,
         )),
     }
 }
 
-/// One node's operation under `timeout`, and its verdict.
-fn run_one<Fut, T>(
-    op: Fut,
-    started: tokio::time::Instant,
-    timeout: Duration,
-    quorum: usize,
-    vote: fn(&T) -> Vote,
-    rule: Rule,
-) -> impl Future<Output = Answers<T>>
+pin_project_lite::pin_project! {
+/// [`run_one`]'s future: one of its own, as [`Counted`] is.
+    pub(super) struct RunOne<Fut, T> {
+        #[pin]
+        op: tokio::time::Timeout<Fut>,
+        timeout: Duration,
+        quorum: usize,
+        vote: fn(&T) -> Vote,
+        rule: Rule,
+    }
+}
+
+impl<Fut, T> Future for RunOne<Fut, T>
 where
     Fut: Future<Output = Result<T, NodeFailureReason>>,
 {
-    tokio::time::timeout_at(started + timeout, op).map(move |answer| {
-        let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(timeout)));
+    type Output = Answers<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answers<T>> {
+        let this = self.project();
+        let answer = std::task::ready!(this.op.poll(cx));
+        let answer = answer.unwrap_or(Err(NodeFailureReason::Timeout(*this.timeout)));
         let mut tally = Tally::new(1);
-        tally.record(answer.as_ref().ok().map(vote));
-        Answers {
+        tally.record(answer.as_ref().ok().map(*this.vote));
+        Poll::Ready(Answers {
             verdict: tally
-                .verdict(quorum, rule)
+                .verdict(*this.quorum, *this.rule)
                 .unwrap_or(QuorumVerdict::NoQuorum),
             answers: SmallVec::from_buf([Some(answer)]),
-        }
-    })
+        })
+    }
 }
 
 /// [`run`] on more than one node.

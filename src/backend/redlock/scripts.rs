@@ -137,7 +137,8 @@ pub(super) async fn run_attempt(
 
 /// An acquisition attempt on one node: [`ACQUIRE`] or [`ACQUIRE_FENCED`], one round trip
 /// whether it sets the key (and records `holder` beside it) or learns the holder's
-/// remaining time.
+/// remaining time. Each command is built apart and awaited here, one future deep (a
+/// nested `async fn` would be built, then copied into this one's state).
 pub(super) async fn acquire(
     mut conn: Connection,
     prefix: Arc<str>,
@@ -147,7 +148,10 @@ pub(super) async fn acquire(
     holder: Arc<str>,
 ) -> Result<Attempted, NodeFailureReason> {
     if !attempt.fenced {
-        return acquire_unfenced(conn, &prefix, &key, token, attempt, &holder).await;
+        let cmd = unfenced(&prefix, &key, token, attempt, &holder);
+        let set = |v: &Value| matches!(v, Value::Okay);
+        let reply = run_acked(&mut conn, Some(&ACQUIRE), &cmd, set).await?;
+        return unfenced_reply(reply);
     }
     let mut cmd = evalsha(&ACQUIRE_FENCED, 4);
     cmd.arg(&*key)
@@ -166,14 +170,7 @@ pub(super) async fn acquire(
 
 /// [`ACQUIRE`]: `+OK` when set, else the holder's `PTTL` as an integer, replies as cheap to
 /// parse as `SET`'s; the waiters' mark is a key only of a waiter's attempt.
-async fn acquire_unfenced(
-    mut conn: Connection,
-    prefix: &str,
-    key: &str,
-    token: Token,
-    attempt: Attempt,
-    holder: &str,
-) -> Result<Attempted, NodeFailureReason> {
+fn unfenced(prefix: &str, key: &str, token: Token, attempt: Attempt, holder: &str) -> Cmd {
     let mut cmd = evalsha(&ACQUIRE, if attempt.mark_ms.is_some() { 3 } else { 2 });
     cmd.arg(key).arg(Auxiliary::holder(prefix, key));
     if attempt.mark_ms.is_some() {
@@ -183,10 +180,11 @@ async fn acquire_unfenced(
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0))
         .arg(holder);
-    let reply = run_acked(&mut conn, Some(&ACQUIRE), &cmd, |v: &Value| {
-        matches!(v, Value::Okay)
-    })
-    .await?;
+    cmd
+}
+
+/// What [`ACQUIRE`]'s reply says.
+fn unfenced_reply(reply: Value) -> Result<Attempted, NodeFailureReason> {
     match reply {
         Value::Okay => Ok(Attempted::Set(0)),
         Value::Int(pttl_ms) => Ok(Attempted::Held { pttl_ms }),
