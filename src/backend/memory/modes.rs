@@ -51,7 +51,7 @@ impl KeyModes {
     }
 
     /// How long the last reader still holds at `now`, if any does.
-    fn last_reader(&self, now: Instant) -> Option<Duration> {
+    pub(super) fn last_reader(&self, now: Instant) -> Option<Duration> {
         let last = self.readers.values().max().copied()?;
         (last > now).then(|| last - now)
     }

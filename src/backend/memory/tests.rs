@@ -428,3 +428,34 @@ fn a_set_lease_says_taken_over_only_for_another_holders_live_key() {
     );
     locks.release(&other).unwrap();
 }
+
+#[test]
+fn what_expires_at_an_instant_is_gone_at_that_instant() {
+    use super::modes::{KeyModes, prune};
+
+    // As a Redis key whose PX ran out: at its expiry it is no longer there.
+    let at = Instant::now();
+    let locks = locks();
+    take_live(&locks, "k");
+    let mut state = locks.state();
+    let held = state.keys.get_mut("k").and_then(|k| k.holder.as_mut());
+    held.unwrap().expires_at = at;
+    state.sweep_at = 0;
+    state.sweep(at);
+    assert!(state.keys.is_empty(), "a holder kept at its expiry instant");
+    drop(state);
+
+    let mut reader = KeyModes::default();
+    reader.readers.insert(Token::unique(), at);
+    assert_eq!(reader.live_readers(at), 0);
+    assert_eq!(reader.last_reader(at), None);
+    let mut reader = Some(Box::new(reader));
+    prune(&mut reader, at);
+    assert!(reader.is_none(), "a reader kept at its expiry instant");
+
+    let mut queued = KeyModes::default();
+    queued.queue.push_back((Token::unique(), Some(at)));
+    let mut queued = Some(Box::new(queued));
+    prune(&mut queued, at);
+    assert!(queued.is_none(), "a fair waiter kept at its deadline");
+}
