@@ -273,6 +273,13 @@ fn readers_are_counted_while_live_and_pruned_once_expired() {
             .unwrap();
     }
     assert_eq!(locks.inspect_key(&key).readers, 2);
+    let third = locks
+        .acquire_access(key.clone(), Access::Shared, HolderRef::Direct)
+        .unwrap();
+    assert!(
+        third.valid_until() >= Instant::now() + TTL / 2,
+        "a reader's lease born expired"
+    );
     // Seen from after their TTL: pruned, and the key with them.
     let later = Instant::now() + 2 * TTL;
     locks.state().modes(&key, later, |_| ());
@@ -426,7 +433,23 @@ fn a_set_lease_says_taken_over_only_for_another_holders_live_key() {
         !locks.inspect_key("a").is_held(),
         "its own key was left behind"
     );
-    locks.release(&other).unwrap();
+    // The other holder's key ran out too: lost, but nobody holds it now.
+    expire("b");
+    assert!(matches!(
+        locks.extend_lease(&mut lease),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    let _ = other;
+
+    // Released with one of its own keys run out: said, and both keys let go.
+    let keys: Arc<[Arc<str>]> = Arc::from([Arc::from("c"), Arc::from("d")]);
+    let lease = locks.acquire_all(&keys, HolderRef::Direct).unwrap();
+    expire("d");
+    assert!(matches!(
+        locks.release(&lease),
+        Err(LockError::Expired { taken_over: false })
+    ));
+    assert!(!locks.state().keys.contains_key("c") && !locks.state().keys.contains_key("d"));
 }
 
 #[test]
