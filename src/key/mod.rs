@@ -456,4 +456,33 @@ mod tests {
         assert!(!has_control("ключ"));
         assert!(has_control("ключ\u{9f}"));
     }
+
+    /// An extractor of several keys that implements `extract` only.
+    struct OneOfSeveral;
+
+    impl KeyExtractor for OneOfSeveral {
+        const SEVERAL: bool = true;
+
+        fn extract<'a>(&self, parts: &'a mut Parts) -> Result<Option<Cow<'a, str>>, KeyError> {
+            Ok(parts
+                .headers
+                .get("x-key")
+                .map(|v| Cow::Borrowed(v.to_str().unwrap_or("?"))))
+        }
+    }
+
+    #[test]
+    fn extract_all_by_default_is_the_one_value_of_extract() {
+        let (mut parts, ()) = http::Request::builder()
+            .header("x-key", "order-7")
+            .body(())
+            .unwrap_or_default()
+            .into_parts();
+        assert_eq!(
+            OneOfSeveral.extract_all(&mut parts),
+            Ok(Some(vec!["order-7".to_owned()]))
+        );
+        let (mut none, ()) = http::Request::new(()).into_parts();
+        assert_eq!(OneOfSeveral.extract_all(&mut none), Ok(None));
+    }
 }
