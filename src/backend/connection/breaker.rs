@@ -213,4 +213,77 @@ mod tests {
             "one at a time"
         );
     }
+
+    /// A writer of log lines into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let mut lines = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            lines.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_change_logs_one_line_at_its_level() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            breaker_changed("10.0.0.7:6379", "open");
+            breaker_changed("10.0.0.7:6379", "closed");
+        });
+        let text = String::from_utf8_lossy(
+            &lines
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned();
+        let logged: Vec<&str> = text.lines().collect();
+        assert_eq!(logged.len(), 2, "{text}");
+        assert!(
+            logged
+                .first()
+                .is_some_and(|l| l.contains("WARN") && l.contains("outage breaker open")),
+            "{text}"
+        );
+        assert!(
+            logged
+                .get(1)
+                .is_some_and(|l| l.contains("INFO") && l.contains("outage breaker closed")),
+            "{text}"
+        );
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_change_is_counted_per_node_and_state() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            breaker_changed("n1", "open");
+            breaker_changed("n1", "open");
+            breaker_changed("n1", "closed");
+        });
+        let rendered = handle.render();
+        for line in [
+            r#"tower_redlock_breaker_transitions_total{node="n1",state="open"} 2"#,
+            r#"tower_redlock_breaker_transitions_total{node="n1",state="closed"} 1"#,
+        ] {
+            assert!(rendered.contains(line), "{line} not in {rendered}");
+        }
+    }
 }
