@@ -292,7 +292,7 @@ impl Connection {
                 }
             },
         };
-        let mut pending = Pending {
+        let mut pending = SentCommand {
             shared: &self.shared,
             generation,
             replies: inner.replies.load(Ordering::Acquire),
@@ -463,7 +463,7 @@ impl ConnectionCore {
 
 /// A command in flight; dropped with nothing answered since it was sent, it probes (and
 /// counts against the node's outage breaker once it waited [`GIVEN_UP_AFTER`](breaker::GIVEN_UP_AFTER)).
-struct Pending<'a> {
+struct SentCommand<'a> {
     shared: &'a Arc<ConnectionCore>,
     generation: u64,
     replies: u64,
@@ -471,7 +471,7 @@ struct Pending<'a> {
     armed: bool,
 }
 
-impl Drop for Pending<'_> {
+impl Drop for SentCommand<'_> {
     fn drop(&mut self) {
         if self.armed && self.shared.replies.load(Ordering::Acquire) == self.replies {
             if self.sent.elapsed() >= breaker::GIVEN_UP_AFTER && self.shared.breaker.failed() {

@@ -46,7 +46,7 @@ enum Reply {
 /// What the schedule did: each renewal it started (when, and the validity it renewed), and
 /// each end of validity it heard of.
 #[derive(Debug)]
-struct Log {
+struct RenewalLog {
     replies: VecDeque<Reply>,
     /// The reply once `replies` is used up.
     then: Reply,
@@ -61,7 +61,7 @@ const SPIN: usize = 10_000;
 
 struct Harness {
     schedule: Schedule<Failure>,
-    log: Arc<Mutex<Log>>,
+    log: Arc<Mutex<RenewalLog>>,
     /// About when the hold was acquired: its validity's end minus the TTL.
     acquired: Instant,
 }
@@ -71,7 +71,7 @@ impl Harness {
         let acquired = Instant::now();
         Self {
             schedule: Schedule::new(acquired + ttl, ttl, renewal),
-            log: Arc::new(Mutex::new(Log {
+            log: Arc::new(Mutex::new(RenewalLog {
                 replies: replies.iter().copied().collect(),
                 then,
                 calls: Vec::new(),
