@@ -7,12 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "idempotency")]
-use bytes::Bytes;
-
 use crate::backend::inspect::LockInspection;
 #[cfg(feature = "idempotency")]
-use crate::backend::records::{Begin, Owner};
+use crate::backend::records::{Begin, NewRecord};
 use crate::backend::settings::Settings;
 use crate::error::LockError;
 use crate::future::{BoxFuture, boxed};
@@ -61,16 +58,27 @@ impl LockMode {
     }
 }
 
-/// Why a set of keys in another mode is refused.
-pub(crate) const SET_MODE: &str = "a lease on several keys takes LockMode::Plain only";
-/// The prefixed, checked keys of a request: one, or a sorted set of distinct keys.
+/// The prefixed, checked keys of a request: one in a mode, or a sorted set of distinct
+/// keys held plain (the only mode a set takes, so a backend never sees another).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Claim {
-    One(Arc<str>),
+    One(OneKey),
     Set(Arc<[Arc<str>]>),
 }
 
+/// One key and the mode it is taken in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OneKey {
+    pub(crate) key: Arc<str>,
+    pub(crate) mode: LockMode,
+}
+
 impl Claim {
+    /// `key` in `mode`.
+    pub(crate) fn one(key: Arc<str>, mode: LockMode) -> Self {
+        Claim::One(OneKey { key, mode })
+    }
+
     /// The key that names the claim in spans, logs and hold times: the first of a set.
     // A set is built with two keys or more only (`resolve` above, `LockPolicy::decide_all`
     // from the layer's sorted, distinct keys), so it has a first; a reference to the key
@@ -78,7 +86,7 @@ impl Claim {
     #[allow(clippy::indexing_slicing)]
     pub(crate) fn first(&self) -> &Arc<str> {
         match self {
-            Claim::One(key) => key,
+            Claim::One(one) => &one.key,
             Claim::Set(keys) => &keys[0],
         }
     }
@@ -86,7 +94,7 @@ impl Claim {
     /// Every key of the claim.
     pub(crate) fn keys(&self) -> &[Arc<str>] {
         match self {
-            Claim::One(key) => std::slice::from_ref(key),
+            Claim::One(one) => std::slice::from_ref(&one.key),
             Claim::Set(keys) => keys,
         }
     }
@@ -140,26 +148,12 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn prefix(&self) -> &str {
         &self.settings().prefix
     }
-    /// One attempt on `claim` in `mode`, from `started` (a fair one is granted only when
-    /// nobody waits); a set in another mode than plain is `Unsupported`. A lease taken
-    /// records `holder` beside its keys (read only then in process; sent with the attempt
-    /// on Redis).
-    fn attempt(
-        &self,
-        claim: Claim,
-        mode: LockMode,
-        started: Instant,
-        holder: HolderRef<'_>,
-    ) -> Answer<LockResult>;
-    /// `key` in `mode`, waiting up to `max_wait`, woken by releases; the lease records
-    /// `holder`.
-    fn wait(
-        &self,
-        key: Arc<str>,
-        mode: LockMode,
-        max_wait: Duration,
-        holder: Holder,
-    ) -> BoxFuture<LockResult>;
+    /// One attempt on `claim`, from `started` (a fair one is granted only when nobody
+    /// waits). A lease taken records `holder` beside its keys (read only then in process;
+    /// sent with the attempt on Redis).
+    fn attempt(&self, claim: Claim, started: Instant, holder: HolderRef<'_>) -> Answer<LockResult>;
+    /// One key, waiting up to `max_wait`, woken by releases; the lease records `holder`.
+    fn wait(&self, one: OneKey, max_wait: Duration, holder: Holder) -> BoxFuture<LockResult>;
     /// The lease extended to a full TTL from now; on error the caller keeps the old one.
     fn extend(&self, lease: Lease) -> Answer<LockResult>;
     fn unlock(&self, lease: Lease) -> Answer<Result<(), LockError>>;
@@ -179,24 +173,17 @@ pub(crate) trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn ready(&self) -> Answer<bool>;
     fn force_unlock(&self, key: Arc<str>) -> Answer<Result<usize, LockError>>;
     /// The idempotency record of `key`, or the lock on `key` when there is none (its
-    /// lease recording `holder`); waits up to `max_wait` for a holder to finish.
+    /// lease recording `holder`); waits up to `wait` for a holder to finish.
     #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        holder: HolderRef<'_>,
-    ) -> Answer<Result<Begin, LockError>>;
-    /// Stores `record` (when given) for `ttl` as one of `owner`'s, and ends the lease as
-    /// [`end`](Self::end) does; a record that a quorum did not take is logged.
+    fn begin_idempotent(&self, key: Arc<str>, wait: Duration, holder: HolderRef<'_>) -> Begun;
+    /// Stores `record` (when given), and ends the lease as [`end`](Self::end) does; a
+    /// record that a quorum did not take is logged.
     #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<Bytes>,
-        owner: Owner,
-        ttl: Duration,
-    ) -> Answer<()>;
+    fn finish_idempotent(&self, lease: Lease, record: Option<NewRecord>) -> Answer<()>;
 }
+
+/// What [`LockBackend::begin_idempotent`] finds.
+#[cfg(feature = "idempotency")]
+pub(crate) type Begun = Answer<Result<Begin, LockError>>;
 
 pub(crate) type LockResult = Result<Lease, LockError>;

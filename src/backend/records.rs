@@ -46,6 +46,15 @@ const ENTRY_OVERHEAD: usize = 96;
 /// one caller in this process.
 pub(crate) type Owner = u128;
 
+/// A response to store as an idempotency record: its stored form, whose it is, and for
+/// how long.
+#[derive(Debug, Clone)]
+pub(crate) struct NewRecord {
+    pub(crate) raw: Bytes,
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+}
+
 /// The [`Owner`] of a request's record, put in its extensions with its key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecordOwner(pub(crate) Owner);

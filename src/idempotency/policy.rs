@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, re
 
 use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::contract::Answer;
-use crate::backend::records::{Begin, Owner, RecordOwner};
+use crate::backend::records::{Begin, NewRecord, Owner, RecordOwner};
 use crate::error::LockError;
 use crate::holder::HolderRef;
 use crate::keyed::future::Trailers;
@@ -374,10 +374,13 @@ impl Permit for IdempotencyPermit {
     }
 
     fn release(mut self, end: End) -> Release {
-        let record = self.record(end);
-        let (ttl, owner) = (self.record_ttl, self.owner);
+        let record = self.record(end).map(|raw| NewRecord {
+            raw,
+            owner: self.owner,
+            ttl: self.record_ttl,
+        });
         let (locks, lease) = self.lease.disarm();
-        match locks.backend().finish_idempotent(lease, record, owner, ttl) {
+        match locks.backend().finish_idempotent(lease, record) {
             Answer::Now(()) => Release::Done,
             Answer::Later(release) => Release::Pending(Releasing::finishing(release)),
         }

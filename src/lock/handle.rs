@@ -246,9 +246,9 @@ impl Locks {
             let holder = redis.holder_record(HolderRef::Direct);
             return redis.acquire(key, false, holder).await;
         }
-        let plain = LockMode::Plain;
+        let claim = Claim::one(key, LockMode::Plain);
         self.backend
-            .attempt(Claim::One(key), plain, Instant::now(), HolderRef::Direct)
+            .attempt(claim, Instant::now(), HolderRef::Direct)
             .get()
             .await
     }
@@ -304,17 +304,17 @@ impl Locks {
         }
         if options.wait == Wait::Once {
             #[cfg(feature = "redis")]
-            if let (Some(redis), LockMode::Plain) = (self.backend.redlock(), options.mode)
-                && let Claim::One(key) = claim
+            if let Some(redis) = self.backend.redlock()
+                && let Claim::One(crate::backend::contract::OneKey {
+                    key,
+                    mode: LockMode::Plain,
+                }) = claim
             {
                 let holder = redis.holder_record(holder);
                 let redis = redis.clone();
                 return Decided::Later(request::Pending::Attempt { redis, key, holder });
             }
-            return self
-                .backend
-                .attempt(claim, options.mode, started, holder)
-                .into();
+            return self.backend.attempt(claim, started, holder).into();
         }
         let backend = self.backend.clone();
         let holder = holder.to_holder();

@@ -119,7 +119,8 @@ impl Policy for LockPolicy {
     }
 
     fn decide(&self, key: &str, parts: &Parts) -> Decision<LockPermit> {
-        self.decide_claim(Claim::One(Arc::from(key)), self.options, parts)
+        let claim = Claim::one(Arc::from(key), self.options.mode);
+        self.decide_claim(claim, self.options, parts)
     }
 
     const SEVERAL_KEYS: bool = true;

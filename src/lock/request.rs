@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult};
 #[cfg(feature = "redis")]
 use crate::backend::redlock::Redlock;
 use crate::backend::settings::Settings;
@@ -130,11 +130,11 @@ impl<'a> LockRequest<'a> {
     /// The keys to take, prefixed and checked, with the options.
     pub(crate) fn resolve(&self, policy: &Settings) -> Result<(Claim, Options), LockError> {
         let claim = match &self.resources {
-            Resources::One(resource) => Claim::One(policy.full_key(resource)?),
+            Resources::One(resource) => Claim::one(policy.full_key(resource)?, self.options.mode),
             Resources::All(resources) => {
                 let mut keys = policy.key_set(resources)?;
                 if keys.len() == 1 {
-                    Claim::One(keys.swap_remove(0))
+                    Claim::one(keys.swap_remove(0), self.options.mode)
                 } else if self.options.mode != LockMode::Plain {
                     // What no backend does: a set in another mode than plain, or waiting
                     // (only for a `LockAllRequest` turned into a `LockRequest` by hand).
@@ -211,6 +211,8 @@ impl<'a> From<&LockRequest<'a>> for LockRequest<'a> {
     }
 }
 
+/// Why a set of keys in another mode is refused.
+const SET_MODE: &str = "a lease on several keys takes LockMode::Plain only";
 /// Why a set of keys that waits is refused.
 const SET_WAIT: &str = "a lease on several keys waits with retry() only, not wait(..)";
 
@@ -222,10 +224,9 @@ pub(crate) async fn acquire(
     options: Options,
     holder: Holder,
 ) -> LockResult {
-    let mode = options.mode;
     let attempt = |claim| {
         let holder = HolderRef::Known(&holder);
-        backend.attempt(claim, mode, Instant::now(), holder).get()
+        backend.attempt(claim, Instant::now(), holder).get()
     };
     match (options.wait, claim) {
         (Wait::Once, claim) => attempt(claim).await,
@@ -247,9 +248,7 @@ pub(crate) async fn acquire(
                 }
             }
         }
-        (Wait::Within(max_wait), Claim::One(key)) => {
-            backend.wait(key, mode, max_wait, holder).await
-        }
+        (Wait::Within(max_wait), Claim::One(one)) => backend.wait(one, max_wait, holder).await,
         // Refused by `LockRequest::resolve`; the layers ask a set for one attempt.
         (Wait::Within(_), Claim::Set(_)) => Err(LockError::Unsupported(SET_WAIT)),
     }

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::MemoryLocks;
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, OneKey};
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
+#[cfg(feature = "idempotency")]
+use crate::backend::{contract::Begun, records::NewRecord};
 use crate::error::LockError;
 use crate::future::{BoxFuture, boxed};
 use crate::holder::{Holder, HolderRef};
@@ -26,33 +28,22 @@ impl LockBackend for MemoryLocks {
         true
     }
 
-    fn attempt(
-        &self,
-        claim: Claim,
-        mode: LockMode,
-        started: Instant,
-        holder: HolderRef<'_>,
-    ) -> Answer<LockResult> {
-        Answer::Now(match (claim, mode) {
-            (Claim::One(key), LockMode::Plain) => self.acquire_from(key, started, holder),
-            (Claim::One(key), LockMode::Shared) => self.acquire_access(key, Access::Shared, holder),
-            (Claim::One(key), LockMode::Exclusive) => {
-                self.acquire_access(key, Access::Exclusive, holder)
-            }
-            (Claim::One(key), LockMode::Fair) => self.acquire_fair(key, None, holder),
-            (Claim::Set(keys), LockMode::Plain) => self.acquire_all(&keys, holder),
-            (Claim::Set(_), _) => Err(LockError::Unsupported(SET_MODE)),
+    fn attempt(&self, claim: Claim, started: Instant, holder: HolderRef<'_>) -> Answer<LockResult> {
+        let OneKey { key, mode } = match claim {
+            Claim::One(one) => one,
+            Claim::Set(keys) => return Answer::Now(self.acquire_all(&keys, holder)),
+        };
+        Answer::Now(match mode {
+            LockMode::Plain => self.acquire_from(key, started, holder),
+            LockMode::Shared => self.acquire_access(key, Access::Shared, holder),
+            LockMode::Exclusive => self.acquire_access(key, Access::Exclusive, holder),
+            LockMode::Fair => self.acquire_fair(key, None, holder),
         })
     }
 
-    fn wait(
-        &self,
-        key: Arc<str>,
-        mode: LockMode,
-        max_wait: Duration,
-        holder: Holder,
-    ) -> BoxFuture<LockResult> {
+    fn wait(&self, one: OneKey, max_wait: Duration, holder: Holder) -> BoxFuture<LockResult> {
         let this = self.clone();
+        let OneKey { key, mode } = one;
         boxed(|| async move {
             if mode == LockMode::Fair {
                 this.lock_fair_key_within(key, max_wait, &holder).await
@@ -99,29 +90,18 @@ impl LockBackend for MemoryLocks {
     }
 
     #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        holder: HolderRef<'_>,
-    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
-        if max_wait.is_zero() {
+    fn begin_idempotent(&self, key: Arc<str>, wait: Duration, holder: HolderRef<'_>) -> Begun {
+        if wait.is_zero() {
             return Answer::Now(self.begin_idempotent_now(key, holder));
         }
         let this = self.clone();
         let holder = holder.to_holder();
-        Answer::later(|| async move { this.begin_idempotent_within(key, max_wait, &holder).await })
+        Answer::later(|| async move { this.begin_idempotent_within(key, wait, &holder).await })
     }
 
     #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Answer<()> {
-        self.store_and_release(lease, record, owner, ttl);
+    fn finish_idempotent(&self, lease: Lease, record: Option<NewRecord>) -> Answer<()> {
+        self.store_and_release(lease, record);
         Answer::Now(())
     }
 }
@@ -143,7 +123,7 @@ impl MemoryLocks {
             crate::lock::request::LockRequest::all(resources),
         );
         let (claim, _) = request.resolve(&self.inner.policy)?;
-        match self.attempt(claim, LockMode::Plain, Instant::now(), HolderRef::Direct) {
+        match self.attempt(claim, Instant::now(), HolderRef::Direct) {
             Answer::Now(result) => result,
             Answer::Later(_) => unreachable!("the in-process store answers at once"),
         }

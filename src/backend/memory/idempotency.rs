@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryLocks;
 use crate::backend::contract::LockBackend as _;
-use crate::backend::records::{Begin, Owner, record_key};
+use crate::backend::records::{Begin, NewRecord, record_key};
 use crate::error::LockError;
 use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
@@ -56,14 +56,8 @@ impl MemoryLocks {
 
     /// Stores `record` for `ttl` as one of `owner`'s while the lease is valid, then
     /// releases the lease.
-    pub(crate) fn store_and_release(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        owner: Owner,
-        ttl: Duration,
-    ) {
-        if let Some(raw) = record.filter(|_| lease.is_valid()) {
+    pub(crate) fn store_and_release(&self, lease: Lease, record: Option<NewRecord>) {
+        if let Some(NewRecord { raw, owner, ttl }) = record.filter(|_| lease.is_valid()) {
             self.records()
                 .insert(record_key(self.prefix(), lease.key()), owner, raw, ttl);
         }

@@ -289,7 +289,7 @@ fn readers_are_counted_while_live_and_pruned_once_expired() {
 #[cfg(feature = "idempotency")]
 #[test]
 fn a_stored_record_is_found_by_the_next_request_and_the_lock_released() {
-    use crate::backend::records::Begin;
+    use crate::backend::records::{Begin, NewRecord};
     use bytes::Bytes;
 
     let locks = locks();
@@ -299,7 +299,12 @@ fn a_stored_record_is_found_by_the_next_request_and_the_lock_released() {
         panic!("the first request does not run");
     };
     let raw = Bytes::from_static(b"stored response");
-    locks.store_and_release(lease, Some(raw.clone()), 1, Duration::from_secs(60));
+    let record = NewRecord {
+        raw: raw.clone(),
+        owner: 1,
+        ttl: Duration::from_secs(60),
+    };
+    locks.store_and_release(lease, Some(record));
     assert!(
         !locks.inspect_key(&key).is_held(),
         "the lock outlived the request"

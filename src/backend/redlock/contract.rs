@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Redlock;
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, SET_MODE};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult, OneKey};
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
+#[cfg(feature = "idempotency")]
+use crate::backend::{contract::Begun, records::NewRecord};
 use crate::error::LockError;
 use crate::future::{BoxFuture, boxed};
 use crate::holder::{Holder, HolderRef};
@@ -29,38 +31,27 @@ impl LockBackend for Redlock {
     fn attempt(
         &self,
         claim: Claim,
-        mode: LockMode,
         _started: Instant,
         holder: HolderRef<'_>,
     ) -> Answer<LockResult> {
-        if matches!(claim, Claim::Set(_)) && mode != LockMode::Plain {
-            return Answer::Now(Err(LockError::Unsupported(SET_MODE)));
-        }
         // Sent with every attempt: the script that sets the lock records it beside.
         let holder = self.holder_record(holder);
         let this = self.clone();
-        match (claim, mode) {
-            (Claim::One(key), LockMode::Plain) => {
-                Answer::later(|| async move { this.acquire(key, false, holder).await })
-            }
-            (Claim::Set(keys), _) => {
+        match claim {
+            Claim::One(OneKey {
+                key,
+                mode: LockMode::Plain,
+            }) => Answer::later(|| async move { this.acquire(key, false, holder).await }),
+            Claim::Set(keys) => {
                 Answer::later(|| async move { this.acquire_all(keys, holder).await })
             }
-            (Claim::One(key), mode) => {
-                Answer::Later(self.wait_as(key, mode, Duration::ZERO, holder))
-            }
+            Claim::One(one) => Answer::Later(self.wait_as(one, Duration::ZERO, holder)),
         }
     }
 
-    fn wait(
-        &self,
-        key: Arc<str>,
-        mode: LockMode,
-        max_wait: Duration,
-        holder: Holder,
-    ) -> BoxFuture<LockResult> {
+    fn wait(&self, one: OneKey, max_wait: Duration, holder: Holder) -> BoxFuture<LockResult> {
         let holder = self.holder_record(HolderRef::Known(&holder));
-        self.wait_as(key, mode, max_wait, holder)
+        self.wait_as(one, max_wait, holder)
     }
 
     fn extend(&self, mut lease: Lease) -> Answer<LockResult> {
@@ -111,32 +102,23 @@ impl LockBackend for Redlock {
     }
 
     #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        holder: HolderRef<'_>,
-    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
+    fn begin_idempotent(&self, key: Arc<str>, wait: Duration, holder: HolderRef<'_>) -> Begun {
         let this = self.clone();
         let holder = self.holder_record(holder);
-        Answer::later(|| async move { this.find_or_acquire(key, max_wait, holder).await })
+        Answer::later(|| async move { this.find_or_acquire(key, wait, holder).await })
     }
 
     #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        _owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Answer<()> {
+    fn finish_idempotent(&self, lease: Lease, record: Option<NewRecord>) -> Answer<()> {
         let Some(record) = record else {
             return self.end(&lease);
         };
         let mut guard = ReleaseOnDrop(Some((self.clone(), lease.clone())));
         finish_on_drop(boxed(|| async move {
             if let Some((redlock, lease)) = guard.0.clone()
-                && let Err(e) = redlock.store_and_release(lease, record, ttl).await
+                && let Err(e) = redlock
+                    .store_and_release(lease, record.raw, record.ttl)
+                    .await
             {
                 tracing::warn!(error = %e, "the idempotency record was not stored on a quorum; a retry may run again");
             }
@@ -173,14 +155,9 @@ impl Redlock {
     }
 
     /// [`LockBackend::wait`] with the holder's record made.
-    fn wait_as(
-        &self,
-        key: Arc<str>,
-        mode: LockMode,
-        max_wait: Duration,
-        holder: Arc<str>,
-    ) -> BoxFuture<LockResult> {
+    fn wait_as(&self, one: OneKey, max_wait: Duration, holder: Arc<str>) -> BoxFuture<LockResult> {
         let this = self.clone();
+        let OneKey { key, mode } = one;
         boxed(|| async move {
             match (mode, mode.access()) {
                 (LockMode::Fair, _) => this.lock_fair_key_within(key, max_wait, holder).await,

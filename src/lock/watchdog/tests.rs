@@ -9,9 +9,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::{LeaseStatus, Renewal, Watchdog};
-use crate::backend::contract::{Answer, Claim, LockBackend, LockMode, LockResult};
+use crate::backend::contract::{Answer, Claim, LockBackend, LockResult, OneKey};
 use crate::backend::inspect::LockInspection;
 use crate::backend::settings::Settings;
+#[cfg(feature = "idempotency")]
+use crate::backend::{contract::Begun, records::NewRecord};
 use crate::error::{LockError, LockOperation};
 use crate::future::BoxFuture;
 use crate::holder::{Holder, HolderRef};
@@ -182,11 +184,11 @@ impl LockBackend for Arc<Gated> {
     fn in_process(&self) -> bool {
         true
     }
-    fn attempt(&self, c: Claim, m: LockMode, at: Instant, h: HolderRef<'_>) -> Answer<LockResult> {
-        self.inner.attempt(c, m, at, h)
+    fn attempt(&self, claim: Claim, at: Instant, holder: HolderRef<'_>) -> Answer<LockResult> {
+        self.inner.attempt(claim, at, holder)
     }
-    fn wait(&self, k: Arc<str>, m: LockMode, w: Duration, h: Holder) -> BoxFuture<LockResult> {
-        self.inner.wait(k, m, w, h)
+    fn wait(&self, one: OneKey, max_wait: Duration, holder: Holder) -> BoxFuture<LockResult> {
+        self.inner.wait(one, max_wait, holder)
     }
     fn extend(&self, lease: Lease) -> Answer<LockResult> {
         self.started.fetch_add(1, Ordering::SeqCst);
@@ -221,23 +223,12 @@ impl LockBackend for Arc<Gated> {
         self.inner.force_unlock(key)
     }
     #[cfg(feature = "idempotency")]
-    fn begin_idempotent(
-        &self,
-        key: Arc<str>,
-        max_wait: Duration,
-        holder: HolderRef<'_>,
-    ) -> Answer<Result<crate::backend::records::Begin, LockError>> {
-        self.inner.begin_idempotent(key, max_wait, holder)
+    fn begin_idempotent(&self, key: Arc<str>, wait: Duration, holder: HolderRef<'_>) -> Begun {
+        self.inner.begin_idempotent(key, wait, holder)
     }
     #[cfg(feature = "idempotency")]
-    fn finish_idempotent(
-        &self,
-        lease: Lease,
-        record: Option<bytes::Bytes>,
-        owner: crate::backend::records::Owner,
-        ttl: Duration,
-    ) -> Answer<()> {
-        self.inner.finish_idempotent(lease, record, owner, ttl)
+    fn finish_idempotent(&self, lease: Lease, record: Option<NewRecord>) -> Answer<()> {
+        self.inner.finish_idempotent(lease, record)
     }
 }
 
