@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp, Fence};
-use super::keys::{Auxiliary, Keys};
+use super::keys::{Auxiliary, Beside, Keys};
 use super::scripts::{Attempted, evalsha, run, run_attempt};
 use crate::backend::connection::Connection;
 use crate::backend::lua::{FAIR_ACQUIRE, FAIR_LEAVE};
@@ -59,11 +59,11 @@ async fn attempt(
 ) -> Result<Attempted, NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_ACQUIRE, 6);
     cmd.arg(&*key)
-        .arg(Auxiliary::queue(&prefix, &key))
-        .arg(Auxiliary::queue_deadlines(&prefix, &key))
-        .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::fence(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Queue, &prefix, &key))
+        .arg(Auxiliary::of(Beside::QueueDeadlines, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Fence, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key))
         .arg(a.waiter.id.as_bytes())
         .arg(a.token.as_bytes())
         .arg(a.ttl_ms)
@@ -83,8 +83,8 @@ async fn leave(
     id: Token,
 ) -> Result<(), NodeFailureReason> {
     let mut cmd = evalsha(&FAIR_LEAVE, 2);
-    cmd.arg(Auxiliary::queue(&prefix, &key))
-        .arg(Auxiliary::queue_deadlines(&prefix, &key))
+    cmd.arg(Auxiliary::of(Beside::Queue, &prefix, &key))
+        .arg(Auxiliary::of(Beside::QueueDeadlines, &prefix, &key))
         .arg(id.as_bytes())
         .arg(released(&prefix, &key));
     let _: i64 = run(&mut conn, &FAIR_LEAVE, &cmd).await?;

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use redis::Value;
 
 use super::Redlock;
-use super::keys::{Auxiliary, Keys};
+use super::keys::{Auxiliary, Beside, Keys};
 use super::round::Stragglers;
 use super::scripts;
 use super::tally::{QuorumVerdict, Rule, Vote};
@@ -47,8 +47,8 @@ async fn begin_on(
 ) -> Result<Found, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&IDEMPOTENCY_BEGIN, 3);
     cmd.arg(&*key)
-        .arg(Auxiliary::record(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Record, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key))
         .arg(token.as_bytes())
         .arg(ttl_ms)
         .arg(&*holder);
@@ -77,9 +77,9 @@ async fn finish_on(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = scripts::evalsha(&IDEMPOTENCY_FINISH, 4);
     cmd.arg(&*key)
-        .arg(Auxiliary::record(&prefix, &key))
-        .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Record, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key))
         .arg(token.as_bytes())
         .arg(&record[..])
         .arg(ttl_ms)
@@ -96,7 +96,7 @@ async fn read_on(
     key: Arc<str>,
 ) -> Result<Option<Bytes>, NodeFailureReason> {
     let raw: redis::RedisResult<Option<Vec<u8>>> = redis::cmd("GET")
-        .arg(Auxiliary::record(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Record, &prefix, &key))
         .query_async(&mut conn)
         .await;
     match raw {

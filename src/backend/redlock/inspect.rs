@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Redlock;
-use super::keys::Auxiliary;
+use super::keys::{Auxiliary, Beside};
 use super::scripts::{evalsha, run};
 use crate::backend::connection::Connection;
 use crate::backend::inspect::LockInspection;
@@ -31,11 +31,11 @@ async fn view(
 ) -> Result<NodeView, NodeFailureReason> {
     let mut cmd = evalsha(&INSPECT, 6);
     cmd.arg(&*key)
-        .arg(Auxiliary::fence(&prefix, &key))
-        .arg(Auxiliary::readers(&prefix, &key))
-        .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::queue(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key));
+        .arg(Auxiliary::of(Beside::Fence, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Readers, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Queue, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key));
     let (pttl_ms, fence, readers, waiters, holder): (i64, String, u64, u64, String) =
         run(&mut conn, &INSPECT, &cmd).await?;
     Ok(NodeView {
@@ -54,8 +54,8 @@ async fn force_release(
 ) -> Result<i64, NodeFailureReason> {
     let mut cmd = evalsha(&FORCE_RELEASE, 3);
     cmd.arg(&*key)
-        .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key))
         .arg(released(&prefix, &key));
     Ok(run(&mut conn, &FORCE_RELEASE, &cmd).await?)
 }

@@ -171,45 +171,48 @@ impl Redlock {
 pub(super) type Auxiliary<'a> = Joined<'a, 4>;
 
 impl<'a> Auxiliary<'a> {
-    /// The waiters' mark: present while a waiter subscribed to the release channel waits.
-    pub(super) fn waiters(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:waiters"])
+    /// The key of `role` beside `lock_key`.
+    pub(super) fn of(role: Beside, prefix: &'a str, lock_key: &'a str) -> Self {
+        Joined([prefix, "{", lock_key, role.suffix()])
     }
+}
 
+/// The role of a key beside a lock key: what [`Auxiliary::of`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Beside {
+    /// The waiters' mark: present while a waiter subscribed to the release channel waits.
+    Waiters,
     /// The lock's idempotency record.
     #[cfg(feature = "idempotency")]
-    pub(super) fn record(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:record"])
-    }
-
+    Record,
     /// The record of who holds the lock: `<token> <fields>`, written with the lock key by
     /// the script that sets it (see `lua/lib/set_holder.lua`).
-    pub(super) fn holder(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:holder"])
-    }
-
+    Holder,
     /// The lock's fencing counter.
-    pub(super) fn fence(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:fence"])
-    }
-
+    Fence,
     /// The readers' set of a shared lock.
-    pub(super) fn readers(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:readers"])
-    }
-
+    Readers,
     /// A waiting writer's intent, which keeps new readers out.
-    pub(super) fn writer_waiting(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:writer-waiting"])
-    }
-
+    WriterWaiting,
     /// The fair queue of waiters.
-    pub(super) fn queue(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:queue"])
-    }
-
+    Queue,
     /// The fair queue's per-entry deadlines.
-    pub(super) fn queue_deadlines(prefix: &'a str, lock_key: &'a str) -> Self {
-        Joined([prefix, "{", lock_key, "}:queue-deadlines"])
+    QueueDeadlines,
+}
+
+impl Beside {
+    /// What follows the lock key: the hash tag's end, then the role's name.
+    fn suffix(self) -> &'static str {
+        match self {
+            Beside::Waiters => "}:waiters",
+            #[cfg(feature = "idempotency")]
+            Beside::Record => "}:record",
+            Beside::Holder => "}:holder",
+            Beside::Fence => "}:fence",
+            Beside::Readers => "}:readers",
+            Beside::WriterWaiting => "}:writer-waiting",
+            Beside::Queue => "}:queue",
+            Beside::QueueDeadlines => "}:queue-deadlines",
+        }
     }
 }

@@ -20,7 +20,7 @@ use redis::Script;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp, Fence};
-use super::keys::{Auxiliary, Keys};
+use super::keys::{Auxiliary, Beside, Keys};
 use super::scripts::{Attempted, evalsha, invalid_counter, run, run_acked, run_attempt};
 use crate::backend::connection::Connection;
 use crate::backend::lua::{ACQUIRE_ALL, EXTEND_ALL, FENCE_ALL, RELEASE_ALL};
@@ -59,14 +59,6 @@ impl Redlock {
     }
 }
 
-/// Which auxiliary key of each lock key a script also gets.
-#[derive(Clone, Copy)]
-enum Beside {
-    Fence,
-    Waiters,
-    Holder,
-}
-
 /// The holder's record, and the fencing counter when `fenced`: what acquiring and
 /// extending a set also write.
 fn holder_and_fence(fenced: bool) -> &'static [Beside] {
@@ -95,11 +87,7 @@ fn set_command(script: &Script, prefix: &str, keys: &[Arc<str>], beside: &[Besid
     }
     for role in beside {
         for key in keys {
-            match role {
-                Beside::Fence => cmd.arg(Auxiliary::fence(prefix, key)),
-                Beside::Waiters => cmd.arg(Auxiliary::waiters(prefix, key)),
-                Beside::Holder => cmd.arg(Auxiliary::holder(prefix, key)),
-            };
+            cmd.arg(Auxiliary::of(*role, prefix, key));
         }
     }
     cmd

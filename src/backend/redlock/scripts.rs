@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
-use super::keys::Auxiliary;
+use super::keys::{Auxiliary, Beside};
 use crate::backend::connection::Connection;
 use crate::backend::lua::{ACQUIRE, ACQUIRE_FENCED, RELEASE};
 use crate::backend::node::ReplicaAck;
@@ -155,9 +155,9 @@ pub(super) async fn acquire(
     }
     let mut cmd = evalsha(&ACQUIRE_FENCED, 4);
     cmd.arg(&*key)
-        .arg(Auxiliary::fence(&prefix, &key))
-        .arg(Auxiliary::waiters(&prefix, &key))
-        .arg(Auxiliary::holder(&prefix, &key))
+        .arg(Auxiliary::of(Beside::Fence, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key))
         .arg(token.as_bytes())
         .arg(attempt.ttl_ms)
         .arg(attempt.mark_ms.unwrap_or(0))
@@ -172,9 +172,9 @@ pub(super) async fn acquire(
 /// parse as `SET`'s; the waiters' mark is a key only of a waiter's attempt.
 fn unfenced(prefix: &str, key: &str, token: Token, attempt: Attempt, holder: &str) -> Cmd {
     let mut cmd = evalsha(&ACQUIRE, if attempt.mark_ms.is_some() { 3 } else { 2 });
-    cmd.arg(key).arg(Auxiliary::holder(prefix, key));
+    cmd.arg(key).arg(Auxiliary::of(Beside::Holder, prefix, key));
     if attempt.mark_ms.is_some() {
-        cmd.arg(Auxiliary::waiters(prefix, key));
+        cmd.arg(Auxiliary::of(Beside::Waiters, prefix, key));
     }
     cmd.arg(token.as_bytes())
         .arg(attempt.ttl_ms)
@@ -199,7 +199,7 @@ fn unfenced_reply(reply: Value) -> Result<Attempted, NodeFailureReason> {
 /// The error of a node whose fencing counter of `key` is not an integer below 2^53.
 pub(super) fn invalid_counter(prefix: &str, key: &str) -> NodeFailureReason {
     NodeFailureReason::InvalidFencingCounter {
-        key: Auxiliary::fence(prefix, key).to_string(),
+        key: Auxiliary::of(Beside::Fence, prefix, key).to_string(),
     }
 }
 
@@ -213,9 +213,10 @@ pub(super) async fn release(
     publish: bool,
 ) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = evalsha(&RELEASE, if publish { 3 } else { 2 });
-    cmd.arg(&*key).arg(Auxiliary::holder(&prefix, &key));
+    cmd.arg(&*key)
+        .arg(Auxiliary::of(Beside::Holder, &prefix, &key));
     if publish {
-        cmd.arg(Auxiliary::waiters(&prefix, &key));
+        cmd.arg(Auxiliary::of(Beside::Waiters, &prefix, &key));
     }
     cmd.arg(token.as_bytes());
     if publish {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::Redlock;
 use super::acquire::{Acquisition, CleanUp, Fence};
-use super::keys::{Auxiliary, Keys};
+use super::keys::{Auxiliary, Beside, Keys};
 use super::scripts::{Attempt, Attempted, ReleaseReply, evalsha, run, run_acked, run_attempt};
 use crate::backend::connection::Connection;
 use crate::backend::lua::{EXCLUSIVE_ACQUIRE, SHARED_ACQUIRE, SHARED_EXTEND, SHARED_RELEASE};
@@ -40,13 +40,13 @@ async fn attempt(
         Access::Exclusive => (&*EXCLUSIVE_ACQUIRE, 6),
     };
     let mut cmd = evalsha(script, numkeys);
-    cmd.arg(Auxiliary::readers(&prefix, &key))
+    cmd.arg(Auxiliary::of(Beside::Readers, &prefix, &key))
         .arg(&*key)
-        .arg(Auxiliary::writer_waiting(&prefix, &key))
-        .arg(Auxiliary::waiters(&prefix, &key));
+        .arg(Auxiliary::of(Beside::WriterWaiting, &prefix, &key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &key));
     if access == Access::Exclusive {
-        cmd.arg(Auxiliary::fence(&prefix, &key))
-            .arg(Auxiliary::holder(&prefix, &key));
+        cmd.arg(Auxiliary::of(Beside::Fence, &prefix, &key))
+            .arg(Auxiliary::of(Beside::Holder, &prefix, &key));
     }
     cmd.arg(token.as_bytes())
         .arg(a.ttl_ms)
@@ -83,7 +83,7 @@ pub(super) async fn release_reader(
 ) -> Result<ReleaseReply, NodeFailureReason> {
     let mut cmd = evalsha(&SHARED_RELEASE, 2);
     cmd.arg(&*key)
-        .arg(Auxiliary::waiters(&prefix, &lock_key))
+        .arg(Auxiliary::of(Beside::Waiters, &prefix, &lock_key))
         .arg(token.as_bytes())
         .arg(if publish { "1" } else { "0" })
         .arg(released(&prefix, &lock_key));

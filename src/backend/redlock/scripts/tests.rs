@@ -4,15 +4,15 @@ use super::*;
 fn aux_keys_begin_with_the_prefix_and_carry_the_lock_key_as_their_hash_tag() {
     let (prefix, key) = ("tower-redlock:", "tower-redlock:/items:42");
     assert_eq!(
-        Auxiliary::waiters(prefix, key).to_string(),
+        Auxiliary::of(Beside::Waiters, prefix, key).to_string(),
         "tower-redlock:{tower-redlock:/items:42}:waiters"
     );
     assert_eq!(
-        Auxiliary::fence(prefix, key).to_string(),
+        Auxiliary::of(Beside::Fence, prefix, key).to_string(),
         "tower-redlock:{tower-redlock:/items:42}:fence"
     );
     assert_eq!(
-        Auxiliary::holder(prefix, key).to_string(),
+        Auxiliary::of(Beside::Holder, prefix, key).to_string(),
         "tower-redlock:{tower-redlock:/items:42}:holder"
     );
     assert_eq!(
@@ -20,9 +20,12 @@ fn aux_keys_begin_with_the_prefix_and_carry_the_lock_key_as_their_hash_tag() {
         "tower-redlock:{tower-redlock:/items:42}:released"
     );
     let readers = crate::lease::readers_key("p:", "p:k");
-    assert_eq!(*readers, Auxiliary::readers("p:", "p:k").to_string());
     assert_eq!(
-        Auxiliary::writer_waiting("p:", "p:k").to_string(),
+        *readers,
+        Auxiliary::of(Beside::Readers, "p:", "p:k").to_string()
+    );
+    assert_eq!(
+        Auxiliary::of(Beside::WriterWaiting, "p:", "p:k").to_string(),
         "p:{p:k}:writer-waiting"
     );
 }
