@@ -23,6 +23,11 @@ pub(crate) fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
 /// A boxed error, as response bodies report them.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What one poll of a response or request body of this crate gives: a frame of [`Bytes`],
+/// an error, the end, or nothing yet.
+pub(crate) type PolledFrame =
+    std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>>;
+
 /// Work that must land once started, such as a release: dropped before it is done, it
 /// finishes in the background (on the current Tokio runtime) rather than stopping half
 /// way, where starting it again would repeat what was already sent. Without a runtime it

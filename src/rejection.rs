@@ -62,6 +62,33 @@ pub enum RejectedBy {
     ConcurrencyLimit,
 }
 
+#[cfg(any(
+    feature = "lock",
+    feature = "rate-limit",
+    feature = "concurrency-limit"
+))]
+impl RejectedBy {
+    /// The layer's name, for `Debug`, logs and metric labels: `"LockLayer"`.
+    pub(crate) const fn layer(self) -> &'static str {
+        match self {
+            RejectedBy::Lock => "LockLayer",
+            RejectedBy::Idempotency => "IdempotencyLayer",
+            RejectedBy::RateLimit => "RateLimitLayer",
+            RejectedBy::ConcurrencyLimit => "ConcurrencyLimitLayer",
+        }
+    }
+
+    /// What the layer's key is called in its answers: `"lock key"`.
+    pub(crate) const fn key_noun(self) -> &'static str {
+        match self {
+            RejectedBy::Lock => "lock key",
+            RejectedBy::Idempotency => "idempotency key",
+            RejectedBy::RateLimit => "rate limit key",
+            RejectedBy::ConcurrencyLimit => "concurrency limit key",
+        }
+    }
+}
+
 /// Why a request was refused. Each kind has its own problem `type` URI
 /// ([`type_uri`](Self::type_uri)) and gRPC status ([`grpc_code`](Self::grpc_code)).
 ///

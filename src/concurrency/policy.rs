@@ -12,9 +12,9 @@ use http::{Request, Response, StatusCode, response};
 
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::fallback::User;
-use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
-};
+use crate::future::{BoxError, boxed};
+use crate::keyed::policy::Sealed;
+use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Releasing, Verdict};
 use crate::observe::ConcurrencyResult;
 use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
@@ -72,7 +72,7 @@ impl ConcurrencyPolicy {
                 .into(),
             ),
             Err(ConcurrencyError::InvalidKey(e)) => Verdict::answer(
-                Rejection::invalid_key(Self::REJECTED_BY, Self::KEY_NOUN, &e).into(),
+                Rejection::invalid_key(Self::REJECTED_BY, Self::REJECTED_BY.key_noun(), &e).into(),
             ),
             // The fallback that refuses has logged the fix once (`Policy::refuses`).
             Err(ConcurrencyError::NoBackendChosen) => {
@@ -90,8 +90,6 @@ impl Sealed for ConcurrencyPolicy {}
 
 impl Policy for ConcurrencyPolicy {
     type Permit = ConcurrencyPermit;
-    const LAYER: &'static str = "ConcurrencyLimitLayer";
-    const KEY_NOUN: &'static str = "concurrency limit key";
     const REJECTED_BY: RejectedBy = RejectedBy::ConcurrencyLimit;
     const FAIL_OPEN: bool = true;
 

@@ -14,11 +14,11 @@ use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::contract::Answer;
 use crate::backend::records::{Begin, NewRecord, Owner, RecordOwner};
 use crate::error::LockError;
+use crate::future::{BoxError, boxed};
 use crate::holder::HolderRef;
 use crate::keyed::future::Trailers;
-use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
-};
+use crate::keyed::policy::Sealed;
+use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Releasing, Verdict};
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
 use crate::lock::policy::{LockPermit, refused};
@@ -75,8 +75,6 @@ impl Sealed for IdempotencyPolicy {}
 
 impl Policy for IdempotencyPolicy {
     type Permit = IdempotencyPermit;
-    const LAYER: &'static str = "IdempotencyLayer";
-    const KEY_NOUN: &'static str = "idempotency key";
     const REJECTED_BY: RejectedBy = RejectedBy::Idempotency;
     const FAIL_OPEN: bool = false;
 

@@ -72,7 +72,7 @@ where
         // so a split inside it would hold the request and its head both, and copy the
         // head once more.
         let (mut parts, body) = req.into_parts();
-        crate::keyed::policy::boxed(|| async move {
+        crate::future::boxed(|| async move {
             let bytes = match Limited::new(body, max).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {

@@ -8,6 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::policy::{BoxError, End, Permit, Policy, Release, Releasing};
+use crate::future::PolledFrame;
 use crate::protect::{Lost, poll_guarded};
 use crate::rejection::Rejection;
 
@@ -195,10 +196,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
         let this = self.project();
         if let Some(first) = this.first.take() {
             return Poll::Ready(first.into_poll());
@@ -261,7 +259,7 @@ fn poll_held<B, H>(
     state: &mut Holding<H>,
     remaining: &mut Option<u64>,
     cx: &mut Context<'_>,
-) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+) -> PolledFrame
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,

@@ -78,15 +78,7 @@ where
     P: Policy,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            Phase::Deciding { .. } => "Deciding",
-            Phase::Running { .. } => "Running",
-            Phase::Releasing { .. } => "Releasing",
-            Phase::Answered { .. } => "Answered",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
@@ -365,7 +357,7 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "tower_redlock_store_unavailable_total",
-        "layer" => P::LAYER,
+        "layer" => P::REJECTED_BY.layer(),
         "outcome" => if fail_open { "fail_open" } else { "fail_closed" }
     )
     .increment(1);
@@ -378,7 +370,7 @@ pub(crate) fn outage<P: Policy>(error: &(dyn std::fmt::Display + Send + Sync), f
         "answering 503 (fail closed)"
     };
     tracing::warn!(
-        layer = P::LAYER,
+        layer = P::REJECTED_BY.layer(),
         %error,
         unlogged,
         "store unavailable; {answer}; at most one such line per {OUTAGE_LOG_INTERVAL:?} for this kind of layer ({unlogged} unlogged since the last one)"

@@ -123,7 +123,7 @@ impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for KeyedLayer<K, P> {
 
 impl<K: fmt::Debug, P: Policy + fmt::Debug> fmt::Debug for Core<K, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(P::LAYER)
+        f.debug_struct(P::REJECTED_BY.layer())
             .field("extractor", &self.extractor)
             .field("scope", &self.scope)
             .field("required", &self.required)
@@ -228,7 +228,7 @@ impl<P: Policy + Clone> KeyedLayer<HeaderKey, P> {
     ///
     /// When `name` is a string that is not a header name ([`IntoHeaderName`]).
     pub(crate) fn from_header(name: impl IntoHeaderName, policy: P) -> Self {
-        let name = name.into_header_name(&format!("{}::by_header", P::LAYER));
+        let name = name.into_header_name(&format!("{}::by_header", P::REJECTED_BY.layer()));
         let detail = format!("This endpoint requires a non-empty {name} header.");
         Self::from_parts(HeaderKey::new(name), policy, Cow::Owned(detail))
     }
@@ -252,7 +252,7 @@ impl<P: Policy + Clone> KeyedLayer<PathParamKey, P> {
         assert!(
             !key.name().is_empty(),
             "{}::by_path_param: the parameter name is empty",
-            P::LAYER
+            P::REJECTED_BY.layer()
         );
         Self::from_parts(key, policy, Cow::Borrowed(missing))
     }
@@ -375,7 +375,7 @@ impl<K: KeyExtractor, P: Policy> Core<K, P> {
     fn misconfiguration(&self, mistake: &Misconfiguration) -> Response<Bytes> {
         if !self.reported.swap(true, Ordering::Relaxed) {
             tracing::error!(
-                layer = P::LAYER,
+                layer = P::REJECTED_BY.layer(),
                 "{mistake}; every request through this layer is answered 500 until it is fixed"
             );
         }
@@ -390,7 +390,7 @@ fn answer<H>(response: Response<Bytes>) -> Option<Decision<H>> {
 
 /// 400 for a key that cannot be used.
 fn invalid_key<P: Policy>(error: &KeyError) -> Response<Bytes> {
-    let noun = P::KEY_NOUN;
+    let noun = P::REJECTED_BY.key_noun();
     let detail = match error {
         KeyError::Empty => format!("The {noun} is empty."),
         KeyError::TooLong { len, max } => {

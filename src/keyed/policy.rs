@@ -9,7 +9,7 @@ use http::{Request, Response, response};
 
 use crate::protect::Watch;
 
-pub(crate) use crate::future::{BoxError, BoxFuture, boxed};
+pub(crate) use crate::future::{BoxError, BoxFuture};
 
 mod sealed {
     pub trait Sealed {}
@@ -24,15 +24,8 @@ pub trait Policy: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     type Permit: Permit;
 
-    /// The layer's name, for `Debug` and logs: `"LockLayer"`.
-    #[doc(hidden)]
-    const LAYER: &'static str;
-
-    /// What the key is called in answers: `"lock key"`.
-    #[doc(hidden)]
-    const KEY_NOUN: &'static str;
-
-    /// Who refuses, in this layer's rejections.
+    /// Who refuses, in this layer's rejections; it names the layer in logs and metrics,
+    /// and its key in answers.
     #[doc(hidden)]
     const REJECTED_BY: crate::rejection::RejectedBy;
 
@@ -89,7 +82,7 @@ pub trait Policy: Sealed + Send + Sync + 'static {
         let _ = (keys, parts);
         unreachable!(
             "{}: several keys are refused when the layer is built",
-            Self::LAYER
+            Self::REJECTED_BY.layer()
         )
     }
 }

@@ -126,8 +126,6 @@ impl Counting {
 
 impl Policy for Counting {
     type Permit = CountingPermit;
-    const LAYER: &'static str = "CountingLayer";
-    const KEY_NOUN: &'static str = "key";
     const REJECTED_BY: crate::rejection::RejectedBy = crate::rejection::RejectedBy::Lock;
     const FAIL_OPEN: bool = false;
 

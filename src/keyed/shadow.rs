@@ -100,13 +100,13 @@ pub(crate) fn let_through<P: Policy>(answer: Option<&Response<Bytes>>) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "tower_redlock_shadow_refusals_total",
-        "layer" => P::LAYER,
+        "layer" => P::REJECTED_BY.layer(),
         "kind" => kind
     )
     .increment(1);
     if let Some(unlogged) = super::future::due::<P>(super::future::Log::Shadow) {
         tracing::info!(
-            layer = P::LAYER,
+            layer = P::REJECTED_BY.layer(),
             kind,
             unlogged,
             "shadow mode: a refusal was let through; at most one such line per 10 s for this kind of layer ({unlogged} unlogged since the last one; tower_redlock_shadow_refusals_total counts each)"

@@ -78,8 +78,6 @@ impl<S, K> Layer<S> for KeyedLayer<K, Probe> {
 
 impl Policy for Probe {
     type Permit = ProbePermit;
-    const LAYER: &'static str = "ProbeLayer";
-    const KEY_NOUN: &'static str = "probe key";
     const REJECTED_BY: crate::rejection::RejectedBy = crate::rejection::RejectedBy::Lock;
     const FAIL_OPEN: bool = false;
 

@@ -17,8 +17,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use crate::future::{BoxError, PolledFrame};
 use crate::keyed::answers::{RenderFn, Rendering};
-use crate::keyed::policy::BoxError;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// Default bound on a request body that [`LockLayer`](crate::LockLayer) reads before it
@@ -111,10 +111,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
         match self.project().kind.project() {
             KindProj::Read { data, trailers } => {
                 if let Some(data) = data.take() {
@@ -345,14 +342,8 @@ where
     ReqB::Error: Into<BoxError>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Reading { .. } => "Reading",
-            State::Calling { .. } => "Calling",
-            State::Refused { .. } => "Refused",
-        };
         f.debug_struct("ReadRequestBodyFuture")
-            .field("state", &state)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

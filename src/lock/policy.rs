@@ -13,10 +13,10 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 use crate::backend::contract::{Answer, Claim, LockMode};
 use crate::backend::fallback::User;
 use crate::error::LockError;
+use crate::future::{BoxError, boxed};
 use crate::holder::HolderRef;
-use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict, boxed,
-};
+use crate::keyed::policy::Sealed;
+use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Releasing, Verdict};
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
 use crate::lock::request::{Decided, Options, Wait};
@@ -93,8 +93,6 @@ impl Sealed for LockPolicy {}
 
 impl Policy for LockPolicy {
     type Permit = LockPermit;
-    const LAYER: &'static str = "LockLayer";
-    const KEY_NOUN: &'static str = "lock key";
     const REJECTED_BY: RejectedBy = RejectedBy::Lock;
     const FAIL_OPEN: bool = false;
 

@@ -12,9 +12,8 @@ use http::{Request, Response, response};
 use crate::backend::fallback::User;
 use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::backend::rate_limit::{RateLimitError, RateLimiter};
-use crate::keyed::policy::{
-    BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict, boxed,
-};
+use crate::future::{BoxError, boxed};
+use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict};
 use crate::observe::RateLimitResult;
 use crate::problem::retry_after_secs;
 use crate::protect::Watch;
@@ -97,7 +96,8 @@ impl RateLimitPolicy {
             Ok(usage) if usage.is_exceeded() => Verdict::answer(self.headers.too_many(&usage)),
             Ok(usage) => Verdict::Admit(permit(Some(usage))),
             Err(RateLimitError::InvalidKey(e)) => Verdict::answer(
-                Rejection::invalid_key(RejectedBy::RateLimit, Self::KEY_NOUN, &e).into(),
+                Rejection::invalid_key(RejectedBy::RateLimit, Self::REJECTED_BY.key_noun(), &e)
+                    .into(),
             ),
             // The fallback that refuses has logged the fix once (`Policy::refuses`).
             Err(RateLimitError::NoBackendChosen) => {
@@ -120,8 +120,6 @@ impl Sealed for RateLimitPolicy {}
 
 impl Policy for RateLimitPolicy {
     type Permit = RatePermit;
-    const LAYER: &'static str = "RateLimitLayer";
-    const KEY_NOUN: &'static str = "rate limit key";
     const REJECTED_BY: RejectedBy = RejectedBy::RateLimit;
     const FAIL_OPEN: bool = true;
 
