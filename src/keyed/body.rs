@@ -46,23 +46,32 @@ pin_project! {
             #[pin]
             body: B,
         },
-        // Pinned in a box: the response future looked at its first frame before handing it on.
         Held {
-            body: Pin<Box<B>>,
-            state: Holding<H>,
-            // Bytes left to the end, when the body said how many it has.
-            remaining: Option<u64>,
+            held: HeldBody<B, H>,
         },
     }
 }
 
+/// The inner body under its permit until it ends: the one place a held permit's loss and
+/// release are handled once the inner service has answered. The response future polls it
+/// first (before the head is handed on, see [`ResponseFuture`](super::ResponseFuture)),
+/// then the [`ResponseBody`] does. Pinned in a box, so that any body will do (as
+/// tower-http's `TimeoutBody`): the response future looks at it before moving it into the
+/// response.
+pub(crate) struct HeldBody<B, H> {
+    body: Pin<Box<B>>,
+    state: Holding<H>,
+    // Bytes left to the end, when the body said how many it has.
+    remaining: Option<u64>,
+    // A gRPC response that loses its permit ends with its status in trailers.
+    grpc: bool,
+}
+
 enum Holding<H> {
     /// The permit is held; `lost` once it was lost and the body streams on unprotected.
-    /// A gRPC response that loses its permit ends with its status in trailers.
     Streaming {
         permit: H,
         lost: bool,
-        grpc: bool,
     },
     /// The permit is being released; `item` is handed on once it is.
     Releasing {
@@ -149,43 +158,137 @@ impl<B, P: Policy> ResponseBody<B, P> {
         }
     }
 
-    /// The inner body, whose permit was released after `first` (taken from it already,
-    /// its last frame) was read: `first` is handed on, then the body's end.
-    pub(crate) fn released(body: Pin<Box<B>>, first: Option<Item>) -> Self {
+    /// The inner body under its permit; `first` (taken from it already) is handed on
+    /// first.
+    pub(crate) fn held(held: HeldBody<B, P::Permit>, first: Option<Item>) -> Self {
         Self {
             first,
-            kind: BodyKind::Held {
-                body,
-                state: Holding::Done,
-                remaining: None,
-            },
-        }
-    }
-
-    /// The inner body, holding `permit` until it ends; `first` (taken from it already, not
-    /// its last frame) is handed on first. A `grpc` body that loses its permit ends with
-    /// the gRPC status `UNAVAILABLE` in trailers, not an error.
-    pub(crate) fn held(
-        body: Pin<Box<B>>,
-        permit: P::Permit,
-        lost: bool,
-        grpc: bool,
-        first: Option<Item>,
-    ) -> Self
-    where
-        B: Body,
-    {
-        let remaining = body.size_hint().exact();
-        Self {
-            first,
-            kind: BodyKind::Held {
-                body,
-                state: Holding::Streaming { permit, lost, grpc },
-                remaining,
-            },
+            kind: BodyKind::Held { held },
         }
     }
 }
+
+impl<B: Body<Data = Bytes>, H: Permit> HeldBody<B, H>
+where
+    B::Error: Into<BoxError>,
+{
+    /// `body` under `permit` (`lost` already: it streams unprotected). A `grpc` body that
+    /// loses its permit ends with the gRPC status `UNAVAILABLE` in trailers, not an error.
+    pub(crate) fn new(body: B, permit: H, lost: bool, grpc: bool) -> Self {
+        Self {
+            remaining: body.size_hint().exact(),
+            body: Box::pin(body),
+            state: Holding::Streaming { permit, lost },
+            grpc,
+        }
+    }
+
+    /// Whether the permit is being released (the last frame waits for it).
+    pub(crate) fn is_releasing(&self) -> bool {
+        matches!(self.state, Holding::Releasing { .. })
+    }
+
+    /// The next frame under the permit, the permit released before the last one is handed
+    /// on; `Err` with the permit when it was lost and aborts on loss (the work is cut).
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Polled, H>> {
+        let body = &mut self.body;
+        loop {
+            let (permit, lost) = match &mut self.state {
+                Holding::Streaming { permit, lost } => (permit, lost),
+                Holding::Releasing { release, item } => {
+                    ready!(Pin::new(release).poll(cx));
+                    let item = std::mem::replace(item, Item::End);
+                    self.state = Holding::Done;
+                    return Poll::Ready(Ok(item.into_poll()));
+                }
+                Holding::Done => return Poll::Ready(Ok(None)),
+            };
+            let polled = if *lost {
+                ready!(body.as_mut().poll_frame(cx))
+            } else {
+                match ready!(poll_guarded(permit, cx, |cx| body.as_mut().poll_frame(cx))) {
+                    Ok(polled) => polled,
+                    Err(Lost) if permit.abort_on_loss() => {
+                        let Holding::Streaming { permit, .. } =
+                            std::mem::replace(&mut self.state, Holding::Done)
+                        else {
+                            unreachable!("matched as Streaming above")
+                        };
+                        return Poll::Ready(Err(permit));
+                    }
+                    Err(Lost) => {
+                        tracing::warn!(
+                            "the permit was lost; the response body streams on unprotected"
+                        );
+                        *lost = true;
+                        continue;
+                    }
+                }
+            };
+            let end = match &polled {
+                None => End::Complete,
+                Some(Err(_)) => End::Failed,
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        permit.on_data(data);
+                        if let Some(left) = self.remaining.as_mut() {
+                            *left = left.saturating_sub(data.len() as u64);
+                        }
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        permit.on_trailers(trailers);
+                    }
+                    // The last frame: release before the client can see it.
+                    if body.is_end_stream() || self.remaining == Some(0) {
+                        End::Complete
+                    } else {
+                        return Poll::Ready(Ok(polled.map(|r| r.map_err(Into::into))));
+                    }
+                }
+            };
+            let Holding::Streaming { permit, .. } =
+                std::mem::replace(&mut self.state, Holding::Done)
+            else {
+                unreachable!("matched as Streaming above")
+            };
+            let polled = polled.map(|r| r.map_err(Into::into));
+            match permit.release(end) {
+                Release::Done => return Poll::Ready(Ok(polled)),
+                Release::Pending(release) => {
+                    self.state = Holding::Releasing {
+                        release,
+                        item: Item::from_poll(polled),
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a client reads where the body's permit was lost: an error, or for gRPC the
+    /// status in trailers.
+    fn lost(&self, permit: H) -> Option<Result<Frame<Bytes>, BoxError>> {
+        if !self.grpc {
+            return Some(Err(permit.lost_error()));
+        }
+        let answer = permit.lost_response();
+        let trailers = answer
+            .extensions()
+            .get::<Rejection>()
+            .map(Rejection::grpc_status)
+            .unwrap_or_default();
+        Some(Ok(Frame::trailers(trailers)))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.state {
+            Holding::Streaming { .. } => self.body.size_hint(),
+            Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
+            Holding::Done => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// One poll's frame, error or end.
+pub(crate) type Polled = Option<Result<Frame<Bytes>, BoxError>>;
 
 impl<B, P> Body for ResponseBody<B, P>
 where
@@ -207,11 +310,10 @@ where
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
             BodyKindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
-            BodyKindProj::Held {
-                body,
-                state,
-                remaining,
-            } => poll_held(body.as_mut(), state, remaining, cx),
+            BodyKindProj::Held { held } => Poll::Ready(match ready!(held.poll_next(cx)) {
+                Ok(polled) => polled,
+                Err(permit) => held.lost(permit),
+            }),
         }
     }
 
@@ -224,7 +326,7 @@ where
         match &self.kind {
             BodyKind::Answer { data, trailers } => data.is_none() && trailers.is_none(),
             BodyKind::Plain { body } => body.is_end_stream(),
-            BodyKind::Held { state, .. } => matches!(state, Holding::Done),
+            BodyKind::Held { held } => matches!(held.state, Holding::Done),
         }
     }
 
@@ -234,11 +336,7 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             BodyKind::Plain { body } => body.size_hint(),
-            BodyKind::Held { body, state, .. } => match state {
-                Holding::Streaming { .. } => body.size_hint(),
-                Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
-                Holding::Done => SizeHint::with_exact(0),
-            },
+            BodyKind::Held { held } => held.size_hint(),
         };
         let Some(first) = self.first.as_ref().map(Item::len).filter(|len| *len > 0) else {
             return inner;
@@ -249,95 +347,6 @@ where
         }
         hint.set_lower(inner.lower().saturating_add(first));
         hint
-    }
-}
-
-/// One step of a held body: the next frame under the permit, and the release before the
-/// last one is handed on.
-fn poll_held<B, H>(
-    mut body: Pin<&mut B>,
-    state: &mut Holding<H>,
-    remaining: &mut Option<u64>,
-    cx: &mut Context<'_>,
-) -> PolledFrame
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-    H: Permit,
-{
-    loop {
-        let (permit, lost, grpc) = match state {
-            Holding::Streaming { permit, lost, grpc } => (permit, lost, *grpc),
-            Holding::Releasing { release, item } => {
-                ready!(Pin::new(release).poll(cx));
-                let item = std::mem::replace(item, Item::End);
-                *state = Holding::Done;
-                return Poll::Ready(item.into_poll());
-            }
-            Holding::Done => return Poll::Ready(None),
-        };
-        let polled = if *lost {
-            ready!(body.as_mut().poll_frame(cx))
-        } else {
-            match ready!(poll_guarded(permit, cx, |cx| body.as_mut().poll_frame(cx))) {
-                Ok(polled) => polled,
-                Err(Lost) => {
-                    if permit.abort_on_loss() {
-                        let Holding::Streaming { permit, .. } =
-                            std::mem::replace(state, Holding::Done)
-                        else {
-                            unreachable!("matched as Streaming above")
-                        };
-                        if !grpc {
-                            return Poll::Ready(Some(Err(permit.lost_error())));
-                        }
-                        // The status a gRPC client reads, where HTTP gets an error.
-                        let answer = permit.lost_response();
-                        let trailers = answer
-                            .extensions()
-                            .get::<Rejection>()
-                            .map(Rejection::grpc_status)
-                            .unwrap_or_default();
-                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                    }
-                    tracing::warn!("the permit was lost; the response body streams on unprotected");
-                    *lost = true;
-                    continue;
-                }
-            }
-        };
-        let end = match &polled {
-            None => End::Complete,
-            Some(Err(_)) => End::Failed,
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    permit.on_data(data);
-                    if let Some(left) = remaining.as_mut() {
-                        *left = left.saturating_sub(data.len() as u64);
-                    }
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    permit.on_trailers(trailers);
-                }
-                // The last frame: release before the client can see it.
-                if body.is_end_stream() || *remaining == Some(0) {
-                    End::Complete
-                } else {
-                    return Poll::Ready(polled.map(|r| r.map_err(Into::into)));
-                }
-            }
-        };
-        let Holding::Streaming { permit, .. } = std::mem::replace(state, Holding::Done) else {
-            unreachable!("matched as Streaming above")
-        };
-        match permit.release(end) {
-            Release::Done => return Poll::Ready(polled.map(|r| r.map_err(Into::into))),
-            Release::Pending(release) => {
-                *state = Holding::Releasing {
-                    release,
-                    item: Item::from_poll(polled),
-                }
-            }
-        }
     }
 }
 

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::{Item, ResponseBody};
+use super::body::{HeldBody, Item, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Releasing, Unavailable, Verdict,
 };
@@ -59,6 +59,12 @@ pin_project! {
             future: S::Future,
             permit: Option<P::Permit>,
             lost: bool,
+        },
+        // The inner body's first look, under its permit: a body whose last frame is ready
+        // at once releases here, before the head is handed on.
+        Peeking {
+            head: Option<http::response::Parts>,
+            held: Option<HeldBody<ResB, P::Permit>>,
         },
         // The permit is released before the response is handed on.
         Releasing {
@@ -269,16 +275,37 @@ where
                         return Poll::Ready(output.map(|r| r.map(ResponseBody::plain)));
                     };
                     let grpc = matches!(this.answers, Rendering::Grpc);
-                    match finish(held, output, *lost, grpc, cx) {
+                    match finish(held, output, *lost, grpc) {
                         Finish::Ready(output) => return Poll::Ready(output),
-                        Finish::Lost(response) => this.state.set(Phase::Answered {
-                            response: Some(response),
+                        Finish::Peeking { head, held } => this.state.set(Phase::Peeking {
+                            head: Some(head),
+                            held: Some(held),
                         }),
                         Finish::Releasing { release, output } => this.state.set(Phase::Releasing {
                             release,
                             output: Some(output),
                         }),
                     }
+                }
+                PhaseProj::Peeking { head, held } => {
+                    let body = held.as_mut().expect("Peeking is left once looked at");
+                    let first = match body.poll_next(cx) {
+                        // The last frame waits for the release: so does the head.
+                        Poll::Pending if body.is_releasing() => return Poll::Pending,
+                        // Not ready: the body keeps the permit until it ends.
+                        Poll::Pending => None,
+                        Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
+                        // Lost before the head was handed on: the layer's answer instead.
+                        Poll::Ready(Err(permit)) => {
+                            let response = Some(permit.lost_response());
+                            this.state.set(Phase::Answered { response });
+                            continue;
+                        }
+                    };
+                    let (head, held) = (head.take(), held.take());
+                    let (head, held) = head.zip(held).expect("polled after completion");
+                    let body = ResponseBody::held(held, first);
+                    return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 PhaseProj::Releasing { release, output } => {
                     ready!(Pin::new(release).poll(cx));
@@ -394,8 +421,11 @@ pub(crate) struct Trailers(pub(crate) http::HeaderMap);
 enum Finish<B, P: Policy, E> {
     /// Hand on this.
     Ready(Result<Response<ResponseBody<B, P>>, E>),
-    /// The permit was lost before the response was handed on: this answer instead.
-    Lost(Response<Bytes>),
+    /// Look at the body under the permit before handing on the head.
+    Peeking {
+        head: http::response::Parts,
+        held: HeldBody<B, P::Permit>,
+    },
     /// Release first, then hand on the response.
     Releasing {
         release: Releasing,
@@ -403,18 +433,17 @@ enum Finish<B, P: Policy, E> {
     },
 }
 
-/// Lets the permit add its headers, and decides when it is released. A permit held until
-/// the body ends first takes one look at the body (pinned in a box, so that any body will
-/// do, as tower-http's `TimeoutBody`): most bodies are ready at once (a handler's bytes,
-/// JSON), and then the permit is released here, before the response head is handed on, so
-/// that a client that has read the head never finds the permit still held; a body that is
-/// not ready, or not over after its first frame, keeps the permit until it ends.
+/// Lets the permit add its headers, and decides when it is released: at the head, on a
+/// failure, or, for a permit held until the body ends, by the body (a [`HeldBody`]), which
+/// the response future looks at first. Most bodies are ready at once (a handler's bytes,
+/// JSON), and then the permit is released before the response head is handed on, so that
+/// a client that has read the head never finds the permit still held; a body that is not
+/// ready, or not over after its first frame, keeps the permit until it ends.
 fn finish<B, H, E, P>(
     mut held: H,
     output: Result<Response<B>, E>,
     lost: bool,
     grpc: bool,
-    cx: &mut Context<'_>,
 ) -> Finish<B, P, E>
 where
     B: Body<Data = Bytes>,
@@ -426,50 +455,12 @@ where
         Err(e) => (End::Failed, Err(e)),
         Ok(response) => {
             let (mut head, body) = response.into_parts();
-            if held.on_response(&mut head) == Hold::Head {
-                let body = ResponseBody::plain(body);
-                (End::Complete, Ok(Response::from_parts(head, body)))
-            } else {
-                let mut body = Box::pin(body);
-                let mut peek = |cx: &mut Context<'_>| body.as_mut().poll_frame(cx);
-                let polled = if lost {
-                    peek(cx).map(Ok)
-                } else {
-                    poll_guarded(&mut held, cx, peek)
-                };
-                let first = match polled {
-                    Poll::Pending => None,
-                    Poll::Ready(Err(Lost)) => {
-                        if held.abort_on_loss() {
-                            return Finish::Lost(held.lost_response());
-                        }
-                        // Streams on unprotected; the body says so.
-                        let body = ResponseBody::held(body, held, true, grpc, None);
-                        return Finish::Ready(Ok(Response::from_parts(head, body)));
-                    }
-                    Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
-                };
-                let (complete, end) = match &first {
-                    None => (false, End::Complete),
-                    Some(Item::End) => (true, End::Complete),
-                    Some(Item::Trailers(trailers)) => {
-                        held.on_trailers(trailers);
-                        (true, End::Complete)
-                    }
-                    Some(Item::Error(_)) => (true, End::Failed),
-                    Some(Item::Data(data)) => {
-                        held.on_data(data);
-                        let over = body.is_end_stream() || body.size_hint().exact() == Some(0);
-                        (over, End::Complete)
-                    }
-                };
-                if !complete {
-                    let body = ResponseBody::held(body, held, lost, grpc, first);
-                    return Finish::Ready(Ok(Response::from_parts(head, body)));
-                }
-                let body = ResponseBody::released(body, first);
-                (end, Ok(Response::from_parts(head, body)))
+            if held.on_response(&mut head) != Hold::Head {
+                let held = HeldBody::new(body, held, lost, grpc);
+                return Finish::Peeking { head, held };
             }
+            let body = ResponseBody::plain(body);
+            (End::Complete, Ok(Response::from_parts(head, body)))
         }
     };
     match held.release(end) {
