@@ -190,7 +190,8 @@ where
 
     /// The next frame under the permit, the permit released before the last one is handed
     /// on; `Err` with the permit when it was lost and aborts on loss (the work is cut).
-    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Polled, H>> {
+    #[inline(always)]
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Item, H>> {
         let body = &mut self.body;
         loop {
             let (permit, lost) = match &mut self.state {
@@ -199,9 +200,9 @@ where
                     ready!(Pin::new(release).poll(cx));
                     let item = std::mem::replace(item, Item::End);
                     self.state = Holding::Done;
-                    return Poll::Ready(Ok(item.into_poll()));
+                    return Poll::Ready(Ok(item));
                 }
-                Holding::Done => return Poll::Ready(Ok(None)),
+                Holding::Done => return Poll::Ready(Ok(Item::End)),
             };
             let polled = if *lost {
                 ready!(body.as_mut().poll_frame(cx))
@@ -241,7 +242,7 @@ where
                     if body.is_end_stream() || self.remaining == Some(0) {
                         End::Complete
                     } else {
-                        return Poll::Ready(Ok(polled.map(|r| r.map_err(Into::into))));
+                        return Poll::Ready(Ok(Item::from_poll(polled)));
                     }
                 }
             };
@@ -250,15 +251,10 @@ where
             else {
                 unreachable!("matched as Streaming above")
             };
-            let polled = polled.map(|r| r.map_err(Into::into));
+            let item = Item::from_poll(polled);
             match permit.release(end) {
-                Release::Done => return Poll::Ready(Ok(polled)),
-                Release::Pending(release) => {
-                    self.state = Holding::Releasing {
-                        release,
-                        item: Item::from_poll(polled),
-                    }
-                }
+                Release::Done => return Poll::Ready(Ok(item)),
+                Release::Pending(release) => self.state = Holding::Releasing { release, item },
             }
         }
     }
@@ -287,9 +283,6 @@ where
     }
 }
 
-/// One poll's frame, error or end.
-pub(crate) type Polled = Option<Result<Frame<Bytes>, BoxError>>;
-
 impl<B, P> Body for ResponseBody<B, P>
 where
     B: Body<Data = Bytes>,
@@ -311,7 +304,7 @@ where
             }),
             BodyKindProj::Plain { body } => body.poll_frame(cx).map_err(Into::into),
             BodyKindProj::Held { held } => Poll::Ready(match ready!(held.poll_next(cx)) {
-                Ok(polled) => polled,
+                Ok(item) => item.into_poll(),
                 Err(permit) => held.lost(permit),
             }),
         }

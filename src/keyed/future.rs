@@ -275,8 +275,11 @@ where
                         return Poll::Ready(output.map(|r| r.map(ResponseBody::plain)));
                     };
                     let grpc = matches!(this.answers, Rendering::Grpc);
-                    match finish(held, output, *lost, grpc) {
+                    match finish(held, output, *lost, grpc, cx) {
                         Finish::Ready(output) => return Poll::Ready(output),
+                        Finish::Lost(response) => this.state.set(Phase::Answered {
+                            response: Some(response),
+                        }),
                         Finish::Peeking { head, held } => this.state.set(Phase::Peeking {
                             head: Some(head),
                             held: Some(held),
@@ -289,18 +292,14 @@ where
                 }
                 PhaseProj::Peeking { head, held } => {
                     let body = held.as_mut().expect("Peeking is left once looked at");
-                    let first = match body.poll_next(cx) {
-                        // The last frame waits for the release: so does the head.
-                        Poll::Pending if body.is_releasing() => return Poll::Pending,
-                        // Not ready: the body keeps the permit until it ends.
-                        Poll::Pending => None,
-                        Poll::Ready(Ok(polled)) => Some(Item::from_poll(polled)),
-                        // Lost before the head was handed on: the layer's answer instead.
-                        Poll::Ready(Err(permit)) => {
-                            let response = Some(permit.lost_response());
+                    let first = match first_look(body, cx) {
+                        Look::Ready(first) => first,
+                        Look::Lost(response) => {
+                            let response = Some(response);
                             this.state.set(Phase::Answered { response });
                             continue;
                         }
+                        Look::Releasing => return Poll::Pending,
                     };
                     let (head, held) = (head.take(), held.take());
                     let (head, held) = head.zip(held).expect("polled after completion");
@@ -417,11 +416,39 @@ pub(crate) struct Rules {
 #[derive(Clone, Debug)]
 pub(crate) struct Trailers(pub(crate) http::HeaderMap);
 
+/// What the response future's look at a held body found.
+enum Look {
+    /// Hand on the response, with what was taken from the body, if anything: not ready, it
+    /// keeps the permit until it ends.
+    Ready(Option<Item>),
+    /// The permit was lost before the head was handed on: the layer's answer instead.
+    Lost(Response<Bytes>),
+    /// The last frame waits for the release: so does the head.
+    Releasing,
+}
+
+#[inline]
+fn first_look<B, H>(held: &mut HeldBody<B, H>, cx: &mut Context<'_>) -> Look
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    H: Permit,
+{
+    match held.poll_next(cx) {
+        Poll::Pending if held.is_releasing() => Look::Releasing,
+        Poll::Pending => Look::Ready(None),
+        Poll::Ready(Ok(item)) => Look::Ready(Some(item)),
+        Poll::Ready(Err(permit)) => Look::Lost(permit.lost_response()),
+    }
+}
+
 /// What to do once the inner service has answered under a permit.
 enum Finish<B, P: Policy, E> {
     /// Hand on this.
     Ready(Result<Response<ResponseBody<B, P>>, E>),
-    /// Look at the body under the permit before handing on the head.
+    /// The permit was lost before the response was handed on: this answer instead.
+    Lost(Response<Bytes>),
+    /// The body's last frame waits for the release: so does the head.
     Peeking {
         head: http::response::Parts,
         held: HeldBody<B, P::Permit>,
@@ -444,6 +471,7 @@ fn finish<B, H, E, P>(
     output: Result<Response<B>, E>,
     lost: bool,
     grpc: bool,
+    cx: &mut Context<'_>,
 ) -> Finish<B, P, E>
 where
     B: Body<Data = Bytes>,
@@ -456,8 +484,15 @@ where
         Ok(response) => {
             let (mut head, body) = response.into_parts();
             if held.on_response(&mut head) != Hold::Head {
-                let held = HeldBody::new(body, held, lost, grpc);
-                return Finish::Peeking { head, held };
+                let mut held = HeldBody::new(body, held, lost, grpc);
+                return match first_look(&mut held, cx) {
+                    Look::Ready(first) => {
+                        let body = ResponseBody::held(held, first);
+                        Finish::Ready(Ok(Response::from_parts(head, body)))
+                    }
+                    Look::Lost(response) => Finish::Lost(response),
+                    Look::Releasing => Finish::Peeking { head, held },
+                };
             }
             let body = ResponseBody::plain(body);
             (End::Complete, Ok(Response::from_parts(head, body)))
