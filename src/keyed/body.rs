@@ -61,8 +61,9 @@ pin_project! {
 pub(crate) struct HeldBody<B, H> {
     body: Pin<Box<B>>,
     state: Holding<H>,
-    // Bytes left to the end, when the body said how many it has.
-    remaining: Option<u64>,
+    // Bytes left to the end, when the body said how many it has: read once a frame did
+    // not end it (`None` before), then counted down.
+    remaining: Option<Option<u64>>,
     // A gRPC response that loses its permit ends with its status in trailers.
     grpc: bool,
 }
@@ -176,7 +177,7 @@ where
     /// loses its permit ends with the gRPC status `UNAVAILABLE` in trailers, not an error.
     pub(crate) fn new(body: B, permit: H, lost: bool, grpc: bool) -> Self {
         Self {
-            remaining: body.size_hint().exact(),
+            remaining: None,
             body: Box::pin(body),
             state: Holding::Streaming { permit, lost },
             grpc,
@@ -230,16 +231,24 @@ where
                 None => End::Complete,
                 Some(Err(_)) => End::Failed,
                 Some(Ok(frame)) => {
+                    let mut len = 0;
                     if let Some(data) = frame.data_ref() {
                         permit.on_data(data);
-                        if let Some(left) = self.remaining.as_mut() {
-                            *left = left.saturating_sub(data.len() as u64);
-                        }
+                        len = data.len() as u64;
                     } else if let Some(trailers) = frame.trailers_ref() {
                         permit.on_trailers(trailers);
                     }
+                    let left = match &mut self.remaining {
+                        Some(left) => {
+                            *left = left.map(|left| left.saturating_sub(len));
+                            *left
+                        }
+                        // Most bodies say they ended: their size is read only if not.
+                        None if body.is_end_stream() => Some(0),
+                        None => *self.remaining.insert(body.size_hint().exact()),
+                    };
                     // The last frame: release before the client can see it.
-                    if body.is_end_stream() || self.remaining == Some(0) {
+                    if left == Some(0) || body.is_end_stream() {
                         End::Complete
                     } else {
                         return Poll::Ready(Ok(Item::from_poll(polled)));
