@@ -280,10 +280,14 @@ where
                         Finish::Lost(response) => this.state.set(Phase::Answered {
                             response: Some(response),
                         }),
-                        Finish::Peeking { head, held } => this.state.set(Phase::Peeking {
-                            head: Some(head),
-                            held: Some(held),
-                        }),
+                        // Its release was polled and is pending: woken when it is done.
+                        Finish::Peeking { head, held } => {
+                            this.state.set(Phase::Peeking {
+                                head: Some(head),
+                                held: Some(held),
+                            });
+                            return Poll::Pending;
+                        }
                         Finish::Releasing { release, output } => this.state.set(Phase::Releasing {
                             release,
                             output: Some(output),
