@@ -60,9 +60,9 @@ pin_project! {
             permit: Option<P::Permit>,
             lost: bool,
         },
-        // The inner body's first look, under its permit: a body whose last frame is ready
-        // at once releases here, before the head is handed on.
-        Peeking {
+        // The body's last frame was ready at the first look, and its release is pending:
+        // the head waits for it.
+        ReleasingBody {
             head: Option<http::response::Parts>,
             held: Option<HeldBody<ResB, P::Permit>>,
         },
@@ -281,8 +281,8 @@ where
                             response: Some(response),
                         }),
                         // Its release was polled and is pending: woken when it is done.
-                        Finish::Peeking { head, held } => {
-                            this.state.set(Phase::Peeking {
+                        Finish::ReleasingBody { head, held } => {
+                            this.state.set(Phase::ReleasingBody {
                                 head: Some(head),
                                 held: Some(held),
                             });
@@ -294,8 +294,8 @@ where
                         }),
                     }
                 }
-                PhaseProj::Peeking { head, held } => {
-                    let body = held.as_mut().expect("Peeking is left once looked at");
+                PhaseProj::ReleasingBody { head, held } => {
+                    let body = held.as_mut().expect("ReleasingBody is left once released");
                     let first = match first_look(body, cx) {
                         Look::Ready(first) => first,
                         Look::Lost(response) => {
@@ -453,7 +453,7 @@ enum Finish<B, P: Policy, E> {
     /// The permit was lost before the response was handed on: this answer instead.
     Lost(Response<Bytes>),
     /// The body's last frame waits for the release: so does the head.
-    Peeking {
+    ReleasingBody {
         head: http::response::Parts,
         held: HeldBody<B, P::Permit>,
     },
@@ -495,7 +495,7 @@ where
                         Finish::Ready(Ok(Response::from_parts(head, body)))
                     }
                     Look::Lost(response) => Finish::Lost(response),
-                    Look::Releasing => Finish::Peeking { head, held },
+                    Look::Releasing => Finish::ReleasingBody { head, held },
                 };
             }
             let body = ResponseBody::plain(body);
