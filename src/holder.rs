@@ -29,8 +29,20 @@ const MAX_METHOD_LEN: usize = 16;
 const MAX_ROUTE_LEN: usize = 128;
 /// The longest request id kept, in bytes.
 const MAX_REQUEST_ID_LEN: usize = 64;
-/// The longest record: the four fields at their bounds, with their names (307 bytes).
+/// The room for a record: at least the longest one, the four fields at their bounds with
+/// their names (307 bytes, checked below).
 const MAX_RECORD: usize = 320;
+const _: () = {
+    let longest = "replica=".len()
+        + MAX_REPLICA_LEN
+        + " method=".len()
+        + MAX_METHOD_LEN
+        + " route=".len()
+        + MAX_ROUTE_LEN
+        + " request_id=".len()
+        + MAX_REQUEST_ID_LEN;
+    assert!(longest == 307 && longest <= MAX_RECORD);
+};
 
 /// The request id header read first.
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
