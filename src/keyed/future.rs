@@ -431,7 +431,7 @@ enum Look {
     Releasing,
 }
 
-#[inline]
+#[inline(always)]
 fn first_look<B, H>(held: &mut HeldBody<B, H>, cx: &mut Context<'_>) -> Look
 where
     B: Body<Data = Bytes>,
