@@ -15,8 +15,9 @@
 //   private contract the lock domain runs them through (`contract`: `LockBackend`, `Claim`,
 //   `LockMode`);
 // - the primitives: `key`, `lease` (`Lease`, `Token`), `renewal` (the schedule a lease and
-//   a concurrency permit share), `future` (boxed futures and errors), `protect`,
-//   `rejection` and `problem` (refusals and their answers), `error`, `redact`, `observe`
+//   a concurrency permit share), `future` (boxed futures and errors, work finished once
+//   started, and the lock-loss guarantee: `poll_guarded`), `rejection` and `problem`
+//   (refusals and their answers), `error`, `redact`, `observe`
 //   (metric names and spans), `holder` (who holds a lease: `LockHolder`, and what a
 //   lease records of its request), `sync` (the in-process stores' locks and
 //   notifications: std's and tokio's, or the schedule explorer's with `--cfg shuttle`).
@@ -65,12 +66,6 @@ pub mod lock;
 ))]
 mod observe;
 pub mod problem;
-#[cfg(any(
-    feature = "lock",
-    feature = "rate-limit",
-    feature = "concurrency-limit"
-))]
-mod protect;
 #[cfg(feature = "rate-limit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rate-limit")))]
 pub mod rate_limit;

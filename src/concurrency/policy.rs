@@ -12,11 +12,11 @@ use http::{Request, Response, StatusCode, response};
 
 use crate::backend::concurrency::{ConcurrencyError, ConcurrencyLimiter, PermitSlot};
 use crate::backend::fallback::User;
+use crate::future::Watch;
 use crate::future::{BoxError, boxed};
 use crate::keyed::policy::Sealed;
 use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Releasing, Verdict};
 use crate::observe::ConcurrencyResult;
-use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 use crate::renewal::{Renewal, Schedule};
 

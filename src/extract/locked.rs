@@ -10,10 +10,10 @@ use http::request::Parts;
 
 use super::lock_keys::LockKeys;
 use crate::error::LockError;
+use crate::future::{Lost, Protected, Watch};
 use crate::lease::Lease;
 use crate::lock::handle::Locks;
 use crate::lock::status::LeaseStatus;
-use crate::protect::{Lost, Protected, Watch};
 use crate::rejection::Rejection;
 
 /// Turns an extracted value into a lock key.

@@ -14,6 +14,7 @@ use super::record::{Fingerprint, Record, kept_headers};
 use crate::backend::contract::Answer;
 use crate::backend::records::{Begin, NewRecord, Owner, RecordOwner};
 use crate::error::LockError;
+use crate::future::Watch;
 use crate::future::{BoxError, boxed};
 use crate::holder::HolderRef;
 use crate::keyed::future::Trailers;
@@ -24,7 +25,6 @@ use crate::lock::handle::Locks;
 use crate::lock::policy::{LockPermit, refused};
 use crate::lock::watchdog::Renewal;
 use crate::observe::IdempotencyResult;
-use crate::protect::Watch;
 use crate::rejection::{GRPC_MESSAGE, GRPC_STATUS, RejectedBy, Rejection, RejectionKind};
 
 /// The header set on a replayed response: `Idempotent-Replayed: true`.

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use super::policy::{BoxError, End, Permit, Policy, Release, Releasing};
 use crate::future::PolledFrame;
-use crate::protect::{Lost, poll_guarded};
+use crate::future::{Lost, poll_guarded};
 use crate::rejection::Rejection;
 
 pin_project! {

@@ -12,9 +12,9 @@ use super::body::{HeldBody, Item, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Releasing, Unavailable, Verdict,
 };
+use crate::future::{Lost, poll_guarded};
 use crate::keyed::answers::Rendering;
 use crate::keyed::shadow;
-use crate::protect::{Lost, poll_guarded};
 use crate::rejection::RejectedBy;
 use http_body::Body;
 use std::time::Duration;

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, response};
 
-use crate::protect::Watch;
+use crate::future::Watch;
 
 pub(crate) use crate::future::{BoxError, BoxFuture};
 

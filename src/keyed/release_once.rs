@@ -27,8 +27,8 @@ use super::KeyedLayer;
 use super::policy::{
     BoxError, Decision, End, Hold, Permit, Policy, Release, Releasing, Sealed, Verdict,
 };
+use crate::future::Watch;
 use crate::key::FnKey;
-use crate::protect::Watch;
 
 /// One request's shape: how it is decided, how the inner service and its body answer.
 #[derive(Clone, Copy, Debug)]

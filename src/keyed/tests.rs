@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::KeyedLayer;
 use super::policy::{BoxError, Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict};
+use crate::future::Watch;
 use crate::key::FnKey;
-use crate::protect::Watch;
 
 /// Reads the probe key from the `key` header.
 type KeyFn = fn(&Parts) -> Option<String>;

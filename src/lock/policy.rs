@@ -13,6 +13,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, response};
 use crate::backend::contract::{Answer, Claim, LockMode};
 use crate::backend::fallback::User;
 use crate::error::LockError;
+use crate::future::Watch;
 use crate::future::{BoxError, boxed};
 use crate::holder::HolderRef;
 use crate::keyed::policy::Sealed;
@@ -22,7 +23,6 @@ use crate::lock::handle::Locks;
 use crate::lock::request::{Decided, Options, Wait};
 use crate::lock::watchdog::{OnLockLoss, Renewal, Watchdog};
 use crate::observe;
-use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 /// The policy of [`LockLayer`](super::LockLayer): its backend and how it holds a lease.

@@ -10,11 +10,11 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::error::LockError;
+use crate::future::{Lost, Protected, Watch};
 use crate::lease::Lease;
 use crate::lock::handle::{LeaseGuard, Locks};
 use crate::lock::request::LockRequest;
 use crate::lock::status::{LeaseState, LeaseStatus};
-use crate::protect::{Lost, Protected, Watch};
 pub use crate::renewal::Renewal;
 use crate::renewal::{RenewError, Schedule};
 

@@ -12,11 +12,11 @@ use http::{Request, Response, response};
 use crate::backend::fallback::User;
 use crate::backend::rate_limit::quota::{Quota, Usage};
 use crate::backend::rate_limit::{RateLimitError, RateLimiter};
+use crate::future::Watch;
 use crate::future::{BoxError, boxed};
 use crate::keyed::policy::{Decision, End, Hold, Permit, Policy, Release, Sealed, Verdict};
 use crate::observe::RateLimitResult;
 use crate::problem::retry_after_secs;
-use crate::protect::Watch;
 use crate::rejection::{RejectedBy, Rejection, RejectionKind};
 
 // The IETF draft "RateLimit header fields for HTTP", and the legacy headers.

@@ -16,9 +16,9 @@ use crate::backend::settings::Settings;
 use crate::backend::{contract::Begun, records::NewRecord};
 use crate::error::{LockError, LockOperation};
 use crate::future::BoxFuture;
+use crate::future::Watch;
 use crate::holder::{Holder, HolderRef};
 use crate::lease::Lease;
-use crate::protect::Watch;
 use crate::renewal::RenewError;
 use crate::{LockRequest, Locks, MemoryLocks};
 
