@@ -27,8 +27,6 @@ pin_project! {
     where
         P: Policy,
     {
-        // What the response future already took from the body, handed on first.
-        first: Option<Item>,
         #[pin]
         kind: BodyKind<B, P::Permit>,
     }
@@ -60,6 +58,8 @@ pin_project! {
 /// response.
 pub(crate) struct HeldBody<B, H> {
     body: Pin<Box<B>>,
+    // What the response future's first look took from the body, handed on first.
+    first: Option<Item>,
     state: Holding<H>,
     // Bytes left to the end, when the body said how many it has: read once a frame did
     // not end it (`None` before), then counted down.
@@ -132,10 +132,7 @@ impl<B, P: Policy> fmt::Debug for ResponseBody<B, P> {
             BodyKind::Plain { .. } => "Plain",
             BodyKind::Held { .. } => "Held",
         };
-        f.debug_struct("ResponseBody")
-            .field("kind", &kind)
-            .field("first", &self.first.is_some())
-            .finish()
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
     }
 }
 
@@ -143,7 +140,6 @@ impl<B, P: Policy> ResponseBody<B, P> {
     /// The layer's own answer: `data`, then `trailers` if any.
     pub(crate) fn answer(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         Self {
-            first: None,
             kind: BodyKind::Answer {
                 data: (!data.is_empty()).then_some(data),
                 trailers,
@@ -154,16 +150,13 @@ impl<B, P: Policy> ResponseBody<B, P> {
     /// The inner body, nothing held.
     pub(crate) fn plain(body: B) -> Self {
         Self {
-            first: None,
             kind: BodyKind::Plain { body },
         }
     }
 
-    /// The inner body under its permit; `first` (taken from it already) is handed on
-    /// first.
-    pub(crate) fn held(held: HeldBody<B, P::Permit>, first: Option<Item>) -> Self {
+    /// The inner body under its permit.
+    pub(crate) fn held(held: HeldBody<B, P::Permit>) -> Self {
         Self {
-            first,
             kind: BodyKind::Held { held },
         }
     }
@@ -179,9 +172,15 @@ where
         Self {
             remaining: None,
             body: Box::pin(body),
+            first: None,
             state: Holding::Streaming { permit, lost },
             grpc,
         }
+    }
+
+    /// Hands `item` (taken by [`poll_next`](Self::poll_next)) on first.
+    pub(crate) fn put_back(&mut self, item: Item) {
+        self.first = Some(item);
     }
 
     /// Whether the permit is being released (the last frame waits for it).
@@ -193,6 +192,9 @@ where
     /// on; `Err` with the permit when it was lost and aborts on loss (the work is cut).
     #[inline(always)]
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Item, H>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Ok(first));
+        }
         let body = &mut self.body;
         loop {
             let (permit, lost) = match &mut self.state {
@@ -283,12 +285,29 @@ where
         Some(Ok(Frame::trailers(trailers)))
     }
 
+    fn is_end_stream(&self) -> bool {
+        match &self.first {
+            Some(Item::End) => true,
+            Some(_) => false,
+            None => matches!(self.state, Holding::Done),
+        }
+    }
+
     fn size_hint(&self) -> SizeHint {
-        match &self.state {
+        let rest = match &self.state {
             Holding::Streaming { .. } => self.body.size_hint(),
             Holding::Releasing { item, .. } => SizeHint::with_exact(item.len()),
             Holding::Done => SizeHint::with_exact(0),
+        };
+        let Some(first) = self.first.as_ref().map(Item::len).filter(|len| *len > 0) else {
+            return rest;
+        };
+        let mut hint = SizeHint::new();
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(first));
         }
+        hint.set_lower(rest.lower().saturating_add(first));
+        hint
     }
 }
 
@@ -302,11 +321,7 @@ where
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> PolledFrame {
-        let this = self.project();
-        if let Some(first) = this.first.take() {
-            return Poll::Ready(first.into_poll());
-        }
-        match this.kind.project() {
+        match self.project().kind.project() {
             BodyKindProj::Answer { data, trailers } => Poll::Ready(match data.take() {
                 Some(data) => Some(Ok(Frame::data(data))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
@@ -320,35 +335,21 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.first {
-            Some(Item::End) => return true,
-            Some(_) => return false,
-            None => {}
-        }
         match &self.kind {
             BodyKind::Answer { data, trailers } => data.is_none() && trailers.is_none(),
             BodyKind::Plain { body } => body.is_end_stream(),
-            BodyKind::Held { held } => matches!(held.state, Holding::Done),
+            BodyKind::Held { held } => held.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        let inner = match &self.kind {
+        match &self.kind {
             BodyKind::Answer { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             BodyKind::Plain { body } => body.size_hint(),
             BodyKind::Held { held } => held.size_hint(),
-        };
-        let Some(first) = self.first.as_ref().map(Item::len).filter(|len| *len > 0) else {
-            return inner;
-        };
-        let mut hint = SizeHint::new();
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper.saturating_add(first));
         }
-        hint.set_lower(inner.lower().saturating_add(first));
-        hint
     }
 }
 

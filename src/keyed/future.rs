@@ -8,7 +8,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::{HeldBody, Item, ResponseBody};
+use super::body::{HeldBody, ResponseBody};
 use super::policy::{
     BoxError, BoxFuture, End, Hold, Permit, Policy, Release, Releasing, Unavailable, Verdict,
 };
@@ -296,18 +296,18 @@ where
                 }
                 PhaseProj::ReleasingBody { head, held } => {
                     let body = held.as_mut().expect("ReleasingBody is left once released");
-                    let first = match first_look(body, cx) {
-                        Look::Ready(first) => first,
+                    match first_look(body, cx) {
+                        Look::Ready => {}
                         Look::Lost(response) => {
                             let response = Some(response);
                             this.state.set(Phase::Answered { response });
                             continue;
                         }
                         Look::Releasing => return Poll::Pending,
-                    };
+                    }
                     let (head, held) = (head.take(), held.take());
                     let (head, held) = head.zip(held).expect("polled after completion");
-                    let body = ResponseBody::held(held, first);
+                    let body = ResponseBody::held(held);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 PhaseProj::Releasing { release, output } => {
@@ -422,9 +422,9 @@ pub(crate) struct Trailers(pub(crate) http::HeaderMap);
 
 /// What the response future's look at a held body found.
 enum Look {
-    /// Hand on the response, with what was taken from the body, if anything: not ready, it
-    /// keeps the permit until it ends.
-    Ready(Option<Item>),
+    /// Hand on the response (what was taken from the body goes first; a body not ready
+    /// keeps the permit until it ends).
+    Ready,
     /// The permit was lost before the head was handed on: the layer's answer instead.
     Lost(Response<Bytes>),
     /// The last frame waits for the release: so does the head.
@@ -440,8 +440,11 @@ where
 {
     match held.poll_next(cx) {
         Poll::Pending if held.is_releasing() => Look::Releasing,
-        Poll::Pending => Look::Ready(None),
-        Poll::Ready(Ok(item)) => Look::Ready(Some(item)),
+        Poll::Pending => Look::Ready,
+        Poll::Ready(Ok(item)) => {
+            held.put_back(item);
+            Look::Ready
+        }
         Poll::Ready(Err(permit)) => Look::Lost(permit.lost_response()),
     }
 }
@@ -490,8 +493,8 @@ where
             if held.on_response(&mut head) != Hold::Head {
                 let mut held = HeldBody::new(body, held, lost, grpc);
                 return match first_look(&mut held, cx) {
-                    Look::Ready(first) => {
-                        let body = ResponseBody::held(held, first);
+                    Look::Ready => {
+                        let body = ResponseBody::held(held);
                         Finish::Ready(Ok(Response::from_parts(head, body)))
                     }
                     Look::Lost(response) => Finish::Lost(response),
