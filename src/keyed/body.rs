@@ -240,17 +240,19 @@ where
                     } else if let Some(trailers) = frame.trailers_ref() {
                         permit.on_trailers(trailers);
                     }
-                    let left = match &mut self.remaining {
+                    // The last frame: release before the client can see it. Most bodies say
+                    // they ended; the size of one that did not is read once, then counted down.
+                    let last = match &mut self.remaining {
                         Some(left) => {
                             *left = left.map(|left| left.saturating_sub(len));
-                            *left
+                            *left == Some(0) || body.is_end_stream()
                         }
-                        // Most bodies say they ended: their size is read only if not.
-                        None if body.is_end_stream() => Some(0),
-                        None => *self.remaining.insert(body.size_hint().exact()),
+                        None => {
+                            body.is_end_stream()
+                                || *self.remaining.insert(body.size_hint().exact()) == Some(0)
+                        }
                     };
-                    // The last frame: release before the client can see it.
-                    if left == Some(0) || body.is_end_stream() {
+                    if last {
                         End::Complete
                     } else {
                         return Poll::Ready(Ok(Item::from_poll(polled)));

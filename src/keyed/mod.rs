@@ -278,6 +278,7 @@ pub(crate) mod answers;
 mod body;
 pub(crate) mod future;
 pub(crate) mod layer;
+pub(crate) mod outage;
 pub(crate) mod policy;
 mod service;
 mod shadow;

@@ -104,7 +104,7 @@ pub(crate) fn let_through<P: Policy>(answer: Option<&Response<Bytes>>) {
         "kind" => kind
     )
     .increment(1);
-    if let Some(unlogged) = super::future::due::<P>(super::future::Log::Shadow) {
+    if let Some(unlogged) = super::outage::due::<P>(super::outage::Log::Shadow) {
         tracing::info!(
             layer = P::REJECTED_BY.layer(),
             kind,

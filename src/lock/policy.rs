@@ -84,7 +84,7 @@ pub(crate) fn refused<P: Policy>(e: LockError, taken_status: StatusCode) -> Verd
         e,
         LockError::Taken { .. } | LockError::InvalidKey(_) | LockError::NoBackendChosen
     ) {
-        crate::keyed::future::outage::<P>(&e, false);
+        crate::keyed::outage::outage::<P>(&e, false);
     }
     Verdict::answer(answer)
 }
